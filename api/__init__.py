@@ -1,0 +1,1 @@
+"""Machine-facing HTTP endpoints (pod-to-pod internal calls and the lease protocol)."""

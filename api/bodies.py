@@ -1,0 +1,143 @@
+"""Strict JSON request bodies: size limit, one JSON object, known fields, exact types.
+
+A body is refused (``400``, nothing written) when it is larger than
+:data:`MAX_BODY_BYTES`, not UTF-8 JSON, not an object, has duplicate or unknown keys,
+``NaN``/``Infinity``, or a field of the wrong type. Values that reach the engine are then
+validated again by ``leases.validation`` (ids, names, payload keys).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest
+
+from .errors import BodyTooLarge, InvalidBody
+
+MAX_BODY_BYTES = 32 * 1024  # documented in the OpenAPI document (payloads: 16 KiB BSON)
+MAX_INTERVAL_SECONDS = 7 * 24 * 3600
+MAX_WAIT_MS = 10 * 60 * 1000
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise InvalidBody(f"duplicate key {key!r} in JSON body")
+        result[key] = value
+    return result
+
+
+def _no_constants(name: str) -> Any:
+    raise InvalidBody(f"{name} is not valid JSON")
+
+
+def read_object(request: HttpRequest, *, optional: bool = False) -> dict[str, Any]:
+    """The request body as a JSON object (``{}`` for an empty body when ``optional``).
+
+    Raises:
+        BodyTooLarge: more than :data:`MAX_BODY_BYTES` bytes (checked before reading).
+        InvalidBody: not a UTF-8 JSON object, duplicate keys, NaN/Infinity.
+    """
+    try:
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        raise InvalidBody("invalid Content-Length") from None
+    if declared > MAX_BODY_BYTES:
+        raise BodyTooLarge(f"request body larger than {MAX_BODY_BYTES} bytes")
+    try:
+        raw = request.body
+    except RequestDataTooBig:
+        raise BodyTooLarge(f"request body larger than {MAX_BODY_BYTES} bytes") from None
+    if len(raw) > MAX_BODY_BYTES:
+        raise BodyTooLarge(f"request body larger than {MAX_BODY_BYTES} bytes")
+    if not raw.strip():
+        if optional:
+            return {}
+        raise InvalidBody("a JSON object body is required")
+    try:
+        text = raw.decode("utf-8")
+        value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+    except UnicodeDecodeError:
+        raise InvalidBody("request body is not UTF-8") from None
+    except (ValueError, RecursionError) as exc:
+        if isinstance(exc, InvalidBody):
+            raise
+        raise InvalidBody(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise InvalidBody("request body must be a JSON object")
+    return value
+
+
+# --- field checks -------------------------------------------------------------------------
+
+def string(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidBody(f"{name} must be a string")
+    return value
+
+
+def optional_string(value: Any, name: str) -> str | None:
+    return None if value is None else string(value, name)
+
+
+def boolean(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidBody(f"{name} must be true or false")
+    return value
+
+
+def integer(minimum: int, maximum: int) -> Callable[[Any, str], int]:
+    def check(value: Any, name: str) -> int:
+        # bool is an int in Python; JSON true must not become 1.
+        if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+            raise InvalidBody(f"{name} must be an integer between {minimum} and {maximum}")
+        return value
+    return check
+
+
+def obj(value: Any, name: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise InvalidBody(f"{name} must be a JSON object")
+    return value
+
+
+def optional_obj(value: Any, name: str) -> dict[str, Any] | None:
+    return None if value is None else obj(value, name)
+
+
+def fields(body: dict[str, Any], spec: dict[str, Callable[[Any, str], Any]], required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Check ``body`` against ``spec`` (field name → check); absent optional fields are omitted.
+
+    Raises:
+        InvalidBody: unknown fields, missing required fields, or a failed check.
+    """
+    unknown = sorted(set(body) - set(spec))
+    if unknown:
+        raise InvalidBody(f"unknown fields {unknown}; allowed: {sorted(spec)}")
+    missing = [name for name in required if name not in body]
+    if missing:
+        raise InvalidBody(f"missing required fields {missing}")
+    return {name: spec[name](body[name], name) for name in spec if name in body}
+
+
+ACQUIRE_FIELDS: dict[str, Callable[[Any, str], Any]] = {
+    "type": string,
+    "lease": optional_string,
+    "inline": optional_obj,
+    "projectId": string,
+    "userId": string,
+    "holderRef": optional_string,
+    "podBound": boolean,
+    "proposedIntervalSeconds": integer(1, MAX_INTERVAL_SECONDS),
+    "waitMs": integer(0, MAX_WAIT_MS),
+}
+RENEW_FIELDS: dict[str, Callable[[Any, str], Any]] = {
+    "proposedIntervalSeconds": integer(1, MAX_INTERVAL_SECONDS),
+}
+PAYLOAD_FIELDS: dict[str, Callable[[Any, str], Any]] = {
+    "payload": obj,
+    "proposedIntervalSeconds": integer(1, MAX_INTERVAL_SECONDS),
+}

@@ -1,0 +1,191 @@
+"""API-key service: create (plaintext shown once), list, revoke, authenticate a bearer key.
+
+A key is ``vlk_<prefix>_<secret>``: ``prefix`` (12 lowercase letters/digits) is the public
+id used in lists and as the lookup value; ``secret`` is 32 random bytes, url-safe base64.
+Only the SHA-256 of the whole key is stored and compared with ``hmac.compare_digest``.
+Every create and revoke writes an audit record (``lease_audit``, MongoDB time).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import re
+import secrets
+import string
+from typing import Any
+
+import pymongo.errors
+from bson import ObjectId
+from django.db import DatabaseError
+from django.utils import timezone
+
+from leases import store, validation
+from leases.errors import LeaseUnavailable
+
+from .errors import ApiKeyNotFound, InvalidApiKeyRequest, Unauthenticated
+from .models import ApiKey
+
+log = logging.getLogger(__name__)
+
+KEY_PREFIX = "vlk_"
+PREFIX_LENGTH = 12
+_PREFIX_ALPHABET = string.ascii_lowercase + string.digits
+PREFIX_RE = re.compile(r"[a-z0-9]{12}", re.ASCII)
+KEY_RE = re.compile(r"vlk_([a-z0-9]{12})_([A-Za-z0-9_-]{43})", re.ASCII)
+NAME_MAX = 100
+# Compared against when no key has the presented prefix, so a miss costs the same time
+# as a wrong secret.
+_DUMMY_HASH = hashlib.sha256(b"no such key").hexdigest()
+
+
+def hash_key(plaintext: str) -> str:
+    """The stored form of a key: hex SHA-256 of its UTF-8 bytes."""
+    return hashlib.sha256(plaintext.encode("utf-8")).hexdigest()
+
+
+def _actor(acting_user: Any) -> str:
+    if acting_user is None:
+        raise InvalidApiKeyRequest("acting_user is required: say who manages the key")
+    name = acting_user.get_username() if hasattr(acting_user, "get_username") else acting_user
+    if not isinstance(name, str) or not name.strip() or len(name) > 150 or "\x00" in name:
+        raise InvalidApiKeyRequest("acting_user must name who acts (at most 150 characters, no NUL)")
+    return name
+
+
+def _name(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip() or len(value) > NAME_MAX or any(c in value for c in "\x00\r\n"):
+        raise InvalidApiKeyRequest(f"key name must be a non-empty single line of at most {NAME_MAX} characters")
+    return value.strip()
+
+
+def _validate_prefix(prefix: Any) -> str:
+    if not isinstance(prefix, str) or PREFIX_RE.fullmatch(prefix) is None:
+        raise InvalidApiKeyRequest(f"invalid key prefix {prefix!r} (12 lowercase letters or digits)")
+    return prefix
+
+
+def _unavailable(exc: Exception) -> LeaseUnavailable:
+    return LeaseUnavailable(f"key store unreachable: {exc.__class__.__name__}")
+
+
+def _audit(action: str, key: ApiKey, actor: str) -> None:
+    # Same collection and shape as the lease operator actions; $$NOW makes "when" MongoDB's clock.
+    record = {
+        "action": action, "tenantId": key.tenant_id, "projectId": key.project_id,
+        "keyPrefix": key.prefix, "keyName": key.name, "actor": actor,
+    }
+    store.audit().update_one(
+        {"_id": ObjectId()},
+        [{"$set": {**{k: {"$literal": v} for k, v in record.items()}, "at": "$$NOW"}}],
+        upsert=True,
+    )
+
+
+def create_key(*, tenant_id: str, project_id: str | None = None, name: str, acting_user: Any) -> tuple[ApiKey, str]:
+    """Create a key for ``tenant_id`` (bound to ``project_id`` when given).
+
+    Returns:
+        ``(key, plaintext)``; the plaintext is not stored anywhere and cannot be shown again.
+
+    Raises:
+        InvalidLeaseRequest: malformed tenant or project id.
+        InvalidApiKeyRequest: bad name or missing ``acting_user``; nothing was written.
+        LeaseUnavailable: the store is unreachable.
+    """
+    validation.entity_id(tenant_id, "tenant id")
+    if project_id is not None and project_id != "":
+        validation.entity_id(project_id, "project id")
+    else:
+        project_id = None
+    clean_name = _name(name)
+    actor = _actor(acting_user)
+    prefix = "".join(secrets.choice(_PREFIX_ALPHABET) for _ in range(PREFIX_LENGTH))
+    plaintext = f"{KEY_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
+    try:
+        key = ApiKey.objects.create(
+            tenant_id=tenant_id, project_id=project_id, name=clean_name, prefix=prefix,
+            secret_hash=hash_key(plaintext), created_by=actor,
+        )
+        _audit("apikey-create", key, actor)
+    except (DatabaseError, pymongo.errors.PyMongoError) as exc:
+        raise _unavailable(exc) from None
+    log.info("api key %s (%s) created for %s by %s", prefix, clean_name, tenant_id, actor)
+    return key, plaintext
+
+
+def list_keys(*, tenant_id: str | None = None, include_revoked: bool = True) -> list[ApiKey]:
+    """Keys of one tenant (or all, for ``manage.py``), newest first.
+
+    Raises:
+        InvalidLeaseRequest: malformed tenant id.
+        LeaseUnavailable: the store is unreachable.
+    """
+    query = ApiKey.objects.all()
+    if tenant_id is not None:
+        query = query.filter(tenant_id=validation.entity_id(tenant_id, "tenant id"))
+    if not include_revoked:
+        query = query.filter(revoked_at__isnull=True)
+    try:
+        return list(query.order_by("tenant_id", "-created_at"))
+    except (DatabaseError, pymongo.errors.PyMongoError) as exc:
+        raise _unavailable(exc) from None
+
+
+def revoke_key(*, tenant_id: str | None, prefix: str, acting_user: Any) -> ApiKey:
+    """Revoke the key ``prefix`` of ``tenant_id`` (``None``: any tenant, for operators).
+
+    Idempotent: revoking a revoked key keeps its first revocation time. From now on the
+    key answers 401.
+
+    Raises:
+        InvalidLeaseRequest: malformed tenant id.
+        InvalidApiKeyRequest: malformed prefix or missing ``acting_user``.
+        ApiKeyNotFound: no such key in that tenant; nothing was changed.
+        LeaseUnavailable: the store is unreachable.
+    """
+    _validate_prefix(prefix)
+    actor = _actor(acting_user)
+    query = ApiKey.objects.filter(prefix=prefix)
+    if tenant_id is not None:
+        # Tenant binding lives in the filter: another tenant's prefix is simply not found.
+        query = query.filter(tenant_id=validation.entity_id(tenant_id, "tenant id"))
+    try:
+        key = query.first()
+        if key is None:
+            raise ApiKeyNotFound(f"no api key {prefix}" + (f" in tenant {tenant_id}" if tenant_id else ""))
+        if key.revoked_at is None:
+            # Conditional update: two concurrent revokes keep the first time and actor.
+            ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(
+                revoked_at=timezone.now(), revoked_by=actor)
+            key.refresh_from_db()
+            _audit("apikey-revoke", key, actor)
+            log.info("api key %s of %s revoked by %s", prefix, key.tenant_id, actor)
+    except (DatabaseError, pymongo.errors.PyMongoError) as exc:
+        raise _unavailable(exc) from None
+    return key
+
+
+def authenticate(bearer: Any) -> ApiKey:
+    """The active key whose plaintext is ``bearer`` (the value after ``Bearer``).
+
+    Raises:
+        Unauthenticated: missing, malformed, unknown, wrong or revoked key (one message for
+            all, so an answer tells nothing about which keys exist).
+        LeaseUnavailable: the store is unreachable (fail-closed).
+    """
+    if not isinstance(bearer, str) or not bearer:
+        raise Unauthenticated("missing API key: send 'Authorization: Bearer <key>'")
+    match = KEY_RE.fullmatch(bearer)
+    if match is None:
+        raise Unauthenticated("invalid API key")
+    try:
+        key = ApiKey.objects.filter(prefix=match.group(1)).first()
+    except (DatabaseError, pymongo.errors.PyMongoError) as exc:
+        raise _unavailable(exc) from None
+    presented = hash_key(bearer)
+    ok = hmac.compare_digest(presented, key.secret_hash if key is not None else _DUMMY_HASH)
+    if key is None or not ok or key.revoked_at is not None:
+        raise Unauthenticated("invalid API key")
+    return key

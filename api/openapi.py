@@ -1,0 +1,346 @@
+"""The OpenAPI 3.1 document of ``/api/v1/``, served at ``GET /api/v1/openapi.json``.
+
+Kept true by ``tests/test_openapi.py``: schemathesis generates requests from this document
+against a running server and validates every live answer against it.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from django.conf import settings
+
+from leases import handlers
+from leases.validation import HOLDER_REF_MAX, PAYLOAD_MAX_BYTES
+
+from .bodies import MAX_BODY_BYTES, MAX_INTERVAL_SECONDS, MAX_WAIT_MS
+from .problems import BUSY_RETRY_AFTER_SECONDS
+
+NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
+ID_PATTERN = "^[A-Za-z0-9_][A-Za-z0-9_-]{0,63}$"
+TOKEN_PATTERN = "^[A-Za-z0-9_-]{16,64}$"
+
+_DESCRIPTION = f"""\
+Resource leases for consumers that cannot import the Python engine (an MCP server in Node,
+a build agent in Go). A lease is a slot on a logical resource, limited per user, project,
+tenant and globally; see the consumer contract: acquire → renew at every usage step →
+release.
+
+**Authentication.** Every lease operation needs `Authorization: Bearer <API key>`. The
+key's tenant (and project, for a project-bound key) binds the lease: tokens of other
+tenants answer exactly like unknown tokens (`410 STALE_LEASE`). Missing, wrong or
+revoked keys answer `401 UNAUTHENTICATED`.
+
+**Server-issued lease.** The acquire answer carries `token`, `ttlSeconds`, `expiryDeadline`
+(MongoDB server time) and `intervalSeconds`: the server clamps a proposed interval into
+`[max(1, ttl/10), max(that, ttl/2)]` (integer division) and issues `ttl/3` (clamped) when
+there is no proposal. Renew at that interval or at every usage step. Renewal is idempotent:
+the new deadline is `max(previous deadline, now + ttl)`, so duplicate, delayed or replayed
+renewals never move it backwards. `410 STALE_LEASE` (unknown token) and `410 EXPIRED`
+(reaped, revoked, released, or past its deadline) are terminal and refresh nothing:
+acquire a fresh lease.
+
+**Waiting and retries.** An acquire waits for a free slot at most
+`min(definition waitMs, request waitMs, {settings.LEASES_HTTP_MAX_WAIT_MS} ms)` so no web
+worker is held for long. A `429 LEASE_BUSY` answer carries the diagnosis (resource, level,
+scope, count, cap) and `Retry-After` (seconds): retry after it with random jitter and
+exponential backoff, bounded by your own deadline. `503 LEASE_UNAVAILABLE` means the lease
+cannot be decided (store unreachable, broken configuration): fail closed, do not use the
+resource unprotected, retry later.
+
+**Limits.** Request bodies at most {MAX_BODY_BYTES} bytes; payloads at most
+{PAYLOAD_MAX_BYTES} bytes once BSON-encoded, keys without a leading `$`, `.` or NUL.
+Unknown fields, wrong types and oversize bodies answer `400` and write nothing.
+
+**Release** is idempotent: the first call answers `released: true`, later calls
+`alreadyReleased: true` with the reason the lease ended (while its tombstone lives, 7 days).
+"""
+
+
+def _problem_schema(code_enum: list[str] | None = None) -> dict[str, Any]:
+    code: dict[str, Any] = {"type": "string"}
+    if code_enum:
+        code["enum"] = code_enum
+    return {
+        "type": "object",
+        "required": ["type", "title", "status", "code", "detail"],
+        "properties": {
+            "type": {"type": "string"},
+            "title": {"type": "string"},
+            "status": {"type": "integer"},
+            "code": code,
+            "detail": {"type": "string"},
+        },
+    }
+
+
+def _problem(description: str, schema_ref: str = "Problem", headers: dict[str, Any] | None = None) -> dict[str, Any]:
+    response: dict[str, Any] = {
+        "description": description,
+        "content": {"application/problem+json": {"schema": {"$ref": f"#/components/schemas/{schema_ref}"}}},
+    }
+    if headers:
+        response["headers"] = headers
+    return response
+
+
+_SCHEMAS: dict[str, Any] = {
+    "InlineDefinition": {
+        "type": "object",
+        "description": "Inline lease definition: no layers, project-private counter; only project/user caps.",
+        "additionalProperties": False,
+        "required": ["name"],
+        "properties": {
+            "name": {"type": "string", "pattern": NAME_PATTERN},
+            "levels": {
+                "type": "object", "additionalProperties": False,
+                "properties": {
+                    "project": {"type": "integer", "minimum": 1, "maximum": 1000000000},
+                    "user": {"type": "integer", "minimum": 1, "maximum": 1000000000},
+                },
+            },
+            "ttlSeconds": {"type": "integer", "minimum": 1, "maximum": 604800},
+            "waitMs": {"type": "integer", "minimum": 0, "maximum": 600000},
+        },
+    },
+    "AcquireRequest": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["type", "projectId", "userId"],
+        # A name reference or an inline definition, not both (neither: a NOOP lease).
+        "not": {"required": ["lease", "inline"],
+                "properties": {"lease": {"type": "string"}, "inline": {"type": "object"}}},
+        "properties": {
+            "type": {"type": "string", "pattern": NAME_PATTERN,
+                     "description": "Handler type; must be registered on the server (the enum lists them)."},
+            "lease": {"type": ["string", "null"], "pattern": NAME_PATTERN,
+                      "description": "Name reference of a lease definition (or give `inline`)."},
+            "inline": {"oneOf": [{"$ref": "#/components/schemas/InlineDefinition"}, {"type": "null"}]},
+            "projectId": {"type": "string", "pattern": ID_PATTERN,
+                          "description": "The project; a project-bound key only accepts its own project (else 403)."},
+            "userId": {"type": "string", "pattern": ID_PATTERN},
+            "holderRef": {"type": ["string", "null"], "maxLength": HOLDER_REF_MAX, "pattern": "^[^\\u0000]*$"},
+            "podBound": {"type": "boolean", "default": False},
+            "proposedIntervalSeconds": {"type": "integer", "minimum": 1, "maximum": MAX_INTERVAL_SECONDS},
+            "waitMs": {"type": "integer", "minimum": 0, "maximum": MAX_WAIT_MS,
+                       "description": "Shortens the server's bounded wait for a slot."},
+        },
+    },
+    "RenewRequest": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "proposedIntervalSeconds": {"type": "integer", "minimum": 1, "maximum": MAX_INTERVAL_SECONDS},
+        },
+    },
+    "PayloadRequest": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["payload"],
+        "properties": {
+            "payload": {"allOf": [{"$ref": "#/components/schemas/PayloadObject"}],
+                        "description": f"What the revocation handler needs; at most {PAYLOAD_MAX_BYTES} bytes as BSON."},
+            "proposedIntervalSeconds": {"type": "integer", "minimum": 1, "maximum": MAX_INTERVAL_SECONDS},
+        },
+    },
+    "PayloadObject": {
+        "type": "object",
+        "description": "JSON object; keys non-empty, without a leading `$`, without `.` or NUL.",
+        "propertyNames": {"pattern": "^[^$.\\u0000][^.\\u0000]*$"},
+        "additionalProperties": {"$ref": "#/components/schemas/PayloadValue"},
+    },
+    "PayloadValue": {
+        "oneOf": [
+            {"type": "null"},
+            {"type": "boolean"},
+            {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1},
+            {"type": "number", "not": {"type": "integer"}},
+            {"type": "string", "pattern": "^[^\\u0000]*$"},
+            {"type": "array", "items": {"$ref": "#/components/schemas/PayloadValue"}},
+            {"$ref": "#/components/schemas/PayloadObject"},
+        ],
+    },
+    "Grant": {
+        "type": "object",
+        "required": ["noop", "token", "type", "leaseName", "resource", "ttlSeconds", "intervalSeconds",
+                     "expiryDeadline", "expiryDeadlineMs", "serverTime"],
+        "properties": {
+            "noop": {"const": False},
+            "token": {"type": "string", "pattern": TOKEN_PATTERN},
+            "type": {"type": "string"},
+            "leaseName": {"type": "string"},
+            "resource": {"type": "string"},
+            "ttlSeconds": {"type": "integer", "minimum": 1},
+            "intervalSeconds": {"type": "integer", "minimum": 1},
+            "expiryDeadline": {"type": "string", "format": "date-time",
+                               "description": "Server time after which the lease is reaped unless renewed."},
+            "expiryDeadlineMs": {"type": "integer", "description": "The same deadline in epoch milliseconds."},
+            "serverTime": {"type": "string", "format": "date-time", "description": "Server receipt time of this call."},
+        },
+    },
+    "NoopGrant": {
+        "type": "object",
+        "required": ["noop", "token"],
+        "description": "No lease referenced or no caps configured: nothing to hold, nothing to renew or release.",
+        "properties": {
+            "noop": {"const": True},
+            "token": {"type": "null"},
+            "type": {"type": "string"},
+            "leaseName": {"type": ["string", "null"]},
+        },
+    },
+    "ReleaseResult": {
+        "type": "object",
+        "required": ["token", "released", "alreadyReleased"],
+        "properties": {
+            "token": {"type": "string"},
+            "released": {"type": "boolean", "description": "This call returned the slots."},
+            "alreadyReleased": {"type": "boolean", "description": "The lease had ended before this call."},
+            "reason": {"type": ["string", "null"], "enum": ["release", "idle", "pod", "revoke", None],
+                       "description": "How the lease ended."},
+        },
+    },
+    "Problem": _problem_schema(),
+    "BusyProblem": {
+        "allOf": [
+            {"$ref": "#/components/schemas/Problem"},
+            {
+                "type": "object",
+                "required": ["resource", "level", "scope", "count", "cap", "retryAfterSeconds"],
+                "properties": {
+                    "code": {"const": "LEASE_BUSY"},
+                    "resource": {"type": "string"},
+                    "level": {"type": "string", "enum": ["user", "project", "tenant", "global"]},
+                    "scope": {"type": "string"},
+                    "count": {"type": ["integer", "null"]},
+                    "cap": {"type": "integer"},
+                    "retryAfterSeconds": {"type": "integer"},
+                },
+            },
+        ],
+    },
+    "GoneProblem": {
+        "allOf": [
+            {"$ref": "#/components/schemas/Problem"},
+            {
+                "type": "object",
+                "properties": {
+                    "code": {"enum": ["STALE_LEASE", "EXPIRED"]},
+                    "reason": {"type": "string", "enum": ["release", "idle", "pod", "revoke", "deadline"]},
+                },
+            },
+        ],
+    },
+}
+
+_TOKEN_PARAMETER = {
+    "name": "token", "in": "path", "required": True,
+    "schema": {"type": "string", "pattern": TOKEN_PATTERN},
+    "description": "The lease token from the acquire answer.",
+}
+
+_COMMON = {
+    "400": _problem("Bad input (body, token or ids); nothing was written."),
+    "401": _problem("Missing, wrong or revoked API key.", headers={
+        "WWW-Authenticate": {"schema": {"type": "string"}}}),
+    "503": _problem("LEASE_UNAVAILABLE: the lease store is unreachable or the configuration is broken."),
+}
+_GONE = {"410": _problem("STALE_LEASE (unknown token) or EXPIRED (ended); terminal, nothing refreshed.", "GoneProblem")}
+
+
+def _json(schema: str, description: str) -> dict[str, Any]:
+    return {"description": description,
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}}
+
+
+def _paths() -> dict[str, Any]:
+    return {
+        "/api/v1/leases": {
+            "post": {
+                "operationId": "acquireLease",
+                "summary": "Acquire a lease",
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/AcquireRequest"}}}},
+                "responses": {
+                    "201": _json("Grant", "The lease is held."),
+                    "200": _json("NoopGrant", "NOOP lease: the resource is not limited."),
+                    **_COMMON,
+                    "403": _problem("PROJECT_FORBIDDEN: the key is bound to another project."),
+                    "429": _problem("LEASE_BUSY: a level stayed full for the bounded wait.", "BusyProblem", headers={
+                        "Retry-After": {"schema": {"type": "integer", "minimum": 1},
+                                        "description": "Seconds to wait before retrying (add jitter)."}}),
+                },
+            },
+        },
+        "/api/v1/leases/{token}": {
+            "parameters": [_TOKEN_PARAMETER],
+            "delete": {
+                "operationId": "releaseLease",
+                "summary": "Release a lease (idempotent)",
+                "responses": {
+                    "200": _json("ReleaseResult", "Released now, or already released/ended before."),
+                    **_COMMON,
+                    "410": _problem("STALE_LEASE: unknown token (or its tombstone expired).", "GoneProblem"),
+                },
+            },
+        },
+        "/api/v1/leases/{token}/renew": {
+            "parameters": [_TOKEN_PARAMETER],
+            "post": {
+                "operationId": "renewLease",
+                "summary": "Check-at-use and renew (idempotent)",
+                "requestBody": {"required": False, "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/RenewRequest"}}}},
+                "responses": {"200": _json("Grant", "Renewed: the new deadline."), **_COMMON, **_GONE},
+            },
+        },
+        "/api/v1/leases/{token}/payload": {
+            "parameters": [_TOKEN_PARAMETER],
+            "put": {
+                "operationId": "updateLeasePayload",
+                "summary": "Replace the payload the revocation handler gets (also renews)",
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/PayloadRequest"}}}},
+                "responses": {"200": _json("Grant", "Payload stored and lease renewed."), **_COMMON, **_GONE},
+            },
+        },
+        "/api/v1/openapi.json": {
+            "get": {
+                "operationId": "openapiDocument",
+                "summary": "This document",
+                "security": [],
+                "responses": {"200": {"description": "OpenAPI 3.1 document",
+                                      "content": {"application/json": {"schema": {"type": "object"}}}}},
+            },
+        },
+    }
+
+
+def document(server_url: str | None = None) -> dict[str, Any]:
+    """The OpenAPI 3.1 document; ``server_url`` becomes its ``servers`` entry.
+
+    ``type`` lists the lease types registered in this process (a request naming another
+    type is refused), so the contract says exactly what the server accepts.
+    """
+    schemas = copy.deepcopy(_SCHEMAS)
+    types = handlers.registered_types()
+    if types:
+        schemas["AcquireRequest"]["properties"]["type"]["enum"] = types
+    doc: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {"title": "Vance lease API", "version": "1.0.0", "description": _DESCRIPTION},
+        "paths": _paths(),
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer",
+                                               "description": "A tenant API key (vlk_…), shown once on creation."}},
+        },
+        "security": [{"bearerAuth": []}],
+    }
+    if server_url:
+        doc["servers"] = [{"url": server_url.rstrip("/")}]
+    return doc
+
+
+__all__ = ["document", "BUSY_RETRY_AFTER_SECONDS"]

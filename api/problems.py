@@ -1,0 +1,76 @@
+"""``application/problem+json`` answers (RFC 9457) carrying the error's stable ``code``.
+
+Every error the API answers is a :class:`leases.errors.LeaseError`; its class decides the
+HTTP status, its ``code`` goes into the body next to ``type``, ``title``, ``status`` and
+``detail``. A busy answer adds the diagnosis (resource, level, scope, count, cap) and a
+``Retry-After`` header.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import JsonResponse
+
+from leases.errors import (
+    InvalidLeaseRequest,
+    LeaseBusy,
+    LeaseError,
+    LeaseExpired,
+    LeaseLost,
+    LeaseUnavailable,
+    StaleLease,
+)
+
+from .errors import ProjectForbidden, Unauthenticated
+
+CONTENT_TYPE = "application/problem+json"
+TYPE_BASE = "urn:vance:lease:problem:"
+# Clients retry a busy acquire after this many seconds (plus their own jitter): the
+# server already waited up to the bounded waitMs for the slot before answering 429.
+BUSY_RETRY_AFTER_SECONDS = 1
+
+# Most specific first: StaleLease/LeaseExpired are LeaseLost, every bad input is an
+# InvalidLeaseRequest (UnknownLeaseType, InvalidDefinition, InvalidBody, ...).
+_STATUS: list[tuple[type[LeaseError], int, str]] = [
+    (Unauthenticated, 401, "Unauthenticated"),
+    (ProjectForbidden, 403, "Project not allowed for this key"),
+    (LeaseBusy, 429, "Lease busy"),
+    (StaleLease, 410, "Unknown lease"),
+    (LeaseExpired, 410, "Lease expired"),
+    (LeaseLost, 410, "Lease lost"),
+    (LeaseUnavailable, 503, "Lease store unavailable"),
+    (InvalidLeaseRequest, 400, "Invalid request"),
+]
+
+
+def status_of(error: LeaseError) -> tuple[int, str]:
+    """HTTP status and title for ``error`` (500 for an unmapped LeaseError)."""
+    for cls, status, title in _STATUS:
+        if isinstance(error, cls):
+            return status, title
+    return 500, "Lease error"
+
+
+def problem(status: int, code: str, title: str, detail: str, **extra: Any) -> JsonResponse:
+    """A problem+json response with ``code`` and any ``extra`` members."""
+    body = {"type": TYPE_BASE + code, "title": title, "status": status, "code": code, "detail": detail, **extra}
+    return JsonResponse(body, status=status, content_type=CONTENT_TYPE)
+
+
+def from_error(error: LeaseError) -> JsonResponse:
+    """The problem answer for ``error``, with the headers its status needs."""
+    status, title = status_of(error)
+    extra: dict[str, Any] = {}
+    if isinstance(error, LeaseBusy):
+        extra = {"resource": error.resource, "level": error.level, "scope": error.scope,
+                 "count": error.count, "cap": error.cap, "retryAfterSeconds": BUSY_RETRY_AFTER_SECONDS}
+    reason = getattr(error, "reason", None)
+    if isinstance(error, LeaseExpired) and reason:
+        extra["reason"] = reason
+    response = problem(status, error.code, title, str(error), **extra)
+    if isinstance(error, LeaseBusy):
+        response["Retry-After"] = str(BUSY_RETRY_AFTER_SECONDS)
+    if isinstance(error, Unauthenticated):
+        response["WWW-Authenticate"] = 'Bearer realm="leases"'
+    return response

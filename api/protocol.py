@@ -1,0 +1,266 @@
+"""The HTTP lease protocol as a service: acquire, renew (check), update payload, release.
+
+Everything is bound to the caller's API key: the key's tenant (and project, for a
+project-bound key) is part of every holder and tombstone filter, so another tenant's token
+answers exactly like a token that never existed (``STALE_LEASE``).
+
+Renewal follows the server-issued lease: the server decides the interval, the deadline is
+``expiresAt`` on MongoDB's clock, and a renewal moves it to ``max(previous, now + ttl)``.
+The filter of the renewal compares ``expiresAt`` with the server time read from MongoDB
+(``store.server_now()``), never with the client's clock and never with ``$$NOW`` (the
+embedded server answers such comparisons wrongly). Unknown (``STALE_LEASE``) and ended
+(``EXPIRED``) tokens are terminal and refresh nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import pymongo.errors
+from django.conf import settings
+from pymongo import ReturnDocument
+
+from leases import metrics, reaper, service, store, validation
+from leases.errors import LeaseExpired, LeaseUnavailable, StaleLease
+
+from .errors import ProjectForbidden
+from .models import ApiKey
+
+log = logging.getLogger(__name__)
+
+_GRANT_FIELDS = {"resource": 1, "leaseName": 1, "type": 1, "ttlSeconds": 1, "expiresAt": 1, "lastSeenAt": 1}
+
+
+def interval_bounds(ttl_seconds: int) -> tuple[int, int]:
+    """The renewal intervals the server accepts for a lease of ``ttl_seconds``.
+
+    ``[max(1, ttl // 10), max(lo, ttl // 2)]``: at most half the TTL, so one lost or late
+    renewal never loses the lease; at least a tenth, so clients cannot hammer the store.
+    """
+    low = max(1, ttl_seconds // 10)
+    return low, max(low, ttl_seconds // 2)
+
+
+def choose_interval(ttl_seconds: int, proposed: int | None) -> int:
+    """The server-issued interval: ``proposed`` clamped into :func:`interval_bounds`;
+    without a proposal a third of the TTL (two renewals may be lost before expiry)."""
+    low, high = interval_bounds(ttl_seconds)
+    wanted = ttl_seconds // 3 if proposed is None else proposed
+    return min(high, max(low, wanted))
+
+
+def iso(moment: datetime) -> str:
+    """RFC 3339 UTC with milliseconds, e.g. ``2026-12-02T14:05:01.840Z``."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def epoch_ms(moment: datetime) -> int:
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return int(moment.timestamp() * 1000)
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What acquire and renew answer: the lease and its server-decided deadline."""
+
+    token: str | None
+    lease_name: str | None
+    resource: str | None
+    type: str
+    ttl_seconds: int | None
+    interval_seconds: int | None
+    expires_at: datetime | None
+    server_time: datetime | None
+    noop: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """The response body (see the OpenAPI ``Grant`` / ``NoopGrant`` schemas)."""
+        if self.noop:
+            return {"noop": True, "token": None, "type": self.type, "leaseName": self.lease_name}
+        assert self.expires_at is not None and self.server_time is not None
+        return {
+            "noop": False,
+            "token": self.token,
+            "type": self.type,
+            "leaseName": self.lease_name,
+            "resource": self.resource,
+            "ttlSeconds": self.ttl_seconds,
+            "intervalSeconds": self.interval_seconds,
+            "expiryDeadline": iso(self.expires_at),
+            "expiryDeadlineMs": epoch_ms(self.expires_at),
+            "serverTime": iso(self.server_time),
+        }
+
+
+@dataclass(frozen=True)
+class ReleaseResult:
+    """``released``: this call returned the slots; ``already_released``: it had ended before."""
+
+    token: str
+    released: bool
+    reason: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"token": self.token, "released": self.released, "alreadyReleased": not self.released}
+        if self.reason is not None:
+            body["reason"] = self.reason
+        return body
+
+
+def key_scope(key: ApiKey) -> dict[str, str]:
+    """The filter part every holder/tombstone query of ``key`` carries (tenant isolation)."""
+    scope = {"tenantId": key.tenant_id}
+    if key.project_id:
+        scope["projectId"] = key.project_id
+    return scope
+
+
+def _grant(doc: dict[str, Any], interval: int, server_time: datetime) -> Grant:
+    return Grant(
+        token=doc["_id"], lease_name=doc.get("leaseName"), resource=doc.get("resource"),
+        type=doc.get("type", ""), ttl_seconds=int(doc.get("ttlSeconds") or 0), interval_seconds=interval,
+        expires_at=doc["expiresAt"], server_time=server_time,
+    )
+
+
+def acquire(*, key: ApiKey, type: str, user_id: str, project_id: str, lease: str | None = None,
+            inline: dict[str, Any] | None = None, holder_ref: str = "", pod_bound: bool = False,
+            proposed_interval: int | None = None, wait_ms: int | None = None) -> Grant:
+    """Acquire a detached lease (``pod=""``: only the idle reap applies) for ``key``'s tenant.
+
+    The wait for a slot is ``min(definition waitMs, LEASES_HTTP_MAX_WAIT_MS, wait_ms)`` so a
+    web worker is never held for long; clients retry after ``Retry-After``.
+
+    Raises:
+        ProjectForbidden: a project-bound key named another project.
+        InvalidLeaseRequest: bad ids, names, inline definition or unknown type.
+        LeaseBusy: a level stayed full for the bounded wait.
+        LeaseUnavailable: the store is unreachable or the configuration is broken.
+    """
+    if key.project_id and project_id != key.project_id:
+        raise ProjectForbidden(f"this API key is bound to project {key.project_id!r}")
+    bound = int(getattr(settings, "LEASES_HTTP_MAX_WAIT_MS", 5000))
+    request = service.LeaseRequest(
+        type=type, tenant_id=key.tenant_id, project_id=project_id, user_id=user_id, lease=lease,
+        inline=inline, holder_ref=holder_ref, pod="", pod_bound=pod_bound,
+        wait_ms=bound if wait_ms is None else min(bound, wait_ms),
+    )
+    held = service.acquire(request)
+    if held.is_noop:
+        return Grant(token=None, lease_name=lease or (inline or {}).get("name"), resource=None, type=type,
+                     ttl_seconds=None, interval_seconds=None, expires_at=None, server_time=None, noop=True)
+    interval = choose_interval(held.definition.ttl_seconds, proposed_interval)
+    try:
+        doc = store.holders().find_one({"_id": held.token, **key_scope(key)}, _GRANT_FIELDS)
+    except pymongo.errors.PyMongoError as exc:
+        raise LeaseUnavailable(f"lease store unreachable after acquire: {exc.__class__.__name__}") from None
+    if doc is None:
+        raise LeaseUnavailable("the lease was reaped right after it was acquired; acquire again")
+    return _grant(doc, interval, doc["lastSeenAt"])
+
+
+def _ended(token: str, scope: dict[str, str], now: datetime) -> LeaseExpired | StaleLease:
+    """Why a renewal matched nothing: past its deadline or tombstoned → EXPIRED, else STALE."""
+    holder = store.holders().find_one({"_id": token, **scope}, {"state": 1, "expiresAt": 1})
+    if holder is not None and holder.get("state") == "HELD":
+        # Past its deadline but not reaped yet: the reaper (or the next acquire's lazy reap)
+        # removes it and dispatches the handler; the renewal must not revive it.
+        return LeaseExpired(f"lease {token} passed its expiry deadline", reason="deadline")
+    tombstone = store.tombstones().find_one({"_id": token, **scope}, {"reason": 1})
+    if tombstone is not None:
+        return LeaseExpired(f"lease {token} has ended ({tombstone.get('reason', 'ended')})",
+                            reason=tombstone.get("reason"))
+    return StaleLease(f"unknown lease token {token}")
+
+
+def renew(*, key: ApiKey, token: str, proposed_interval: int | None = None,
+          payload: dict[str, Any] | None = None) -> Grant:
+    """Check-at-use over HTTP: keep the lease alive, optionally replacing its payload.
+
+    Idempotent: the new deadline is ``max(previous deadline, now + ttl)`` on MongoDB's
+    clock, so duplicate, delayed or replayed renewals never move it backwards.
+
+    Raises:
+        InvalidLeaseRequest: malformed token or payload; nothing was written.
+        StaleLease: no such token for this key (including other tenants' tokens).
+        LeaseExpired: the lease ended (reaped, revoked, released or past its deadline).
+        LeaseUnavailable: the store is unreachable.
+    """
+    validation.token(token)
+    if payload is not None:
+        validation.payload(payload)
+    scope = key_scope(key)
+    try:
+        now = store.server_now()
+        ttl_ms = {"$multiply": ["$ttlSeconds", 1000]}
+        update: dict[str, Any] = {
+            # Comparisons are against ``now`` (a literal read from the server), never $$NOW;
+            # the values written come from $$NOW, which is >= now.
+            "lastSeenAt": {"$cond": [{"$gt": ["$lastSeenAt", now]}, "$lastSeenAt", "$$NOW"]},
+            "expiresAt": {"$cond": [{"$gt": ["$expiresAt", {"$add": [now, ttl_ms]}]},
+                                    "$expiresAt", {"$add": ["$$NOW", ttl_ms]}]},
+        }
+        if payload is not None:
+            update["payload"] = {"$literal": payload}
+        doc = store.holders().find_one_and_update(
+            {"_id": token, **scope, "state": "HELD", "expiresAt": {"$gte": now}},
+            [{"$set": update}],
+            projection=_GRANT_FIELDS,
+            return_document=ReturnDocument.AFTER,
+        )
+        if doc is None:
+            error = _ended(token, scope, now)
+            metrics.CHECK.labels(resource="unknown", outcome="lost").inc()
+            raise error
+    except pymongo.errors.PyMongoError as exc:
+        raise LeaseUnavailable(f"lease store unreachable during renew: {exc.__class__.__name__}") from None
+    metrics.CHECK.labels(resource=metrics.resource_tag(doc.get("resource", "unknown")), outcome="ok").inc()
+    return _grant(doc, choose_interval(int(doc.get("ttlSeconds") or 0), proposed_interval), doc["lastSeenAt"])
+
+
+def release(*, key: ApiKey, token: str) -> ReleaseResult:
+    """Release ``token``: delete the holder (tenant-bound filter), return its slots, tombstone it.
+
+    Idempotent: a second release answers ``released=False`` (``alreadyReleased``) with the
+    reason the lease ended (``release``, ``idle``, ``pod``, ``revoke``), as long as the
+    tombstone lives (7 days). A regular release never calls the type's handler.
+
+    Raises:
+        InvalidLeaseRequest: malformed token.
+        StaleLease: no such token for this key (never issued, another tenant's, or so old
+            that its tombstone expired).
+        LeaseUnavailable: the store is unreachable.
+    """
+    validation.token(token)
+    scope = key_scope(key)
+    try:
+        doc = store.holders().find_one_and_delete(
+            {"_id": token, **scope}, projection={"levels": 1, "resource": 1, "tenantId": 1, "projectId": 1})
+        if doc is None:
+            tombstone = store.tombstones().find_one({"_id": token, **scope}, {"reason": 1})
+            if tombstone is None:
+                raise StaleLease(f"unknown lease token {token}")
+            metrics.RELEASE.labels(resource="unknown", outcome="already-released").inc()
+            return ReleaseResult(token=token, released=False, reason=tombstone.get("reason"))
+    except pymongo.errors.PyMongoError as exc:
+        raise LeaseUnavailable(f"lease store unreachable during release: {exc.__class__.__name__}") from None
+    tag = metrics.resource_tag(doc.get("resource", "unknown"))
+    # Only the one who deleted the holder decrements; slots first, they matter more than the
+    # tombstone. A failure here is left to reconcile (counters) and to STALE answers (tombstone).
+    try:
+        reaper.decrement(doc.get("levels") or ())
+        metrics.RELEASE.labels(resource=tag, outcome="ok").inc()
+    except pymongo.errors.PyMongoError as exc:
+        metrics.RELEASE.labels(resource=tag, outcome="error").inc()
+        log.warning("release of %s: decrement failed (%s); reconcile corrects the counters", token, exc)
+    try:
+        reaper.record_tombstone(doc, "release")
+    except pymongo.errors.PyMongoError as exc:
+        log.warning("release of %s: tombstone not written (%s)", token, exc)
+    return ReleaseResult(token=token, released=True, reason="release")

@@ -1,0 +1,25 @@
+"""Bench bootstrap: Django settings and an embedded server when MONGODB_URI is unset."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+
+def setup(db_name: str = "bench") -> None:
+    """Start an embedded server if needed, point Django at a bench database, django.setup()."""
+    if not os.environ.get("MONGODB_URI"):
+        from leases.embedded import start_server
+
+        server = start_server(":memory:")
+        atexit.register(server.stop)
+        os.environ["MONGODB_URI"] = server.uri
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    os.environ["MONGODB_DB"] = db_name
+    import django
+
+    django.setup()

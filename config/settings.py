@@ -1,0 +1,248 @@
+"""Django settings for the resource-lease system.
+
+MongoDB (via django-mongodb-backend 5.2.x) is the only database.
+
+Environment variables
+=====================
+
+| Variable                        | Setting                         | Default                        | Meaning                                                                 |
+|---------------------------------|---------------------------------|--------------------------------|-------------------------------------------------------------------------|
+| MONGODB_URI                     | MONGODB_URI                     | (required)                     | MongoDB connection string. Unset: use the embedded dev command / tests. |
+| MONGODB_DB                      | MONGODB_DB                      | leases                         | Database name (tests use test_<MONGODB_DB>).                            |
+| DJANGO_SECRET_KEY               | SECRET_KEY                      | insecure dev key               | Django secret key. Must be set in production.                           |
+| DJANGO_DEBUG                    | DEBUG                           | 1                              | "1"/"true"/"yes"/"on" enable debug mode; anything else disables it.     |
+| DJANGO_ALLOWED_HOSTS            | ALLOWED_HOSTS                   | localhost,127.0.0.1,[::1]      | Comma-separated host names.                                             |
+| DJANGO_CSRF_TRUSTED_ORIGINS     | CSRF_TRUSTED_ORIGINS            | (empty)                        | Comma-separated origins (scheme://host[:port]).                         |
+| CELERY_BROKER_URL               | CELERY_BROKER_URL               | redis://127.0.0.1:6379/0       | Celery broker.                                                          |
+| CELERY_RESULT_BACKEND           | CELERY_RESULT_BACKEND           | (none)                         | Celery result backend, e.g. redis://127.0.0.1:6379/2. Empty: disabled.  |
+| LEASES_MONGO_TIMEOUT_MS         | LEASES_MONGO_TIMEOUT_MS         | 2000                           | Bound for server selection / connect / socket / operation timeouts.    |
+| LEASES_REAP_INTERVAL            | LEASES_REAP_INTERVAL            | 30                             | Seconds between "lease-sweep" beat runs.                                |
+| LEASES_RECONCILE_SAFETY_MS      | LEASES_RECONCILE_SAFETY_MS      | 60000                          | Counter-reconcile safety margin (ms).                                   |
+| LEASES_INTERNAL_SECRET          | LEASES_INTERNAL_SECRET          | insecure dev secret            | Shared secret for internal (pod-to-pod) endpoints.                      |
+| LEASES_REDIS_URL                | LEASES_REDIS_URL                | redis://127.0.0.1:6379/1       | Redis for config-cache invalidation pub/sub.                            |
+| POD_ID                          | POD_ID                          | (none: generated)              | Identity of this process/pod.                                           |
+| LEASES_POD_ENDPOINT             | LEASES_POD_ENDPOINT             | (none)                         | URL this process is reachable at.                                       |
+| LEASES_POD_INTERVAL_SECONDS     | LEASES_POD_INTERVAL_SECONDS     | 10                             | Pod heartbeat interval (s).                                             |
+| LEASES_POD_INTERVAL_MIN         | LEASES_POD_INTERVAL_MIN         | 2                              | Minimum pod heartbeat interval (s).                                     |
+| LEASES_POD_INTERVAL_MAX         | LEASES_POD_INTERVAL_MAX         | 60                             | Maximum pod heartbeat interval (s).                                     |
+| LEASES_POD_EXPIRY_FACTOR        | LEASES_POD_EXPIRY_FACTOR        | 3                              | Pod expires after interval * factor without a heartbeat.                |
+| LEASES_DEFINITION_CACHE_SECONDS | LEASES_DEFINITION_CACHE_SECONDS | 300                            | Max age of the in-process lease-definition cache (s).                   |
+| LEASES_POD_AUTOSTART            | LEASES_POD_AUTOSTART            | 1                              | Web processes register as pods on their first request (tests: off).    |
+| LEASES_WORKER_INTERNAL_BIND     | LEASES_WORKER_INTERNAL_BIND     | 127.0.0.1:0                    | host:port a Celery worker serves /internal/lease/ on (0 = free port).  |
+| LEASES_SESSION_TOOLS            | LEASES_SESSION_TOOLS            | {}                             | JSON {tool: {endpoint, auth}} for leases.contrib.sessions.             |
+| LEASES_HTTP_MAX_WAIT_MS         | LEASES_HTTP_MAX_WAIT_MS         | 5000                           | Upper bound (ms) of an HTTP acquire's wait for a slot (then 429).       |
+| LEASES_POD_AUTOSTART            | LEASES_POD_AUTOSTART            | 1                              | Web processes become pods on their first request (tests: off).          |
+| LEASES_WORKER_INTERNAL_BIND     | LEASES_WORKER_INTERNAL_BIND     | 127.0.0.1:0                    | Bind address of a worker's internal endpoint.                           |
+| LEASES_SESSION_TOOLS            | LEASES_SESSION_TOOLS            | {}                             | JSON object of session tools.                                           |
+| LEASES_HTTP_MAX_WAIT_MS         | LEASES_HTTP_MAX_WAIT_MS         | 5000                           | Max wait of an HTTP acquire before 429.                                 |
+| DJANGO_STATIC_ROOT              | STATIC_ROOT                     | <project>/staticfiles          | collectstatic target.                                                   |
+| DJANGO_LOG_LEVEL                | LOGGING root level              | INFO                           | Root log level.                                                         |
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import django_mongodb_backend
+from django.core.exceptions import ImproperlyConfigured
+
+
+def _env_bool(name: str, default: str) -> bool:
+    return os.environ.get(name, default).strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be an integer, got {raw!r}") from exc
+
+
+def _env_list(name: str, default: str) -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+# --- Core -------------------------------------------------------------------------------
+
+SECRET_KEY = os.environ.get(
+    "DJANGO_SECRET_KEY", "django-insecure-dev-only-key-change-me-in-production-0123456789"
+)
+DEBUG = _env_bool("DJANGO_DEBUG", "1")
+ALLOWED_HOSTS = _env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
+CSRF_TRUSTED_ORIGINS = _env_list("DJANGO_CSRF_TRUSTED_ORIGINS", "")
+
+INSTALLED_APPS = [
+    # Mongo-flavoured AppConfigs (ObjectIdAutoField pks), per the django-mongodb-project
+    # 5.2.x template.
+    "config.apps.MongoAdminConfig",
+    "config.apps.MongoAuthConfig",
+    "config.apps.MongoContentTypesConfig",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_prometheus",
+    "leases",
+    "insights",
+    "api",
+]
+
+# Contrib apps' own migrations use AutoField; these MongoDB-specific ones (generated with
+# `manage.py makemigrations admin auth contenttypes`, as the template ships them) use
+# ObjectIdAutoField.
+MIGRATION_MODULES = {
+    "admin": "config.mongo_migrations.admin",
+    "auth": "config.mongo_migrations.auth",
+    "contenttypes": "config.mongo_migrations.contenttypes",
+}
+
+DEFAULT_AUTO_FIELD = "django_mongodb_backend.fields.ObjectIdAutoField"
+
+MIDDLEWARE = [
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+ASGI_APPLICATION = "config.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database: MongoDB only ---------------------------------------------------------------
+
+MONGODB_URI = os.environ.get("MONGODB_URI", "").strip()
+MONGODB_DB = os.environ.get("MONGODB_DB", "leases").strip() or "leases"
+LEASES_MONGO_TIMEOUT_MS = _env_int("LEASES_MONGO_TIMEOUT_MS", 2000)
+
+if not MONGODB_URI:
+    raise ImproperlyConfigured(
+        "MONGODB_URI is not set. Either set MONGODB_URI to a MongoDB connection string "
+        "(e.g. mongodb://127.0.0.1:27017/?directConnection=true), or run the development "
+        "server with the embedded SecantusDB server: `python manage.py devserver_embedded` "
+        "(tests start their own embedded server automatically)."
+    )
+
+# parse_uri is deprecated in django-mongodb-backend 5.2 (Django 6 moves to HOST=<uri>),
+# but it is what the 5.2.x docs/template use; silence its warning here only.
+import warnings  # noqa: E402
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    DATABASES = {
+        "default": django_mongodb_backend.parse_uri(
+            MONGODB_URI,
+            db_name=MONGODB_DB,
+            options={
+                # A down MongoDB answers within LEASES_MONGO_TIMEOUT_MS instead of 30 s.
+                "serverSelectionTimeoutMS": LEASES_MONGO_TIMEOUT_MS,
+                "connectTimeoutMS": LEASES_MONGO_TIMEOUT_MS,
+                "socketTimeoutMS": LEASES_MONGO_TIMEOUT_MS,
+            },
+            test={"NAME": f"test_{MONGODB_DB}"},
+        )
+    }
+
+# Sessions live in MongoDB too (django_session collection).
+SESSION_ENGINE = "django.contrib.sessions.backends.db"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+# --- I18N / static ------------------------------------------------------------------------
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = os.environ.get("DJANGO_STATIC_ROOT", str(BASE_DIR / "staticfiles"))
+
+# --- Celery ------------------------------------------------------------------------------
+
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0")
+CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND", "").strip() or None
+CELERY_TASK_IGNORE_RESULT = CELERY_RESULT_BACKEND is None
+CELERY_TIMEZONE = TIME_ZONE
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+
+# --- Leases ------------------------------------------------------------------------------
+
+LEASES_REAP_INTERVAL = _env_int("LEASES_REAP_INTERVAL", 30)
+LEASES_RECONCILE_SAFETY_MS = _env_int("LEASES_RECONCILE_SAFETY_MS", 60000)
+LEASES_INTERNAL_SECRET = os.environ.get(
+    "LEASES_INTERNAL_SECRET", "insecure-dev-internal-secret-change-me"
+)
+LEASES_REDIS_URL = os.environ.get("LEASES_REDIS_URL", "redis://127.0.0.1:6379/1")
+POD_ID = os.environ.get("POD_ID", "").strip() or None
+LEASES_POD_ENDPOINT = os.environ.get("LEASES_POD_ENDPOINT", "").strip() or None
+LEASES_POD_INTERVAL_SECONDS = _env_int("LEASES_POD_INTERVAL_SECONDS", 10)
+LEASES_POD_INTERVAL_MIN = _env_int("LEASES_POD_INTERVAL_MIN", 2)
+LEASES_POD_INTERVAL_MAX = _env_int("LEASES_POD_INTERVAL_MAX", 60)
+LEASES_POD_EXPIRY_FACTOR = _env_int("LEASES_POD_EXPIRY_FACTOR", 3)
+LEASES_DEFINITION_CACHE_SECONDS = _env_int("LEASES_DEFINITION_CACHE_SECONDS", 300)
+LEASES_POD_AUTOSTART = _env_bool("LEASES_POD_AUTOSTART", "1")
+LEASES_WORKER_INTERNAL_BIND = os.environ.get("LEASES_WORKER_INTERNAL_BIND", "127.0.0.1:0").strip() or "127.0.0.1:0"
+try:
+    import json as _json
+
+    LEASES_SESSION_TOOLS = _json.loads(os.environ.get("LEASES_SESSION_TOOLS", "").strip() or "{}")
+except ValueError as _exc:
+    raise ImproperlyConfigured(f"LEASES_SESSION_TOOLS must be JSON: {_exc}") from _exc
+# HTTP acquire waits at most this long for a slot (then 429), so a web worker is never held
+# for a definition's full waitMs; keep it well below the server's request timeout.
+LEASES_HTTP_MAX_WAIT_MS = _env_int("LEASES_HTTP_MAX_WAIT_MS", 5000)
+
+CELERY_BEAT_SCHEDULE = {
+    "lease-sweep": {
+        "task": "leases.tasks.sweep",
+        "schedule": float(LEASES_REAP_INTERVAL),
+    },
+}
+
+# --- Logging -----------------------------------------------------------------------------
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "default": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "default"},
+    },
+    "root": {"handlers": ["console"], "level": os.environ.get("DJANGO_LOG_LEVEL", "INFO")},
+}

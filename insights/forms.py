@@ -1,0 +1,102 @@
+"""Forms of Insights → Leases: they parse and validate; the services decide.
+
+Every id a user types is checked with :mod:`leases.validation` here, so a malformed filter
+becomes a form error instead of reaching a query.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from django import forms
+
+from leases import validation
+from leases.definitions import TENANT_PROJECT
+from leases.errors import InvalidLeaseRequest
+
+
+def _engine_validator(check: Callable[..., str], *args: Any) -> Callable[[str], None]:
+    def validate(value: str) -> None:
+        if value in (None, ""):
+            return
+        try:
+            check(value, *args)
+        except InvalidLeaseRequest as exc:
+            raise forms.ValidationError(str(exc), code=getattr(exc, "code", "invalid")) from None
+
+    return validate
+
+
+def _filter_field(label: str, check: Callable[..., str], *args: Any) -> forms.CharField:
+    return forms.CharField(
+        label=label, required=False, max_length=128, strip=True,
+        validators=[_engine_validator(check, *args)],
+        widget=forms.TextInput(attrs={"placeholder": "any", "autocomplete": "off"}),
+    )
+
+
+class HolderFilterForm(forms.Form):
+    """Filters of the holder table (all optional) and the page number."""
+
+    resource = _filter_field("Resource", validation.resource_name)
+    type = _filter_field("Type", validation.lease_name)
+    pod = _filter_field("Pod", validation.pod_id)
+    project = _filter_field("Project", validation.entity_id, "project id")
+    user = _filter_field("User", validation.entity_id, "user id")
+    page = forms.IntegerField(required=False, min_value=1, max_value=1_000_000, widget=forms.HiddenInput)
+
+    FILTERS = ("resource", "type", "pod", "project", "user")
+
+    def service_filters(self) -> dict[str, Any]:
+        """Keyword arguments for :func:`leases.operations.list_holders` (valid form only)."""
+        data = self.cleaned_data
+        return {
+            "resource": data.get("resource") or None,
+            "type": data.get("type") or None,
+            "pod": data.get("pod") or None,
+            "project_id": data.get("project") or None,
+            "user_id": data.get("user") or None,
+            "page": data.get("page") or 1,
+        }
+
+    def active_filters(self) -> dict[str, str]:
+        """The filters in use (for the empty state and for keeping them across pages)."""
+        if not self.is_valid():
+            return {}
+        return {name: self.cleaned_data[name] for name in self.FILTERS if self.cleaned_data.get(name)}
+
+
+class DefinitionForm(forms.Form):
+    """Which lease and which project the merged definition is shown for."""
+
+    name = forms.CharField(
+        label="Lease", max_length=64, validators=[_engine_validator(validation.lease_name)],
+        widget=forms.TextInput(attrs={"list": "lease-names", "autocomplete": "off", "placeholder": "e.g. tex"}),
+    )
+    project = forms.ChoiceField(label="As seen from project")
+
+    def __init__(self, *args: Any, projects: list[str], **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        # Only the tenant's own projects (and the tenant-wide layer) can be chosen, so the
+        # view never merges another tenant's project layer.
+        choices = [(TENANT_PROJECT, "(tenant-wide: no project layer)")] + [(p, p) for p in projects]
+        self.fields["project"].choices = choices
+
+
+class RevokeForm(forms.Form):
+    """The confirmation step of a revocation."""
+
+    confirm = forms.BooleanField(
+        label="Yes, revoke this lease now", required=True,
+        error_messages={"required": "Tick the box to confirm the revocation."},
+    )
+    reason = forms.CharField(
+        label="Reason (for the audit log)", required=False, max_length=200, strip=True,
+        widget=forms.TextInput(attrs={"placeholder": "optional, e.g. stuck compile", "class": "wide"}),
+    )
+
+    def clean_reason(self) -> str:
+        reason = self.cleaned_data.get("reason") or ""
+        if "\x00" in reason:
+            raise forms.ValidationError("The reason may not contain NUL characters.")
+        return reason

@@ -1,0 +1,168 @@
+"""Insights → Leases views: parse the request, call :mod:`leases.operations`, render.
+
+Access is decided by :func:`insights.access.tenant_admin_required`; the tenant's slug is
+then passed to every service call, which binds it in the MongoDB filter.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlencode
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_http_methods
+
+from leases import operations
+from leases.errors import HolderNotFound, InvalidLeaseRequest, LeaseUnavailable
+
+from .access import memberships_of, tenant_admin_required
+from .forms import DefinitionForm, HolderFilterForm, RevokeForm
+from .models import Tenant
+
+REFRESH_SECONDS = 5
+PER_PAGE = 50
+
+
+def _refresh_context(request: HttpRequest) -> dict:
+    """Auto-refresh unless ``?refresh=off``; the fragment URL keeps every filter."""
+    params = request.GET.copy()
+    paused = params.get("refresh") == "off"
+    params.pop("fragment", None)
+    fragment_params = params.copy()
+    fragment_params["fragment"] = "1"
+    toggle = params.copy()
+    if paused:
+        toggle.pop("refresh", None)
+    else:
+        toggle["refresh"] = "off"
+    return {
+        "refresh_seconds": None if paused else REFRESH_SECONDS,
+        "fragment_url": f"?{fragment_params.urlencode()}",
+        "refresh_toggle_url": f"?{toggle.urlencode()}",
+    }
+
+
+def _project_slugs(tenant: Tenant) -> list[str]:
+    return list(tenant.projects.order_by("slug").values_list("slug", flat=True))
+
+
+@login_required
+def home(request: HttpRequest) -> HttpResponse:
+    """Start page: the tenants the user belongs to."""
+    return render(request, "insights/home.html", {"memberships": memberships_of(request.user)})
+
+
+@tenant_admin_required
+def holders(request: HttpRequest, tenant: Tenant) -> HttpResponse:
+    """Holders of the tenant with filters and paging."""
+    form = HolderFilterForm(request.GET or None)
+    page = None
+    status = 200
+    if not request.GET or form.is_valid():
+        filters = form.service_filters() if request.GET else {"page": 1}
+        try:
+            page = operations.list_holders(tenant_id=tenant.slug, per_page=PER_PAGE, **filters)
+        except InvalidLeaseRequest as exc:
+            form.add_error(None, str(exc))
+            status = 400
+    else:
+        status = 400
+    active = form.active_filters() if request.GET else {}
+
+    def page_url(number: int) -> str:
+        return "?" + urlencode({**active, "page": number})
+
+    context = {
+        "tenant": tenant, "form": form, "page": page, "active_filters": active,
+        "projects": _project_slugs(tenant), "section": "holders",
+        "audit": operations.list_audit(tenant.slug, limit=5),
+        "previous_url": page_url(page.page - 1) if page and page.has_previous else None,
+        "next_url": page_url(page.page + 1) if page and page.has_next else None,
+        **_refresh_context(request),
+    }
+    template = "insights/_holders_live.html" if request.GET.get("fragment") else "insights/holders.html"
+    return render(request, template, context, status=status)
+
+
+@tenant_admin_required
+def counters(request: HttpRequest, tenant: Tenant) -> HttpResponse:
+    """Counters of the tenant, project and user levels with BOOKED and drift."""
+    rows = operations.list_counters(tenant_id=tenant.slug)
+    context = {
+        "tenant": tenant, "counters": rows, "drift_count": sum(1 for r in rows if r.drift),
+        "section": "counters", **_refresh_context(request),
+    }
+    template = "insights/_counters_live.html" if request.GET.get("fragment") else "insights/counters.html"
+    return render(request, template, context)
+
+
+@tenant_admin_required
+def definition(request: HttpRequest, tenant: Tenant) -> HttpResponse:
+    """The merged definition of a lease as an acquisition in one of the tenant's projects sees it."""
+    projects = _project_slugs(tenant)
+    form = DefinitionForm(request.GET or None, projects=projects)
+    view = error = None
+    status = 200
+    if request.GET:
+        if form.is_valid():
+            try:
+                view = operations.definition_view(form.cleaned_data["name"], tenant.slug, form.cleaned_data["project"])
+            except LeaseUnavailable as exc:
+                error = str(exc)
+            except InvalidLeaseRequest as exc:
+                form.add_error(None, str(exc))
+                status = 400
+        else:
+            status = 400
+    context = {
+        "tenant": tenant, "form": form, "view": view, "error": error, "section": "definition",
+        "lease_names": operations.known_lease_names(tenant.slug),
+    }
+    return render(request, "insights/definition.html", context, status=status)
+
+
+def _tenant_holder(tenant: Tenant, token: str) -> operations.HolderView:
+    try:
+        return operations.get_holder(token, tenant_id=tenant.slug)
+    except (HolderNotFound, InvalidLeaseRequest):
+        # Same answer for "never existed", "malformed" and "another tenant's token".
+        raise Http404("No such lease holder") from None
+
+
+@tenant_admin_required
+def holder_detail(request: HttpRequest, tenant: Tenant, token: str) -> HttpResponse:
+    """One holder of the tenant."""
+    holder = _tenant_holder(tenant, token)
+    return render(request, "insights/holder_detail.html",
+                  {"tenant": tenant, "holder": holder, "section": "holders"})
+
+
+@require_http_methods(["GET", "POST"])
+@tenant_admin_required
+def revoke(request: HttpRequest, tenant: Tenant, token: str) -> HttpResponse:
+    """GET: the confirmation step. POST (CSRF-checked): revoke by operator decision."""
+    if request.method == "POST":
+        form = RevokeForm(request.POST)
+        if form.is_valid():
+            try:
+                holder = operations.revoke_holder(
+                    token, tenant_id=tenant.slug, acting_user=request.user,
+                    reason=form.cleaned_data["reason"] or "revoked in Insights",
+                )
+            except (HolderNotFound, InvalidLeaseRequest):
+                raise Http404("No such lease holder") from None
+            messages.success(
+                request,
+                f"Lease {holder.token[:10]}… on {holder.resource} revoked; its slots are free "
+                f"and the {holder.type} handler was dispatched.",
+            )
+            return redirect(reverse("insights:holders", args=[tenant.slug]))
+        holder = _tenant_holder(tenant, token)
+        return render(request, "insights/revoke_confirm.html",
+                      {"tenant": tenant, "holder": holder, "form": form, "section": "holders"}, status=400)
+    holder = _tenant_holder(tenant, token)
+    return render(request, "insights/revoke_confirm.html",
+                  {"tenant": tenant, "holder": holder, "form": RevokeForm(), "section": "holders"})

@@ -1,0 +1,23 @@
+from django.apps import AppConfig
+
+
+class LeasesConfig(AppConfig):
+    name = "leases"
+    verbose_name = "Resource leases"
+    default_auto_field = "django_mongodb_backend.fields.ObjectIdAutoField"
+
+    def ready(self) -> None:
+        # Issue 3: revocations go through the dispatcher (§6 matrix); the reference
+        # consumers' handlers exist in every process, so any pod can run them.
+        from django.conf import settings
+        from django.core.signals import request_started
+
+        from . import dispatch, pods, tasks  # noqa: F401 - tasks wires the Celery worker signals
+        from .contrib import register_handlers
+
+        dispatch.install()
+        register_handlers()
+        if getattr(settings, "LEASES_POD_AUTOSTART", True):
+            # Lazy: only a process that serves requests becomes a (web) pod, not migrate/shell.
+            request_started.connect(pods.lazy_start_on_request, weak=False,
+                                    dispatch_uid="leases.pods.lazy_start_on_request")

@@ -1,0 +1,192 @@
+"""Demo data for the main job: a tiny local remote service and the two demo consumers.
+
+:class:`DemoRemoteServer` plays both remote systems of §7 over real HTTP on 127.0.0.1 — a
+compile service (``POST /jobs``, ``GET /jobs/<id>``) and an MCP-like session server
+(``POST /mcp`` initialize/call, ``DELETE /mcp`` with ``Mcp-Session-Id``) that checks the
+``Authorization`` header and records every session DELETE. It is demo scenery for the
+reference consumers (and the tests' observation point for DELETEs), not a fake of the
+lease store.
+
+:func:`run_demo_consumers` loops the job tracker and the session client against it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class DemoRemoteServer:
+    """Compile jobs and MCP-like sessions over HTTP; records session DELETEs."""
+
+    def __init__(self, *, host: str = "127.0.0.1", port: int = 0, auth: str | None = "Bearer demo-token",
+                 job_seconds: float = 0.3):
+        self.auth = auth
+        self.job_seconds = job_seconds
+        self.lock = threading.Lock()
+        self.sessions: dict[str, dict[str, Any]] = {}
+        self.deleted: list[dict[str, Any]] = []
+        self.jobs: dict[str, float] = {}
+        self.calls = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _reply(self, status: int, body: Any = None, headers: dict[str, str] | None = None) -> None:
+                raw = json.dumps(body).encode() if body is not None else b""
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                for key, value in (headers or {}).items():
+                    self.send_header(key, value)
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def _authorized(self) -> bool:
+                return outer.auth is None or self.headers.get("Authorization") == outer.auth
+
+            def _body(self) -> Any:
+                length = int(self.headers.get("Content-Length") or 0)
+                return json.loads(self.rfile.read(length) or b"null") if length else None
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server API
+                body = self._body() or {}
+                if self.path.startswith("/jobs"):
+                    job_id = secrets.token_hex(6)
+                    with outer.lock:
+                        outer.jobs[job_id] = time.monotonic() + outer.job_seconds
+                    return self._reply(201, {"jobId": job_id})
+                if not self._authorized():
+                    return self._reply(401, {"error": "unauthorized"})
+                if body.get("method") == "initialize":
+                    session_id = secrets.token_hex(8)
+                    with outer.lock:
+                        outer.sessions[session_id] = {"open": True, "calls": 0}
+                    return self._reply(200, {"ok": True}, {"Mcp-Session-Id": session_id})
+                session_id = self.headers.get("Mcp-Session-Id", "")
+                with outer.lock:
+                    session = outer.sessions.get(session_id)
+                    if session is None or not session["open"]:
+                        return self._reply(404, {"error": "unknown session"})
+                    session["calls"] += 1
+                    outer.calls += 1
+                return self._reply(200, {"result": body.get("method"), "session": session_id})
+
+            def do_GET(self) -> None:  # noqa: N802
+                job_id = self.path.rsplit("/", 1)[-1]
+                with outer.lock:
+                    ready_at = outer.jobs.get(job_id)
+                if ready_at is None:
+                    return self._reply(404, {"error": "unknown job"})
+                if time.monotonic() < ready_at:
+                    return self._reply(200, {"status": "running"})
+                return self._reply(200, {"status": "done", "pdf": f"%PDF-demo {job_id}"})
+
+            def do_DELETE(self) -> None:  # noqa: N802
+                session_id = self.headers.get("Mcp-Session-Id", "")
+                with outer.lock:
+                    outer.deleted.append({"sessionId": session_id, "auth": self.headers.get("Authorization"),
+                                          "authorized": self._authorized()})
+                    session = outer.sessions.get(session_id)
+                    if session is not None and self._authorized():
+                        session["open"] = False
+                if not self._authorized():
+                    return self._reply(401, {"error": "unauthorized"})
+                return self._reply(200 if session is not None else 404, {"deleted": session_id})
+
+        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="demo-remote", daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    @property
+    def mcp_endpoint(self) -> str:
+        return self.url + "/mcp"
+
+    def deletes_of(self, session_id: str) -> list[dict[str, Any]]:
+        with self.lock:
+            return [d for d in self.deleted if d["sessionId"] == session_id]
+
+    def start(self) -> "DemoRemoteServer":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def __enter__(self) -> "DemoRemoteServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _http_json(method: str, url: str) -> Any:
+    import urllib.request
+
+    request = urllib.request.Request(url, method=method, data=b"{}" if method == "POST" else None,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return json.loads(response.read() or b"null")
+
+
+def run_demo_consumers(*, remote_url: str, stop: threading.Event, tenant_id: str = "demo",
+                       project_id: str = "docs", user_id: str = "alice", auth: str | None = "Bearer demo-token",
+                       pause: float = 1.0, rounds: int | None = None) -> dict[str, int]:
+    """Loop both reference consumers until ``stop`` is set (or ``rounds`` are done).
+
+    Each round compiles one job through :func:`leases.contrib.jobs.run_job` and makes three
+    calls through a lease-backed :class:`leases.contrib.sessions.SessionClient`.
+
+    Returns:
+        Counts per outcome (``jobs``, ``calls``, ``busy``, ``lost``, ``errors``).
+    """
+    import leases
+
+    from .jobs import run_job
+    from .sessions import SessionClient, register_tool
+
+    register_tool("demo-browser", remote_url.rstrip("/") + "/mcp", auth=auth)
+    client = SessionClient("demo-browser", tenant_id=tenant_id, project_id=project_id, user_id=user_id)
+    stats = {"jobs": 0, "calls": 0, "busy": 0, "lost": 0, "errors": 0}
+    done = 0
+    try:
+        while not stop.is_set() and (rounds is None or done < rounds):
+            done += 1
+            try:
+                result = run_job(
+                    submit=lambda: _http_json("POST", remote_url.rstrip("/") + "/jobs")["jobId"],
+                    poll=lambda job_id: (lambda r: r if r.get("status") == "done" else None)(
+                        _http_json("GET", f"{remote_url.rstrip('/')}/jobs/{job_id}")),
+                    tenant_id=tenant_id, project_id=project_id, user_id=user_id, poll_interval=0.1, timeout=30,
+                )
+                stats["jobs"] += 1 if result else 0
+                for step in range(3):
+                    client.call("tools/call", {"name": "screenshot", "step": step})
+                    stats["calls"] += 1
+            except leases.LeaseBusy:
+                stats["busy"] += 1
+            except leases.LeaseLost:
+                stats["lost"] += 1
+            except Exception:  # demo loop: log and keep going
+                stats["errors"] += 1
+                log.exception("demo consumer round failed")
+            stop.wait(pause)
+    finally:
+        client.close()
+    return stats

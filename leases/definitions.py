@@ -1,0 +1,374 @@
+"""Lease definitions: four YAML layers merged field by field, cached, fail-closed.
+
+Layers, least to most specific: ``classpath`` (bundled defaults in ``leases/defaults``),
+``system`` (tenant ``_vance``, project ``_tenant``), ``tenant`` (holder's tenant, project
+``_tenant``), ``project`` (holder's tenant and project). A field set in a layer that may
+not own it is ignored; a layer that cannot be read or parsed fails the load with
+:class:`LeaseUnavailable`, and nothing is cached.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import pymongo.errors
+import yaml
+
+from . import store
+from .errors import InvalidDefinition, LeaseUnavailable
+from .validation import LEASE_NAME_RE, RESOURCE_RE, entity_id, lease_name
+
+log = logging.getLogger(__name__)
+
+SYSTEM_TENANT = "_vance"
+TENANT_PROJECT = "_tenant"
+LAYERS = ("classpath", "system", "tenant", "project")
+LEVELS = ("global", "tenant", "project", "user")
+# Check order of the funnel: narrow to wide.
+CHECK_ORDER = ("user", "project", "tenant", "global")
+FIELD_OWNERS: dict[str, tuple[str, ...]] = {
+    "levels.global": ("classpath", "system"),
+    "resource": ("classpath", "system", "tenant"),
+    "levels.tenant": ("classpath", "system", "tenant"),
+    "levels.project": LAYERS,
+    "levels.user": LAYERS,
+    "ttlSeconds": LAYERS,
+    "waitMs": LAYERS,
+}
+INLINE_FIELDS = ("levels.project", "levels.user", "ttlSeconds", "waitMs")
+DEFAULT_TTL_SECONDS = 60
+DEFAULT_WAIT_MS = 0
+MAX_TTL_SECONDS = 7 * 24 * 3600
+MAX_WAIT_MS = 10 * 60 * 1000
+
+
+def document_path(name: str) -> str:
+    """The config path of lease ``name``: ``_vance/config/lease/<name>.yaml``."""
+    return f"_vance/config/lease/{name}.yaml"
+
+
+@dataclass(frozen=True)
+class LevelSpec:
+    """One booked level of an acquisition: its counter key and cap."""
+
+    level: str
+    scope: str
+    cap: int
+    key: str
+    tenant_id: str | None
+
+
+@dataclass(frozen=True)
+class LeaseDefinition:
+    """A merged lease definition; ``sources`` tells which layer each field came from."""
+
+    name: str
+    resource: str
+    levels: dict[str, int]
+    ttl_seconds: int
+    wait_ms: int
+    sources: dict[str, str] = field(default_factory=dict)
+    inline: bool = False
+
+    @property
+    def is_noop(self) -> bool:
+        """No caps at all: acquisitions return ``NOOP`` without touching MongoDB."""
+        return not self.levels
+
+    def level_specs(self, tenant_id: str, project_id: str, user_id: str) -> list[LevelSpec]:
+        """The capped levels in check order (user → project → tenant → global)."""
+        scopes = {
+            "user": f"{tenant_id}/{user_id}",  # crosses projects on purpose
+            "project": f"{tenant_id}/{project_id}",
+            "tenant": tenant_id,
+            "global": "*",
+        }
+        return [
+            LevelSpec(level, scopes[level], self.levels[level], f"{self.resource}|{level}|{scopes[level]}",
+                      None if level == "global" else tenant_id)
+            for level in CHECK_ORDER
+            if level in self.levels
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain form for the CLI, the web view and the HTTP API."""
+        return {
+            "name": self.name, "resource": self.resource, "levels": dict(self.levels),
+            "ttlSeconds": self.ttl_seconds, "waitMs": self.wait_ms,
+            "sources": dict(self.sources), "inline": self.inline,
+        }
+
+
+class _BrokenLayer(Exception):
+    pass
+
+
+def _number(value: Any, what: str, minimum: int, maximum: int) -> int:
+    # bool is an int in Python; ``cap: yes`` must not become 1.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _BrokenLayer(f"{what} must be an integer, got {value!r}")
+    if not minimum <= value <= maximum:
+        raise _BrokenLayer(f"{what} must be between {minimum} and {maximum}, got {value}")
+    return value
+
+
+def _flatten(doc: Any, name: str, layer: str) -> dict[str, Any]:
+    """Validate one layer's parsed YAML and flatten it to ``{"levels.user": 1, ...}``."""
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise _BrokenLayer("document is not a mapping")
+    unknown = set(doc) - {"name", "resource", "levels", "ttlSeconds", "waitMs"}
+    if unknown:
+        # Fail closed: a misspelt key could be the cap that protects the resource.
+        raise _BrokenLayer(f"unknown fields {sorted(map(str, unknown))}")
+    if "name" in doc and doc["name"] != name:
+        raise _BrokenLayer(f"name {doc['name']!r} does not match the file name {name!r}")
+    flat: dict[str, Any] = {}
+    levels = doc.get("levels")
+    if levels is not None:
+        if not isinstance(levels, dict):
+            raise _BrokenLayer("levels is not a mapping")
+        bad = set(levels) - set(LEVELS)
+        if bad:
+            raise _BrokenLayer(f"unknown levels {sorted(map(str, bad))}")
+        for level, cap in levels.items():
+            if cap is not None:
+                flat[f"levels.{level}"] = cap
+    for key in ("resource", "ttlSeconds", "waitMs"):
+        if doc.get(key) is not None:
+            flat[key] = doc[key]
+    owned = {}
+    for key, value in flat.items():
+        if layer not in FIELD_OWNERS[key]:
+            log.info("lease %s: field %s in layer %s ignored (not owned by that layer)", name, key, layer)
+            continue
+        owned[key] = value
+    for key, value in owned.items():
+        if key.startswith("levels."):
+            _number(value, key, 1, 10**9)
+        elif key == "ttlSeconds":
+            _number(value, key, 1, MAX_TTL_SECONDS)
+        elif key == "waitMs":
+            _number(value, key, 0, MAX_WAIT_MS)
+        elif key == "resource":
+            if not isinstance(value, str) or RESOURCE_RE.fullmatch(value) is None or value.startswith("mcp-inline:"):
+                raise _BrokenLayer(f"resource {value!r} is not a valid resource name")
+    return owned
+
+
+def parse_layer(text: str, name: str, layer: str) -> dict[str, Any]:
+    """Parse one YAML layer into its owned, validated fields.
+
+    Raises:
+        InvalidDefinition: broken YAML, wrong types, caps < 1, unknown fields.
+    """
+    try:
+        return _flatten(yaml.safe_load(text), name, layer)
+    except yaml.YAMLError as exc:
+        raise InvalidDefinition(f"lease {name} layer {layer}: YAML does not parse: {exc}") from None
+    except _BrokenLayer as exc:
+        raise InvalidDefinition(f"lease {name} layer {layer}: {exc}") from None
+
+
+def _bundled_text(name: str) -> str | None:
+    path = resources.files("leases").joinpath("defaults", *document_path(name).split("/"))
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+
+
+def _read_layers(name: str, tenant_id: str, project_id: str) -> dict[str, str]:
+    """Raw YAML text per layer; one MongoDB command for the three stored layers."""
+    texts: dict[str, str] = {}
+    bundled = _bundled_text(name)
+    if bundled is not None:
+        texts["classpath"] = bundled
+    wanted = [
+        ((SYSTEM_TENANT, TENANT_PROJECT), "system"),
+        ((tenant_id, TENANT_PROJECT), "tenant"),
+        ((tenant_id, project_id), "project"),
+    ]
+    query = {
+        "path": document_path(name),
+        "$or": [{"tenantId": t, "projectId": p} for (t, p), _ in wanted],
+    }
+    for doc in store.config_documents().find(query, {"tenantId": 1, "projectId": 1, "text": 1}):
+        # When the holder's tenant is ``_vance`` itself one document is several layers.
+        for key, layer in wanted:
+            if key == (doc.get("tenantId"), doc.get("projectId")):
+                if not isinstance(doc.get("text"), str):
+                    raise _BrokenLayer(f"layer {layer} document has no text")
+                texts[layer] = doc["text"]
+    return texts
+
+
+def merge(name: str, layer_fields: dict[str, dict[str, Any]]) -> LeaseDefinition:
+    """Merge validated layers field by field: the most specific layer that owns a field wins."""
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for layer in LAYERS:
+        for key, value in layer_fields.get(layer, {}).items():
+            values[key] = value
+            sources[key] = layer
+    levels = {key.split(".", 1)[1]: values[key] for key in values if key.startswith("levels.")}
+    if "resource" not in values:
+        sources["resource"] = "default"
+    for key in ("ttlSeconds", "waitMs"):
+        sources.setdefault(key, "default")
+    return LeaseDefinition(
+        name=name,
+        resource=values.get("resource", name),
+        levels=levels,
+        ttl_seconds=values.get("ttlSeconds", DEFAULT_TTL_SECONDS),
+        wait_ms=values.get("waitMs", DEFAULT_WAIT_MS),
+        sources=sources,
+    )
+
+
+def load(name: str, tenant_id: str, project_id: str) -> LeaseDefinition:
+    """Load and merge lease ``name`` as an acquisition in (tenant, project) sees it; no cache.
+
+    Raises:
+        InvalidLeaseRequest: invalid name or ids.
+        LeaseUnavailable: a layer could not be read (store error) or parsed (broken config).
+    """
+    lease_name(name)
+    entity_id(tenant_id, "tenant id")
+    entity_id(project_id, "project id")
+    try:
+        texts = _read_layers(name, tenant_id, project_id)
+    except pymongo.errors.PyMongoError as exc:
+        raise LeaseUnavailable(f"lease {name}: config store unreachable: {exc.__class__.__name__}") from None
+    except _BrokenLayer as exc:
+        raise LeaseUnavailable(f"lease {name}: {exc}") from None
+    layer_fields: dict[str, dict[str, Any]] = {}
+    for layer, text in texts.items():
+        try:
+            layer_fields[layer] = parse_layer(text, name, layer)
+        except InvalidDefinition as exc:
+            raise LeaseUnavailable(str(exc)) from None
+    if not texts:
+        log.warning("lease %s is not defined in any layer; acquisitions are NOOP", name)
+    return merge(name, layer_fields)
+
+
+def inline_definition(spec: Any, tenant_id: str, project_id: str) -> LeaseDefinition:
+    """Build an inline definition: no layers, no merge, project-private counter.
+
+    Raises:
+        InvalidDefinition: missing ``name``, a field inline may not set (``resource``,
+            ``levels.global``, ``levels.tenant``), unknown fields or bad values.
+    """
+    if not isinstance(spec, dict):
+        raise InvalidDefinition("inline lease definition must be a mapping")
+    name = spec.get("name")
+    if not isinstance(name, str) or LEASE_NAME_RE.fullmatch(name) is None:
+        raise InvalidDefinition("inline lease definition needs a valid 'name'")
+    if "resource" in spec:
+        raise InvalidDefinition("inline lease definitions may not set 'resource': shared ceilings belong in a name reference")
+    levels = spec.get("levels") or {}
+    if not isinstance(levels, dict):
+        raise InvalidDefinition("inline 'levels' must be a mapping")
+    for forbidden in ("global", "tenant"):
+        if forbidden in levels:
+            raise InvalidDefinition(f"inline lease definitions may not set 'levels.{forbidden}': use a name reference")
+    unknown = (set(spec) - {"name", "levels", "ttlSeconds", "waitMs"}) | (set(levels) - {"project", "user"})
+    if unknown:
+        raise InvalidDefinition(f"inline lease definition has unknown fields {sorted(map(str, unknown))}")
+    try:
+        fields = _flatten({k: v for k, v in spec.items() if k != "name"}, name, "project")
+    except _BrokenLayer as exc:
+        raise InvalidDefinition(f"inline lease {name}: {exc}") from None
+    definition = merge(name, {"project": fields})
+    return LeaseDefinition(
+        name=name,
+        resource=f"mcp-inline:{tenant_id}/{project_id}/{name}",
+        levels=definition.levels,
+        ttl_seconds=definition.ttl_seconds,
+        wait_ms=definition.wait_ms,
+        sources={key: "inline" for key in definition.sources},
+        inline=True,
+    )
+
+
+class DefinitionCache:
+    """Merged definitions per (tenant, project, name), invalidated by config changes.
+
+    A load that raced with an invalidation is not stored (generation check), so a change
+    published while a load was in flight can never leave a stale entry behind.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[tuple[str, str, str], tuple[LeaseDefinition, float]] = {}
+        self._generation = 0
+
+    def get(self, name: str, tenant_id: str, project_id: str) -> LeaseDefinition:
+        """Cached merged definition, loading on a miss.
+
+        Raises:
+            LeaseUnavailable: the load failed; nothing is cached.
+        """
+        from django.conf import settings
+
+        from . import invalidation
+
+        key = (tenant_id, project_id, name)
+        max_age = float(getattr(settings, "LEASES_DEFINITION_CACHE_SECONDS", 300))
+        entry = self._entries.get(key)
+        if entry is not None and time.monotonic() - entry[1] < max_age:
+            return entry[0]
+        generation = self._generation
+        definition = load(name, tenant_id, project_id)
+        # Only cache while cross-process invalidation is live; otherwise another pod's
+        # write could go unnoticed here.
+        if invalidation.listening():
+            with self._lock:
+                if generation == self._generation:
+                    self._entries[key] = (definition, time.monotonic())
+        return definition
+
+    def invalidate(self, tenant_id: str | None, project_id: str | None, name: str | None) -> None:
+        """Drop entries touched by a change of (tenant, project, name).
+
+        A System-layer change drops the name for every tenant and project, a Tenant-layer
+        change for every project of that tenant; ``None`` everywhere drops all.
+        """
+        with self._lock:
+            self._generation += 1
+            if name is None:
+                self._entries.clear()
+                return
+            for key in list(self._entries):
+                t, p, n = key
+                if n != name:
+                    continue
+                if tenant_id == SYSTEM_TENANT and project_id == TENANT_PROJECT:
+                    del self._entries[key]
+                elif project_id == TENANT_PROJECT and t == tenant_id:
+                    del self._entries[key]
+                elif (t, p) == (tenant_id, project_id):
+                    del self._entries[key]
+
+    def clear(self) -> None:
+        """Drop everything."""
+        self.invalidate(None, None, None)
+
+
+cache = DefinitionCache()
+
+
+def resolve(name: str, tenant_id: str, project_id: str) -> LeaseDefinition:
+    """The merged definition for an acquisition (cached).
+
+    Raises:
+        LeaseUnavailable: broken or unreadable configuration.
+    """
+    return cache.get(name, tenant_id, project_id)

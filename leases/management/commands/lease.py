@@ -1,0 +1,347 @@
+"""``python manage.py lease …``: the operator CLI, across all tenants (§9).
+
+Reads go straight to MongoDB. Revocations go through a live pod's internal admin API
+(``/internal/lease/admin/…``, shared secret), because only pods run handlers and know
+the pod routing; ``--force`` revokes directly in MongoDB when no pod is reachable, and says
+what that leaves behind. ``sweep`` and ``reconcile`` run here.
+
+Exit status: 0 on success, 1 with a one-line ``CommandError`` on bad input, an unknown
+token, an unreachable store or no reachable pod; 2 for unknown options (argparse).
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import socket
+import urllib.error
+import urllib.parse
+import urllib.request
+from datetime import datetime
+from typing import Any, Callable, Iterable, Sequence
+
+import pymongo.errors
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from leases import operations, validation
+from leases.errors import HolderNotFound, LeaseError
+
+ADMIN_PATH = "/internal/lease/admin"
+POD_TIMEOUT_SECONDS = 15.0
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        # Stored times are naive UTC (MongoDB's clock).
+        return value.isoformat() + ("Z" if value.tzinfo is None else "")
+    if isinstance(value, (set, tuple)):
+        return list(value)
+    return str(value)
+
+
+def _when(value: datetime | None) -> str:
+    return "-" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value < 0:
+        return f"expired {int(-value)}s"
+    return f"{int(value)}s"
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], numeric: Iterable[str] = ()) -> str:
+    """Rows as an aligned plain-text table (numbers right-aligned)."""
+    rows = [["-" if cell is None or cell == "" else str(cell) for cell in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(cell)) for w, cell in zip(widths, row)]
+    right = {i for i, h in enumerate(headers) if h in set(numeric)}
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    out = [line(headers), line(["-" * w for w in widths])]
+    out.extend(line(row) for row in rows)
+    return "\n".join(out)
+
+
+def _operator() -> str:
+    try:
+        who = getpass.getuser()
+    except Exception:  # noqa: BLE001 - no login name in some containers
+        who = "unknown"
+    return f"cli:{who}@{socket.gethostname()}"
+
+
+class PodCallError(LeaseError):
+    """No pod could carry out the request (none alive, none reachable, or refused)."""
+
+    code = "POD_UNREACHABLE"
+
+
+class Command(BaseCommand):
+    help = "Operate resource leases across all tenants: list, show, counters, definition, revoke, revoke-pod, sweep, reconcile."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+        p = sub.add_parser("list", help="Holders, newest first (filters combine).")
+        p.add_argument("--tenant")
+        p.add_argument("--resource")
+        p.add_argument("--pod")
+        p.add_argument("--type")
+        p.add_argument("--project")
+        p.add_argument("--user")
+        p.add_argument("--page", type=int, default=1)
+        p.add_argument("--per-page", type=int, default=100)
+        p.add_argument("--json", action="store_true", help="Machine-readable output.")
+
+        p = sub.add_parser("show", help="One holder in full.")
+        p.add_argument("token")
+        p.add_argument("--json", action="store_true")
+
+        p = sub.add_parser("counters", help="Counters incl. global, with BOOKED and a drift marker.")
+        p.add_argument("--tenant", help="Only this tenant's tenant/project/user counters.")
+        p.add_argument("--drift-only", action="store_true", help="Only counters that drifted.")
+        p.add_argument("--json", action="store_true")
+
+        p = sub.add_parser("definition", help="Merged definition as an acquisition sees it (caches discarded).")
+        p.add_argument("name")
+        p.add_argument("--tenant", required=True)
+        p.add_argument("--project", default="_tenant", help="Default: _tenant (no project layer).")
+        p.add_argument("--json", action="store_true")
+
+        for name, what in (("revoke", "token"), ("revoke-pod", "pod")):
+            p = sub.add_parser(name, help=f"Revoke {'one holder' if what == 'token' else 'every holder of a pod'} through a live pod.")
+            p.add_argument(what)
+            p.add_argument("--force", action="store_true",
+                           help="Revoke directly in MongoDB without a pod: NO handler runs.")
+            p.add_argument("--endpoint", help="Use this pod URL instead of the pod registry.")
+            p.add_argument("--reason", default=None, help="Recorded in the audit log.")
+            p.add_argument("--json", action="store_true")
+
+        p = sub.add_parser("sweep", help="One reaper round now (idle, dead pods, reconcile), with handlers.")
+        p.add_argument("--json", action="store_true")
+
+        p = sub.add_parser("reconcile", help="Correct counter drift from holder levels (no pod, no handler).")
+        p.add_argument("--safety-ms", type=int, default=None,
+                       help="Only counters older than this (default LEASES_RECONCILE_SAFETY_MS).")
+        p.add_argument("--json", action="store_true")
+
+    # --- plumbing ----------------------------------------------------------------------
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        action = options["action"]
+        handler: Callable[[dict[str, Any]], Any] = getattr(self, "do_" + action.replace("-", "_"))
+        try:
+            handler(options)
+        except HolderNotFound as exc:
+            raise CommandError(f"{exc.code}: {exc}") from None
+        except LeaseError as exc:
+            raise CommandError(f"{exc.code}: {exc}") from None
+        except pymongo.errors.PyMongoError as exc:
+            raise CommandError(f"LEASE_UNAVAILABLE: MongoDB unreachable ({exc.__class__.__name__})") from None
+
+    def emit(self, options: dict[str, Any], data: Any, text: Callable[[], str]) -> None:
+        if options.get("json"):
+            self.stdout.write(json.dumps(data, default=_json_default, indent=2, sort_keys=True))
+        else:
+            self.stdout.write(text())
+
+    # --- reads -------------------------------------------------------------------------
+
+    def do_list(self, o: dict[str, Any]) -> None:
+        page = operations.list_holders(
+            tenant_id=o["tenant"], resource=o["resource"], pod=o["pod"], type=o["type"],
+            project_id=o["project"], user_id=o["user"], page=o["page"], per_page=o["per_page"],
+        )
+
+        def text() -> str:
+            if not page.items:
+                return "No holders." if page.total == 0 else f"No holders on page {page.page} (of {page.pages})."
+            rows = [(h.token, h.tenant_id, h.project_id, h.user_id, h.resource, h.type, h.pod or "(detached)",
+                     h.pod_state, "yes" if h.pod_bound else "no", _when(h.acquired_at), _seconds(h.ttl_remaining_seconds))
+                    for h in page.items]
+            body = table(["TOKEN", "TENANT", "PROJECT", "USER", "RESOURCE", "TYPE", "POD", "POD-STATE", "BOUND",
+                          "ACQUIRED", "TTL-LEFT"], rows, numeric=["TTL-LEFT"])
+            return f"{body}\n\n{page.total} holder(s), page {page.page} of {page.pages}."
+
+        self.emit(o, page.to_dict(), text)
+
+    def do_show(self, o: dict[str, Any]) -> None:
+        holder = operations.get_holder(o["token"])
+
+        def text() -> str:
+            data = holder.to_dict()
+            lines = []
+            for key in ("token", "state", "tenant_id", "project_id", "user_id", "resource", "lease_name", "type",
+                        "holder_ref", "pod", "pod_state", "pod_bound", "ttl_seconds", "acquired_at", "last_seen_at",
+                        "expires_at"):
+                value = data[key]
+                lines.append(f"{key:<16} {_when(value) if isinstance(value, datetime) else value}")
+            lines.append(f"{'ttl_left':<16} {_seconds(holder.ttl_remaining_seconds)}")
+            lines.append(f"{'levels':<16} {', '.join(holder.levels) or '-'}")
+            lines.append(f"{'payload':<16} {json.dumps(holder.payload, sort_keys=True, default=str)}")
+            return "\n".join(lines)
+
+        self.emit(o, holder.to_dict(), text)
+
+    def do_counters(self, o: dict[str, Any]) -> None:
+        rows = operations.list_counters(tenant_id=o["tenant"], include_global=o["tenant"] is None)
+        if o["drift_only"]:
+            rows = [r for r in rows if r.drift]
+
+        def text() -> str:
+            if not rows:
+                return "No counters." if not o["drift_only"] else "No drift."
+            body = table(["RESOURCE", "LEVEL", "SCOPE", "COUNT", "CAP", "BOOKED", "DRIFT"],
+                         [(r.resource, r.level, r.scope, r.count, r.cap, r.booked,
+                           f"DRIFT {r.count - r.booked:+d}" if r.drift else "") for r in rows],
+                         numeric=["COUNT", "CAP", "BOOKED"])
+            drifted = sum(1 for r in rows if r.drift)
+            tail = f"{len(rows)} counter(s), {drifted} drifted"
+            if drifted:
+                tail += " (BOOKED is what `lease reconcile` corrects to)"
+            return f"{body}\n\n{tail}."
+
+        self.emit(o, [r.to_dict() for r in rows], text)
+
+    def do_definition(self, o: dict[str, Any]) -> None:
+        view = operations.definition_view(o["name"], o["tenant"], o["project"])
+
+        def text() -> str:
+            head = f"lease {view.name} as seen from {view.tenant_id}/{view.project_id}"
+            if view.noop:
+                head += "  (NOOP: no level has a cap)"
+            body = table(["FIELD", "VALUE", "LAYER"],
+                         [(f.field, "no cap" if f.value is None else f.value, f.layer) for f in view.fields])
+            return f"{head}\n\n{body}"
+
+        self.emit(o, view.to_dict(), text)
+
+    # --- acts --------------------------------------------------------------------------
+
+    def _pod_endpoints(self, o: dict[str, Any]) -> list[tuple[str, str]]:
+        if o.get("endpoint"):
+            url = o["endpoint"]
+            if not url.startswith(("http://", "https://")):
+                raise CommandError(f"--endpoint must be an http(s) URL, got {url!r}")
+            return [("(--endpoint)", url.rstrip("/"))]
+        return operations.live_pod_endpoints()
+
+    def _call_pod(self, o: dict[str, Any], path: str, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """POST ``body`` to the first live pod that answers; returns (pod, answer)."""
+        endpoints = self._pod_endpoints(o)
+        if not endpoints:
+            raise PodCallError("no live pod is registered; rerun with --force to revoke directly in MongoDB (no handler runs)")
+        data = json.dumps(body).encode()
+        tried = []
+        for pod, endpoint in endpoints:
+            request = urllib.request.Request(
+                endpoint + ADMIN_PATH + path, data=data, method="POST",
+                headers={"Content-Type": "application/json", "X-Lease-Secret": settings.LEASES_INTERNAL_SECRET},
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=POD_TIMEOUT_SECONDS) as response:
+                    return pod, json.loads(response.read() or b"{}")
+            except urllib.error.HTTPError as exc:
+                try:
+                    answer = json.loads(exc.read() or b"{}")
+                except ValueError:
+                    answer = {}
+                if exc.code == 404 and answer.get("code") == HolderNotFound.code:
+                    raise HolderNotFound(answer.get("message") or "no such holder") from None
+                if exc.code == 400:
+                    raise CommandError(f"{answer.get('code', 'INVALID_REQUEST')}: {answer.get('message', 'bad request')}") from None
+                if exc.code == 403:
+                    raise PodCallError(f"pod {pod} ({endpoint}) refused the shared secret: check LEASES_INTERNAL_SECRET") from None
+                tried.append(f"{pod} ({endpoint}): HTTP {exc.code}")
+            except (urllib.error.URLError, OSError, ValueError) as exc:
+                tried.append(f"{pod} ({endpoint}): {getattr(exc, 'reason', exc)}")
+        raise PodCallError("no pod reachable (" + "; ".join(tried) + "); rerun with --force to revoke directly in MongoDB (no handler runs)")
+
+    def _force_note(self, holders: list[Any]) -> str:
+        lines = ["--force: revoked directly in MongoDB. NO handler ran."]
+        lines.append("  The slots are free and each holder gets LEASE_LOST on its next check(),")
+        lines.append("  but nothing stopped the resources themselves:")
+        for h in holders:
+            if h.pod_bound:
+                what = f"lives in pod {h.pod or '(none)'}; it keeps running there until it next checks its lease"
+            else:
+                what = "lives outside the pod (e.g. a remote session); it is left to its own expiration"
+            payload = json.dumps(h.payload, sort_keys=True, default=str) if h.payload else "{}"
+            lines.append(f"  - {h.token} ({h.type} on {h.resource}, tenant {h.tenant_id}): {what}; payload {payload}")
+        return "\n".join(lines)
+
+    @staticmethod
+    def _revoked_table(revoked: list[dict[str, Any]]) -> str:
+        rows = [(h["token"], h["tenantId"], h["resource"], h["type"], h["pod"] or "(detached)",
+                 "yes" if h["podBound"] else "no") for h in revoked]
+        return table(["TOKEN", "TENANT", "RESOURCE", "TYPE", "POD", "BOUND"], rows)
+
+    def _revoked_text(self, revoked: list[dict[str, Any]], via: str, settled: bool | None) -> str:
+        if not revoked:
+            return f"Nothing to revoke (via {via})."
+        state = "handlers dispatched" + ("" if settled is None else (" and finished" if settled else " (still running)"))
+        return f"{self._revoked_table(revoked)}\n\nRevoked {len(revoked)} holder(s) via {via}; {state}."
+
+    def _revoke(self, o: dict[str, Any], *, pod: str | None = None, token: str | None = None) -> None:
+        reason = o["reason"]
+        if token is not None:
+            validation.token(token)
+        else:
+            validation.pod_id(pod)
+        if o["force"]:
+            if token is not None:
+                holders = [operations.revoke_holder(token, acting_user=_operator() + " --force",
+                                                    reason=reason or "forced revoke (CLI)", dispatch=False)]
+            else:
+                holders = operations.revoke_pod(pod, acting_user=_operator() + " --force",
+                                                reason=reason or "forced pod revoke (CLI)", dispatch=False)
+            wire = [h.to_wire() for h in holders]
+            note = self._force_note(holders) if holders else "--force: nothing to revoke."
+            self.emit(o, {"via": "mongodb --force", "handlersRan": False, "revoked": wire, "note": note},
+                      lambda: f"{self._revoked_table(wire)}\n\n{note}" if wire else note)
+            return
+        path = f"/revoke/{urllib.parse.quote(token, safe='')}" if token is not None else f"/revoke-pod/{urllib.parse.quote(pod, safe='')}"
+        body = {"actor": _operator()}
+        if reason:
+            body["reason"] = reason
+        via_pod, answer = self._call_pod(o, path, body)
+        revoked = answer.get("revoked") or []
+        via = f"pod {answer.get('pod') or via_pod}"
+        self.emit(o, {"via": via, "handlersRan": True, **answer},
+                  lambda: self._revoked_text(revoked, via, answer.get("dispatchSettled")))
+
+    def do_revoke(self, o: dict[str, Any]) -> None:
+        self._revoke(o, token=o["token"])
+
+    def do_revoke_pod(self, o: dict[str, Any]) -> None:
+        self._revoke(o, pod=o["pod"])
+
+    def do_sweep(self, o: dict[str, Any]) -> None:
+        from leases import dispatch, tasks
+
+        dispatch.install()  # handlers of this round run through the same dispatcher
+        result = tasks.sweep()  # synchronous call of the Celery task body
+        result["dispatchSettled"] = dispatch.get_dispatcher().drain(timeout=30.0)
+        self.emit(o, result, lambda: (
+            f"Sweep: {result['done']} holder(s) reaped or counter(s) corrected in {result['rounds']} round(s)"
+            f"{'; more remain' if result['hasMore'] else ''}; handlers "
+            f"{'finished' if result['dispatchSettled'] else 'still running'}."))
+
+    def do_reconcile(self, o: dict[str, Any]) -> None:
+        from leases import sweeps
+
+        if o["safety_ms"] is not None and o["safety_ms"] < 0:
+            raise CommandError("--safety-ms must be >= 0")
+        total, rounds, more = 0, 0, True
+        while more and rounds < 100:
+            corrected, more = sweeps.reconcile(safety_ms=o["safety_ms"])
+            total += corrected
+            rounds += 1
+        self.emit(o, {"corrected": total, "rounds": rounds, "hasMore": more},
+                  lambda: f"Reconcile: {total} counter(s) corrected or removed{'; more remain' if more else ''}.")

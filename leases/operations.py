@@ -1,0 +1,487 @@
+"""Operator read and act functions shared by Insights → Leases, the ``lease`` CLI and the
+internal admin API.
+
+Tenant binding lives in the MongoDB filter of every read and delete here (tokens are
+global), never in the caller: a token of another tenant is simply "not found". Every id
+that reaches a filter is validated first, so an operator document such as
+``{"$ne": ""}`` can never be smuggled in as a value.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from bson import ObjectId
+
+from . import definitions, listener, reaper, store, validation
+from .errors import HolderNotFound, InvalidLeaseRequest
+from .handlers import RevokedHolder
+from .identity import self_pod_id
+
+log = logging.getLogger(__name__)
+
+MAX_PER_PAGE = 500
+MAX_PAGE = 1_000_000
+REASON_MAX = 200
+POD_REVOKE_BATCH = 200
+LEVEL_ORDER = {"global": 0, "tenant": 1, "project": 2, "user": 3}
+
+
+# --- views of stored documents --------------------------------------------------------------
+
+@dataclass(frozen=True)
+class HolderView:
+    """One holder as operators see it; ``pod_state`` is ``alive``, ``dead`` or ``detached``."""
+
+    token: str
+    state: str
+    resource: str
+    lease_name: str
+    type: str
+    tenant_id: str
+    project_id: str
+    user_id: str
+    holder_ref: str
+    pod: str
+    pod_bound: bool
+    pod_state: str
+    payload: dict[str, Any]
+    levels: list[str]
+    ttl_seconds: int | None
+    acquired_at: datetime | None
+    last_seen_at: datetime | None
+    expires_at: datetime | None
+    ttl_remaining_seconds: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class HolderPage:
+    """One page of holders, newest acquisition first."""
+
+    items: list[HolderView]
+    total: int
+    page: int
+    per_page: int
+    server_now: datetime
+
+    @property
+    def pages(self) -> int:
+        return max(1, math.ceil(self.total / self.per_page))
+
+    @property
+    def has_next(self) -> bool:
+        return self.page < self.pages
+
+    @property
+    def has_previous(self) -> bool:
+        return self.page > 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"total": self.total, "page": self.page, "perPage": self.per_page, "pages": self.pages,
+                "serverNow": self.server_now, "items": [item.to_dict() for item in self.items]}
+
+
+@dataclass(frozen=True)
+class CounterView:
+    """A counter with BOOKED (holders whose ``levels`` name it), the value reconcile restores."""
+
+    key: str
+    resource: str
+    level: str
+    scope: str
+    tenant_id: str | None
+    count: int
+    cap: int | None
+    booked: int
+    updated_at: datetime | None
+
+    @property
+    def drift(self) -> bool:
+        """The counter disagrees with its holders (a crash window), not a display error."""
+        return self.count != self.booked
+
+    @property
+    def occupancy_percent(self) -> int:
+        if not self.cap:
+            return 0
+        return max(0, min(100, round(self.count * 100 / self.cap)))
+
+    @property
+    def full(self) -> bool:
+        return self.cap is not None and self.count >= self.cap
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["drift"] = self.drift
+        return data
+
+
+@dataclass(frozen=True)
+class DefinitionField:
+    """One field of a merged definition and the layer it came from."""
+
+    field: str
+    value: Any
+    layer: str
+
+
+@dataclass(frozen=True)
+class DefinitionView:
+    """A merged definition as an acquisition in (tenant, project) sees it."""
+
+    name: str
+    tenant_id: str
+    project_id: str
+    resource: str
+    noop: bool
+    fields: list[DefinitionField] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "tenantId": self.tenant_id, "projectId": self.project_id,
+                "resource": self.resource, "noop": self.noop,
+                "fields": [asdict(f) for f in self.fields]}
+
+
+# --- input checks ---------------------------------------------------------------------------
+
+def _optional(value: Any, check, *args: Any) -> Any:
+    if value is None or value == "":
+        return None
+    return check(value, *args)
+
+
+def _positive_int(value: Any, what: str, maximum: int) -> int:
+    if isinstance(value, bool):
+        raise InvalidLeaseRequest(f"{what} must be an integer between 1 and {maximum}")
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise InvalidLeaseRequest(f"{what} must be an integer between 1 and {maximum}") from None
+    if not 1 <= number <= maximum:
+        raise InvalidLeaseRequest(f"{what} must be an integer between 1 and {maximum}")
+    return number
+
+
+def _actor(acting_user: Any) -> str:
+    """A printable name for the audit record: a Django user's username or a plain string."""
+    if acting_user is None:
+        raise InvalidLeaseRequest("acting_user is required for an operator action")
+    name = acting_user.get_username() if hasattr(acting_user, "get_username") else acting_user
+    if not isinstance(name, str) or not name.strip() or len(name) > 255 or "\x00" in name:
+        raise InvalidLeaseRequest("acting_user must name who acts (at most 255 characters, no NUL)")
+    return name
+
+
+def _reason(reason: Any) -> str:
+    if not isinstance(reason, str) or not reason.strip() or len(reason) > REASON_MAX or "\x00" in reason:
+        raise InvalidLeaseRequest(f"reason must be a non-empty string of at most {REASON_MAX} characters")
+    return reason.strip()
+
+
+# --- pod liveness -----------------------------------------------------------------------------
+
+def live_pod_ids() -> set[str] | None:
+    """Pods alive by the one liveness definition (``leases.pods``), this process included.
+
+    Returns ``None`` when the pod registry is not available, so callers show "unknown"
+    instead of guessing "dead".
+
+    Raises:
+        pymongo.errors.PyMongoError: the store is unreachable.
+    """
+    try:
+        from .pods import liveness
+    except ImportError:
+        return None
+    return liveness.alive_pods()
+
+
+def live_pod_endpoints() -> list[tuple[str, str]]:
+    """``(pod_id, endpoint)`` of every alive foreign pod, for calls to its internal API.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store is unreachable.
+    """
+    from .pods import pod_view
+
+    return [(row["podId"], row["endpoint"]) for row in pod_view()
+            if row["alive"] and not row["self"] and row.get("endpoint")]
+
+
+def _pod_state(pod: str, live: set[str] | None) -> str:
+    if not pod:
+        return "detached"
+    if live is None:
+        return "unknown"
+    return "alive" if pod in live else "dead"
+
+
+def _holder_view(doc: dict[str, Any], now: datetime, live: set[str] | None) -> HolderView:
+    expires = doc.get("expiresAt")
+    remaining = None if expires is None else round((expires - now).total_seconds(), 1)
+    return HolderView(
+        token=doc["_id"], state=doc.get("state", ""), resource=doc.get("resource", ""),
+        lease_name=doc.get("leaseName", ""), type=doc.get("type", ""),
+        tenant_id=doc.get("tenantId") or "", project_id=doc.get("projectId") or "",
+        user_id=doc.get("userId") or "", holder_ref=doc.get("holderRef") or "",
+        pod=doc.get("pod") or "", pod_bound=bool(doc.get("podBound", False)),
+        pod_state=_pod_state(doc.get("pod") or "", live),
+        payload=dict(doc.get("payload") or {}), levels=list(doc.get("levels") or ()),
+        ttl_seconds=doc.get("ttlSeconds"), acquired_at=doc.get("acquiredAt"),
+        last_seen_at=doc.get("lastSeenAt"), expires_at=expires,
+        ttl_remaining_seconds=remaining,
+    )
+
+
+# --- reads ------------------------------------------------------------------------------------
+
+def list_holders(tenant_id: str | None = None, resource: str | None = None, pod: str | None = None,
+                 type: str | None = None, project_id: str | None = None, user_id: str | None = None,
+                 page: int = 1, per_page: int = 50) -> HolderPage:
+    """Holders matching the filters, newest first, one page at a time.
+
+    ``tenant_id=None`` means all tenants (the CLI); the web view always passes its tenant.
+    TTL remaining is computed against MongoDB's clock.
+
+    Raises:
+        InvalidLeaseRequest: a filter value or the paging is malformed.
+        pymongo.errors.PyMongoError: the store is unreachable.
+    """
+    query: dict[str, Any] = {}
+    if (t := _optional(tenant_id, validation.entity_id, "tenant id")) is not None:
+        query["tenantId"] = t
+    if (r := _optional(resource, validation.resource_name)) is not None:
+        query["resource"] = r
+    if (p := _optional(pod, validation.pod_id)) is not None:
+        query["pod"] = p
+    if (ty := _optional(type, validation.lease_name)) is not None:
+        query["type"] = ty
+    if (pr := _optional(project_id, validation.entity_id, "project id")) is not None:
+        query["projectId"] = pr
+    if (u := _optional(user_id, validation.entity_id, "user id")) is not None:
+        query["userId"] = u
+    page = _positive_int(page, "page", MAX_PAGE)
+    per_page = _positive_int(per_page, "per_page", MAX_PER_PAGE)
+    holders = store.holders()
+    total = holders.count_documents(query)
+    docs = list(holders.find(query).sort([("acquiredAt", -1), ("_id", 1)])
+                .skip((page - 1) * per_page).limit(per_page))
+    now = store.server_now()
+    live = live_pod_ids() if docs else None
+    return HolderPage([_holder_view(d, now, live) for d in docs], total, page, per_page, now)
+
+
+def get_holder(token: str, tenant_id: str | None = None) -> HolderView:
+    """One holder by token, bound to ``tenant_id`` when given.
+
+    Raises:
+        InvalidLeaseRequest: malformed token or tenant id.
+        HolderNotFound: no such holder in that tenant (the same answer for other tenants').
+    """
+    query: dict[str, Any] = {"_id": validation.token(token)}
+    if tenant_id is not None:
+        query["tenantId"] = validation.entity_id(tenant_id, "tenant id")
+    doc = store.holders().find_one(query)
+    if doc is None:
+        raise HolderNotFound(f"no holder {token}")
+    return _holder_view(doc, store.server_now(), live_pod_ids())
+
+
+def _counter_sort_key(view: CounterView) -> tuple:
+    return (view.resource, LEVEL_ORDER.get(view.level, 9), view.scope)
+
+
+def list_counters(tenant_id: str | None = None, include_global: bool | None = None) -> list[CounterView]:
+    """Counters with BOOKED and drift; a tenant's view never includes the global level.
+
+    The global level belongs to no tenant (its count sums all tenants), so with a
+    ``tenant_id`` it is left out whatever ``include_global`` says; without one it is
+    included unless ``include_global=False``. BOOKED comes from one aggregation over the
+    holders that book any of the listed keys (index on ``levels``).
+
+    Raises:
+        InvalidLeaseRequest: malformed tenant id.
+        pymongo.errors.PyMongoError: the store is unreachable.
+    """
+    query: dict[str, Any] = {}
+    if tenant_id is not None:
+        query["tenantId"] = validation.entity_id(tenant_id, "tenant id")
+        query["level"] = {"$ne": "global"}
+    elif include_global is False:
+        query["level"] = {"$ne": "global"}
+    docs = list(store.counters().find(query))
+    keys = [d["_id"] for d in docs]
+    booked: dict[str, int] = {}
+    if keys:
+        match: dict[str, Any] = {"levels": {"$in": keys}}
+        if tenant_id is not None:
+            match["tenantId"] = query["tenantId"]
+        pipeline = [
+            {"$match": match},
+            {"$project": {"levels": 1}},
+            {"$unwind": "$levels"},
+            {"$match": {"levels": {"$in": keys}}},
+            {"$group": {"_id": "$levels", "n": {"$sum": 1}}},
+        ]
+        booked = {row["_id"]: int(row["n"]) for row in store.holders().aggregate(pipeline)}
+    views = [
+        CounterView(
+            key=d["_id"], resource=d.get("resource", ""), level=d.get("level", ""),
+            scope=d.get("scope", ""), tenant_id=d.get("tenantId"), count=int(d.get("count", 0)),
+            cap=d.get("cap"), booked=booked.get(d["_id"], 0), updated_at=d.get("updatedAt"),
+        )
+        for d in docs
+    ]
+    return sorted(views, key=_counter_sort_key)
+
+
+def definition_view(name: str, tenant_id: str, project_id: str) -> DefinitionView:
+    """The merged definition of lease ``name`` as an acquisition in (tenant, project) sees it.
+
+    Reads every layer afresh: the cache entry is discarded first, so an operator process
+    that is not on the change-event chain never shows a stale merge.
+
+    Raises:
+        InvalidLeaseRequest: malformed name or ids.
+        LeaseUnavailable: a layer is unreadable or broken (what an acquisition would get).
+    """
+    validation.lease_name(name)
+    validation.entity_id(tenant_id, "tenant id")
+    validation.entity_id(project_id, "project id")
+    definitions.cache.invalidate(tenant_id, project_id, name)
+    merged = definitions.load(name, tenant_id, project_id)
+    sources = merged.sources
+    fields = [DefinitionField("resource", merged.resource, sources.get("resource", "default"))]
+    for level in definitions.LEVELS:
+        key = f"levels.{level}"
+        fields.append(DefinitionField(key, merged.levels.get(level), sources.get(key, "unset")))
+    fields.append(DefinitionField("ttlSeconds", merged.ttl_seconds, sources.get("ttlSeconds", "default")))
+    fields.append(DefinitionField("waitMs", merged.wait_ms, sources.get("waitMs", "default")))
+    return DefinitionView(merged.name, tenant_id, project_id, merged.resource, merged.is_noop, fields)
+
+
+def known_lease_names(tenant_id: str | None = None) -> list[str]:
+    """Lease names with a definition somewhere: bundled defaults, the System layer and the
+    tenant's own documents (all tenants' when ``tenant_id`` is None), for pickers.
+
+    Raises:
+        InvalidLeaseRequest: malformed tenant id.
+    """
+    from importlib import resources
+
+    from .config import LEASE_PATH_RE
+
+    names: set[str] = set()
+    bundled = resources.files("leases").joinpath("defaults", "_vance", "config", "lease")
+    if bundled.is_dir():
+        names.update(entry.name[:-5] for entry in bundled.iterdir() if entry.name.endswith(".yaml"))
+    query: dict[str, Any] = {}
+    if tenant_id is not None:
+        query = {"tenantId": {"$in": [definitions.SYSTEM_TENANT, validation.entity_id(tenant_id, "tenant id")]}}
+    for path in store.config_documents().distinct("path", query):
+        match = LEASE_PATH_RE.fullmatch(path or "")
+        if match:
+            names.add(match.group(1))
+    return sorted(names)
+
+
+def list_audit(tenant_id: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
+    """The latest operator actions, newest first (of one tenant when given).
+
+    Raises:
+        InvalidLeaseRequest: malformed tenant id or limit.
+    """
+    query: dict[str, Any] = {}
+    if tenant_id is not None:
+        query["tenantId"] = validation.entity_id(tenant_id, "tenant id")
+    limit = _positive_int(limit, "limit", 1000)
+    return list(store.audit().find(query, {"_id": 0}).sort([("at", -1)]).limit(limit))
+
+
+# --- acts -----------------------------------------------------------------------------------
+
+def _audit(action: str, holder: RevokedHolder, actor: str, reason: str, dispatched: bool) -> None:
+    # Written with $$NOW so "when" is MongoDB's clock like every other lease timestamp;
+    # $literal keeps user-chosen strings from being read as field paths.
+    record = {
+        "action": action, "token": holder.token, "tenantId": holder.tenant_id,
+        "projectId": holder.project_id, "userId": holder.user_id, "resource": holder.resource,
+        "type": holder.type, "pod": holder.pod, "actor": actor, "reason": reason,
+        "handlerDispatched": dispatched,
+    }
+    store.audit().update_one(
+        {"_id": ObjectId()},
+        [{"$set": {**{k: {"$literal": v} for k, v in record.items()}, "at": "$$NOW"}}],
+        upsert=True,
+    )
+
+
+def revoke_holder(token: str, *, tenant_id: str | None = None, acting_user: Any, reason: str = "revoke",
+                  dispatch: bool = True) -> RevokedHolder:
+    """Revoke one holder by operator decision: a reap, not a release.
+
+    The holder document is deleted (bound to ``tenant_id`` in the delete filter when
+    given), its levels are returned, a tombstone and ``reap{reason=revoke}`` are recorded,
+    then the type's handler is dispatched through the installed revocation listener — the
+    same path as the sweeps. ``dispatch=False`` is the CLI's ``--force``: no handler runs.
+    An audit record names who, when, which holder and tenant. The holder's next
+    ``check()`` raises ``LeaseLost``.
+
+    Raises:
+        InvalidLeaseRequest: malformed token, tenant id, reason or missing ``acting_user``.
+        HolderNotFound: no such holder (in that tenant); nothing was changed.
+        pymongo.errors.PyMongoError: the store is unreachable.
+    """
+    validation.token(token)
+    if tenant_id is not None:
+        validation.entity_id(tenant_id, "tenant id")
+    actor = _actor(acting_user)
+    note = _reason(reason)
+    query = {"_id": token, "tenantId": tenant_id} if tenant_id is not None else {"_id": token}
+    holder = reaper.reap_holder(query, "revoke")
+    if holder is None:
+        raise HolderNotFound(f"no holder {token}")
+    if dispatch:
+        listener.notify([holder])
+    _audit("revoke", holder, actor, note, dispatch)
+    log.info("lease %s of tenant %s revoked by %s (handler %s)", token, holder.tenant_id, actor,
+             "dispatched" if dispatch else "not run")
+    return holder
+
+
+def revoke_pod(pod: str, *, acting_user: Any, reason: str = "revoke-pod", dispatch: bool = True) -> list[RevokedHolder]:
+    """Revoke every holder of ``pod`` (all tenants): one reap per holder, handlers dispatched.
+
+    Raises:
+        InvalidLeaseRequest: malformed pod id or reason, or missing ``acting_user``.
+        pymongo.errors.PyMongoError: the store is unreachable.
+    """
+    validation.pod_id(pod)
+    actor = _actor(acting_user)
+    note = _reason(reason)
+    revoked: list[RevokedHolder] = []
+    while True:
+        batch = [d["_id"] for d in store.holders().find({"pod": pod}, {"_id": 1}).limit(POD_REVOKE_BATCH)]
+        reaped = []
+        for token in batch:
+            holder = reaper.reap_holder({"_id": token, "pod": pod}, "revoke")
+            if holder is not None:
+                reaped.append(holder)
+        if dispatch:
+            listener.notify(reaped)
+        for holder in reaped:
+            _audit("revoke-pod", holder, actor, note, dispatch)
+        revoked.extend(reaped)
+        # A short batch is the last one; a batch that reaped nothing means others are
+        # reaping the same holders, and looping on would only race them.
+        if len(batch) < POD_REVOKE_BATCH or not reaped:
+            break
+    log.info("pod %s: %d holders revoked by %s", pod, len(revoked), actor)
+    return revoked

@@ -1,0 +1,91 @@
+"""Reaping: removing holders (idle, dead pod, operator revoke) and returning their slots.
+
+Only the one who deletes a holder document decrements its levels, so any number of pods
+may reap the same holders at once. Every sweep is bounded and returns ``(done, has_more)``.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any, Iterable
+
+from pymongo import UpdateOne
+
+from . import listener, metrics, store
+from .handlers import RevokedHolder
+
+log = logging.getLogger(__name__)
+
+REAP_BATCH = 500
+
+
+def decrement(levels: Iterable[str]) -> None:
+    """Return one slot on each counter of ``levels`` in one bulk write (never below zero)."""
+    keys = list(levels)
+    if not keys:
+        return
+    store.counters().bulk_write(
+        [UpdateOne({"_id": key, "count": {"$gt": 0}}, {"$inc": {"count": -1}, "$currentDate": {"updatedAt": True}})
+         for key in keys],
+        ordered=False,
+    )
+
+
+def record_tombstone(doc: dict[str, Any], reason: str) -> None:
+    """Remember that a token ended (reaped, revoked, released) so protocols can tell
+    "expired" from "never existed"; tombstones expire through a MongoDB TTL index
+    (they book no counter, so plain deletion is right for them)."""
+    store.tombstones().update_one(
+        {"_id": doc["_id"]},
+        [{"$set": {"tenantId": {"$literal": doc.get("tenantId")},
+                   # projectId lets project-bound API keys see only their project's tombstones.
+                   "projectId": {"$literal": doc.get("projectId")}, "reason": {"$literal": reason}, "at": "$$NOW"}}],
+        upsert=True,
+    )
+
+
+def reap_holder(query: dict[str, Any], reason: str) -> RevokedHolder | None:
+    """Delete one holder matching ``query`` and return its levels; ``None`` if it was gone.
+
+    The caller's ``query`` carries the reap condition (e.g. ``expiresAt < now``) so a holder
+    that touched in the meantime is not taken.
+    """
+    doc = store.holders().find_one_and_delete(query)
+    if doc is None:
+        return None
+    decrement(doc.get("levels") or ())
+    record_tombstone(doc, reason)
+    metrics.REAP.labels(reason=reason).inc()
+    return RevokedHolder.from_doc(doc, reason)
+
+
+def reap_idle(*, resource: str | None = None, now: datetime | None = None, limit: int = REAP_BATCH,
+              dispatch: bool = True) -> tuple[int, bool]:
+    """Reap holders whose ``expiresAt`` passed on MongoDB's clock.
+
+    ``resource`` limits the sweep to one resource (the lazy reap on acquire). Index-backed:
+    the cost grows with the number of expired holders, not with all holders.
+
+    Returns:
+        ``(reaped, has_more)``.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store is unreachable.
+    """
+    now = now if now is not None else store.server_now()
+    query: dict[str, Any] = {"expiresAt": {"$lt": now}}
+    if resource is not None:
+        query = {"resource": resource, **query}
+    candidates = list(store.holders().find(query, {"_id": 1}).limit(limit + 1))
+    has_more = len(candidates) > limit
+    reaped: list[RevokedHolder] = []
+    for doc in candidates[:limit]:
+        holder = reap_holder({"_id": doc["_id"], "expiresAt": {"$lt": now}}, "idle")
+        if holder is not None:
+            reaped.append(holder)
+    if reaped:
+        log.info("idle reap: %d holders%s", len(reaped), f" of {resource}" if resource else "")
+        if dispatch:
+            listener.notify(reaped)
+    return len(reaped), has_more

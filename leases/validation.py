@@ -1,0 +1,124 @@
+"""Input validation: every user-supplied value is checked here before it nears a query.
+
+Ids are matched against strict ASCII patterns, so ``$``-operators, dots, slashes, NUL and
+unicode look-alikes never reach a MongoDB filter or a counter key.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import bson
+
+from .errors import InvalidLeaseRequest
+
+LEASE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", re.ASCII)
+# Tenant, project and user ids: no dots, slashes or pipes (they build counter keys
+# ``resource|level|tenant/user``), no ``$``; a leading underscore marks the reserved
+# ``_vance`` / ``_tenant`` ids of the config layers.
+ID_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}", re.ASCII)
+# Pod ids come from host names, so dots are allowed; they are only ever values.
+POD_ID_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}", re.ASCII)
+RESOURCE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}", re.ASCII)
+TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{16,64}", re.ASCII)
+PAYLOAD_MAX_BYTES = 16 * 1024
+HOLDER_REF_MAX = 256
+
+
+def _check(pattern: re.Pattern[str], value: Any, what: str) -> str:
+    if not isinstance(value, str) or pattern.fullmatch(value) is None:
+        raise InvalidLeaseRequest(f"invalid {what}: {value!r} (must match {pattern.pattern})")
+    return value
+
+
+def lease_name(value: Any) -> str:
+    """Return ``value`` if it is a valid lease name.
+
+    Raises:
+        InvalidLeaseRequest: not a string matching ``[A-Za-z0-9][A-Za-z0-9_-]{0,63}``.
+    """
+    return _check(LEASE_NAME_RE, value, "lease name")
+
+
+def entity_id(value: Any, what: str) -> str:
+    """Return ``value`` if it is a valid tenant, project or user id.
+
+    Raises:
+        InvalidLeaseRequest: empty, too long, or containing characters outside ``[A-Za-z0-9_-]``.
+    """
+    return _check(ID_RE, value, what)
+
+
+def pod_id(value: Any) -> str:
+    """Return ``value`` if it is a valid pod id.
+
+    Raises:
+        InvalidLeaseRequest: not a plain ASCII host-like id.
+    """
+    return _check(POD_ID_RE, value, "pod id")
+
+
+def resource_name(value: Any) -> str:
+    """Return ``value`` if it is a valid resource (counter) name.
+
+    Raises:
+        InvalidLeaseRequest: not matching the resource pattern.
+    """
+    return _check(RESOURCE_RE, value, "resource")
+
+
+def token(value: Any) -> str:
+    """Return ``value`` if it has the shape of a lease token.
+
+    Raises:
+        InvalidLeaseRequest: not a url-safe token string.
+    """
+    return _check(TOKEN_RE, value, "lease token")
+
+
+def holder_ref(value: Any) -> str:
+    """Return ``value`` if it is a usable holder reference (free text, stored as a value only).
+
+    Raises:
+        InvalidLeaseRequest: not a string, too long, or containing NUL.
+    """
+    if value is None:
+        return ""
+    if not isinstance(value, str) or len(value) > HOLDER_REF_MAX or "\x00" in value:
+        raise InvalidLeaseRequest(f"invalid holder ref: must be a string of at most {HOLDER_REF_MAX} characters without NUL")
+    return value
+
+
+def _check_payload_value(value: Any, path: str) -> None:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str) or not key or key.startswith("$") or "." in key or "\x00" in key:
+                raise InvalidLeaseRequest(f"invalid payload key {key!r} at {path or 'top level'}: keys must be non-empty strings without '$' prefix, '.' or NUL")
+            _check_payload_value(item, f"{path}.{key}" if path else key)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_payload_value(item, f"{path}[{index}]")
+    elif isinstance(value, str):
+        if "\x00" in value:
+            raise InvalidLeaseRequest(f"invalid payload value at {path}: NUL in string")
+    elif value is None or isinstance(value, (bool, int, float)):
+        if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+            raise InvalidLeaseRequest(f"invalid payload value at {path}: integer out of 64-bit range")
+    else:
+        raise InvalidLeaseRequest(f"invalid payload value at {path}: {type(value).__name__} is not JSON-like")
+
+
+def payload(value: Any) -> dict[str, Any]:
+    """Return ``value`` if it is a JSON-like dict that is safe to store as a subdocument.
+
+    Raises:
+        InvalidLeaseRequest: not a dict, ``$``/dotted keys, non JSON-like values, or larger
+            than ``PAYLOAD_MAX_BYTES`` once encoded.
+    """
+    if not isinstance(value, dict):
+        raise InvalidLeaseRequest("payload must be a dict")
+    _check_payload_value(value, "")
+    if len(bson.encode(value)) > PAYLOAD_MAX_BYTES:
+        raise InvalidLeaseRequest(f"payload larger than {PAYLOAD_MAX_BYTES} bytes")
+    return value

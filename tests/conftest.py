@@ -1,0 +1,90 @@
+"""Session-wide MongoDB for the test suite.
+
+Order of events (pytest-django imports DJANGO_SETTINGS_MODULE in its
+``pytest_load_initial_conftests`` hook, *before* this file is imported):
+
+1. pytest-django imports ``config.settings_test``; when ``MONGODB_URI`` is unset that
+   module calls ``leases.embedded.ensure_test_server()``, which spawns ONE in-memory
+   ``secantusd-py`` process and exports ``MONGODB_URI`` (children inherit it). With
+   ``MONGODB_URI`` set, that server is used instead and nothing is spawned.
+2. This conftest is imported (the fallback below covers runs where settings were not
+   loaded yet, e.g. ``-p no:django``).
+3. The first test pulls pytest-django's session-scoped ``django_db_setup``: the test
+   database ``test_<MONGODB_DB>`` (``test_leases``) is dropped and migrated.
+4. Before every test, ``_fresh_lease_store`` empties every collection except
+   django_migrations / django_content_type / auth_permission (indexes are kept), and
+   unblocks Django DB access for the test.
+5. ``pytest_unconfigure`` stops the server.
+
+Writing tests:
+
+* pymongo: use the ``mongo_db`` fixture (``pymongo.database.Database`` of the test DB);
+  no marker needed.
+* ORM: plain test functions may use the ORM (access is unblocked for every test, and
+  isolation comes from the pre-test cleanup, not from transactions, which MongoDB/Django
+  lack here). ``@pytest.mark.django_db`` / ``@pytest.mark.django_db(transaction=True)``
+  work as well; both behave like TransactionTestCase on this backend (flush afterwards).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from leases import embedded
+
+# Fallback: settings not imported yet (pytest-django disabled or DSM not configured).
+embedded.ensure_test_server()
+
+KEEP_COLLECTIONS = frozenset({"django_migrations", "django_content_type", "auth_permission"})
+
+
+def pytest_report_header(config):
+    server = embedded.current_test_server()
+    if server is not None:
+        return [f"mongodb: embedded SecantusDB pid={server.pid} {server.uri} (log {server.log_path})"]
+    return [f"mongodb: external {os.environ.get('MONGODB_URI', '?')}"]
+
+
+def pytest_unconfigure(config):
+    embedded.stop_test_server()
+
+
+@pytest.fixture(scope="session")
+def mongo_uri() -> str:
+    from django.conf import settings
+
+    return settings.MONGODB_URI
+
+
+@pytest.fixture(scope="session")
+def _mongo_client(mongo_uri):
+    import pymongo
+
+    client = pymongo.MongoClient(mongo_uri, serverSelectionTimeoutMS=5000, tz_aware=False)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def mongo_db(django_db_setup, _mongo_client):
+    """The pymongo Database of the (migrated) test database, e.g. ``test_leases``."""
+    from django.db import connections
+
+    return _mongo_client[connections["default"].settings_dict["NAME"]]
+
+
+def _empty_collections(database) -> None:
+    for name in database.list_collection_names():
+        if name in KEEP_COLLECTIONS or name.startswith("system."):
+            continue
+        database[name].delete_many({})
+
+
+@pytest.fixture(autouse=True)
+def _fresh_lease_store(mongo_db, django_db_blocker):
+    """Each test starts with empty lease/config/pod/holder/counter (and user) collections."""
+    _empty_collections(mongo_db)
+    with django_db_blocker.unblock():
+        yield

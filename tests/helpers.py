@@ -1,0 +1,67 @@
+"""Test helpers: command counting over a real client, child-process environments."""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+
+import pymongo
+from pymongo import monitoring
+
+from leases import store
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class CommandCounter(monitoring.CommandListener):
+    """Counts commands sent to MongoDB (pymongo command monitoring is exact)."""
+
+    def __init__(self) -> None:
+        self.commands: list[str] = []
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        # Handshakes and heartbeats are not command events; endSessions is client cleanup.
+        if event.command_name != "endSessions":
+            self.commands.append(event.command_name)
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+@contextmanager
+def counted_commands():
+    """Route the engine through a monitored client; yields the counter."""
+    from django.conf import settings
+
+    counter = CommandCounter()
+    client = pymongo.MongoClient(settings.MONGODB_URI, event_listeners=[counter])
+    store.set_client(client)
+    try:
+        store.ensure_indexes(client[store.database_name()])
+        counter.commands.clear()
+        yield counter
+    finally:
+        store.set_client(None)
+        client.close()
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """Environment for a child OS process that talks to this test run's database."""
+    from django.conf import settings
+
+    env = dict(os.environ)
+    env.update({
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "MONGODB_URI": settings.MONGODB_URI,
+        "MONGODB_DB": store.database_name(),
+        "PYTHONPATH": REPO + os.pathsep + env.get("PYTHONPATH", ""),
+    })
+    env.update(extra)
+    return env
+
+
+PYTHON = sys.executable

@@ -1,0 +1,275 @@
+"""Real processes: pods, a Celery worker and beat against Redis, and random ``kill -9``.
+
+* Cluster: two pod processes (``tests.workers.pod``: Django app on a real port, pod lease
+  renewal, a pod-bound ``tex`` job loop and a not pod-bound ``browser`` session) plus a
+  Celery worker (``--pool=solo``, itself a pod) and beat sweeping every second. Pod
+  interval 1 s, expiry factor 2, so a killed pod is dead ≤ 2 s after its last renewal.
+* Chaos: 8+ processes cycling acquire/check/release on 4 levels while the test kills
+  them at random; afterwards one sweep past TTL and safety margin leaves zero drift.
+
+Celery uses Redis DB 13 (``REDIS_TEST_DB``) so a developer's broker on DB 0 is untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import selectors
+import signal
+import subprocess
+import tempfile
+import time
+from collections import Counter
+
+import pytest
+import redis
+
+from leases import config, dispatch, handlers, pods, reaper, store, sweeps
+from leases.contrib.demo import DemoRemoteServer
+from leases.definitions import document_path
+from leases.embedded import free_port
+from tests.helpers import PYTHON, REPO, child_env
+
+REDIS_TEST_DB = 13
+POD_INTERVAL_S = 1
+POD_FACTOR = 2
+REAP_INTERVAL_S = 1
+AUTH = "Bearer cluster-secret"
+
+
+def _stop(proc: subprocess.Popen, sig=signal.SIGTERM, timeout=10) -> None:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout)
+
+
+def _read_json_line(proc: subprocess.Popen, timeout: float = 30.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if line.startswith("{"):
+            return json.loads(line)
+        if not line and proc.poll() is not None:
+            raise AssertionError(f"pod exited early: {proc.stderr.read()[-3000:]}")
+    raise AssertionError("pod did not report its leases in time")
+
+
+def _wait(predicate, timeout: float, step: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    return predicate()
+
+
+@pytest.fixture
+def remote():
+    server = DemoRemoteServer(auth=AUTH, job_seconds=3600).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def cluster_env(remote, settings):
+    try:
+        redis.Redis.from_url(f"redis://127.0.0.1:6379/{REDIS_TEST_DB}").ping()
+    except redis.RedisError as exc:  # pragma: no cover - the suite needs Redis (README)
+        pytest.fail(f"Redis at 127.0.0.1:6379 is required: {exc}")
+    beat_dir = tempfile.mkdtemp(prefix="lease-beat-")
+
+    def env(pod_id: str, endpoint: str = "") -> dict:
+        return child_env(
+            POD_ID=pod_id, LEASES_POD_ENDPOINT=endpoint, LEASES_POD_AUTOSTART="0",
+            LEASES_POD_INTERVAL_SECONDS=str(POD_INTERVAL_S), LEASES_POD_INTERVAL_MIN="1",
+            LEASES_POD_EXPIRY_FACTOR=str(POD_FACTOR), LEASES_REAP_INTERVAL=str(REAP_INTERVAL_S),
+            LEASES_INTERNAL_SECRET=settings.LEASES_INTERNAL_SECRET,
+            CELERY_BROKER_URL=f"redis://127.0.0.1:6379/{REDIS_TEST_DB}",
+            LEASES_SESSION_TOOLS=json.dumps({"browser-tool": {"endpoint": remote.mcp_endpoint, "auth": AUTH}}),
+            DJANGO_LOG_LEVEL="WARNING", PYTHONUNBUFFERED="1",
+        )
+
+    env.beat_dir = beat_dir
+    return env
+
+
+def test_given_two_pods_worker_and_beat_when_a_pod_is_killed_then_its_slots_return_and_handlers_follow_the_matrix(
+        cluster_env, remote, settings):
+    for name in ("tex", "browser"):
+        config.put_document("_vance", "_tenant", document_path(name), "ttlSeconds: 600\nwaitMs: 0")
+    procs: list[subprocess.Popen] = []
+    redis.Redis.from_url(f"redis://127.0.0.1:6379/{REDIS_TEST_DB}").delete("celery")  # stale beats of a crashed run
+    try:
+        worker = subprocess.Popen(
+            [PYTHON, "-m", "celery", "-A", "config", "worker", "--pool=solo", "--loglevel=WARNING",
+             "--without-gossip", "--without-mingle", "--without-heartbeat", "-n", "lease-test-worker@%h"],
+            cwd=REPO, env=cluster_env("celery-pod"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        beat = subprocess.Popen(
+            [PYTHON, "-m", "celery", "-A", "config", "beat", "--loglevel=WARNING", "--max-interval", "1",
+             "-s", os.path.join(cluster_env.beat_dir, "schedule")],
+            cwd=REPO, env=cluster_env("celery-beat"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        procs += [worker, beat]
+        pod_procs = {}
+        for pod_id in ("pod-a", "pod-b"):
+            endpoint = f"http://127.0.0.1:{free_port()}"
+            proc = subprocess.Popen([PYTHON, "-m", "tests.workers.pod", remote.url], cwd=REPO,
+                                    env=cluster_env(pod_id, endpoint), stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+            procs.append(proc)
+            pod_procs[pod_id] = proc
+        info = {pod_id: _read_json_line(proc) for pod_id, proc in pod_procs.items()}
+        a, b = info["pod-a"], info["pod-b"]
+        assert _wait(lambda: pods.liveness.is_alive("celery-pod"), 30), worker.stderr.read()[-3000:] if worker.poll() is not None else "worker pod not alive"
+        assert pods.liveness.is_alive("pod-a") and pods.liveness.is_alive("pod-b")
+        assert store.holders().count_documents({"pod": "pod-a"}) == 2
+
+        # A wrong or missing secret is refused by a real pod.
+        import urllib.error
+        import urllib.request
+
+        for secret in (None, "wrong"):
+            headers = {"Content-Type": "application/json", **({"X-Lease-Secret": secret} if secret else {})}
+            request = urllib.request.Request(b["endpoint"] + "/internal/lease/revoked", method="POST",
+                                             data=json.dumps({"token": b["browser"], "type": "browser"}).encode(),
+                                             headers=headers)
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=5)
+            assert refused.value.code == 403
+
+        # A live foreign pod receives the POST and its handlers run there.
+        mine = dispatch.LeaseRevocationDispatcher(max_workers=2)
+        for token in (b["browser"], b["tex"]):
+            holder = reaper.reap_holder({"_id": token}, "revoke")
+            assert mine.dispatch(holder) == "forwarded"
+        assert _wait(lambda: len(remote.deletes_of(b["sessionId"])) == 1, 10)  # B closed its pooled session
+        aborted = pod_procs["pod-b"].stdout.readline().strip()
+        assert aborted == f"ABORTED {b['tex']}"  # B's job loop was aborted by its handler
+        mine.shutdown()
+
+        # kill -9 pod A: within the pod-dead bound both slots return, and the not pod-bound
+        # handler runs exactly once on a surviving pod (the worker), DELETE with the auth.
+        killed_at = time.monotonic()
+        pod_procs["pod-a"].send_signal(signal.SIGKILL)
+        pod_procs["pod-a"].wait(5)
+        bound = POD_INTERVAL_S * POD_FACTOR + 2 * REAP_INTERVAL_S + 2.0  # deadline + beat + sweep slack
+        freed = _wait(lambda: store.holders().count_documents({"pod": "pod-a"}) == 0, bound + 5, step=0.05)
+        freed_after = time.monotonic() - killed_at
+        assert freed, "pod A's leases were not reaped"
+        assert freed_after <= bound, f"slots freed after {freed_after:.1f}s, bound {bound:.1f}s"
+        for key_prefix in ("tex2pdf|project|t1/pod-a", "browser|user|t1/pod-a"):
+            doc = store.counters().find_one({"_id": key_prefix})
+            assert doc is None or doc["count"] == 0, doc
+        assert _wait(lambda: len(remote.deletes_of(a["sessionId"])) >= 1, 10)
+        time.sleep(2 * REAP_INTERVAL_S)  # more sweeps: still exactly one DELETE
+        assert remote.deletes_of(a["sessionId"]) == [{"sessionId": a["sessionId"], "auth": AUTH, "authorized": True}]
+        tombstones = {t["_id"]: t for t in store.tombstones().find({"_id": {"$in": [a["tex"], a["browser"]]}})}
+        assert tombstones[a["tex"]]["reason"] == "pod" and "handledBy" not in tombstones[a["tex"]]  # release only
+        assert tombstones[a["browser"]]["handledBy"] == "celery-pod"
+        assert pods.liveness.is_alive("pod-b")  # the survivor keeps renewing
+        print(f"\nkill -9 -> slots free: {freed_after:.2f}s (bound {bound:.1f}s)")
+    finally:
+        for proc in reversed(procs):
+            _stop(proc)
+
+
+class ChaosRecorder(handlers.LeaseHandler):
+    type = "chaos"
+
+    def on_revoked(self, holder):
+        store.db()["chaos_handler_runs"].insert_one({"token": holder.token, "reason": holder.reason})
+
+
+CHAOS_CAPS = {"global": 5, "tenant": 4, "project": 3, "user": 2}
+CHAOS_TTL_S = 2
+CHAOS_SAFETY_MS = 1500
+PROCESSES = 8
+CYCLES = 2000
+KILLS = 10
+
+
+def test_given_processes_killed_at_random_while_cycling_then_one_sweep_leaves_zero_drift_and_handlers_ran_at_most_once(settings):
+    settings.LEASES_RECONCILE_SAFETY_MS = CHAOS_SAFETY_MS
+    handlers.register_handler(ChaosRecorder())
+    config.put_document("_vance", "_tenant", document_path("chaos"),
+                        "levels: {global: 5, tenant: 4, project: 3, user: 2}\n"
+                        f"ttlSeconds: {CHAOS_TTL_S}\nwaitMs: 300")
+    rng = random.Random(20261202)
+    env = child_env(LEASES_POD_AUTOSTART="0", DJANGO_LOG_LEVEL="ERROR")
+    stop_file = os.path.join(tempfile.mkdtemp(prefix="lease-chaos-"), "stop")
+    spawned: list[subprocess.Popen] = []
+    live: list[subprocess.Popen] = []
+    progress: Counter = Counter()
+    samples = violations = kills = 0
+    selector = selectors.DefaultSelector()
+
+    def spawn():
+        proc = subprocess.Popen([PYTHON, "-m", "tests.workers.chaos", str(len(spawned)), stop_file], cwd=REPO,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        spawned.append(proc)
+        live.append(proc)
+        selector.register(proc.stdout, selectors.EVENT_READ, proc)
+
+    def read_progress(timeout):
+        for key, _ in selector.select(timeout=timeout):
+            line = key.fileobj.readline()
+            if not line:
+                selector.unregister(key.fileobj)
+            elif line.startswith("C"):
+                progress[key.data.pid] += 1
+
+    try:
+        for _ in range(PROCESSES):
+            spawn()
+        next_kill = time.monotonic() + 2.0
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and (sum(progress.values()) < CYCLES or kills < KILLS):
+            read_progress(0.05)
+            for doc in store.counters().find({}, {"count": 1, "level": 1}):
+                samples += 1
+                if not 0 <= doc["count"] <= CHAOS_CAPS[doc["level"]]:
+                    violations += 1
+            if time.monotonic() >= next_kill and kills < KILLS:
+                victim = rng.choice(live)
+                victim.send_signal(signal.SIGKILL)  # anywhere: mid-acquire, mid-release, holding
+                victim.wait(5)
+                live.remove(victim)
+                kills += 1
+                spawn()  # keep PROCESSES cycling
+                next_kill = time.monotonic() + rng.uniform(0.5, 2.0)
+        open(stop_file, "w").close()  # the survivors finish their cycle and exit
+        for proc in live:
+            proc.wait(timeout=30)
+        while selector.get_map():
+            read_progress(0.1)
+    finally:
+        for proc in spawned:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(5)
+        selector.close()
+    cycles_done = sum(progress.values())
+    assert kills == KILLS, kills
+    assert cycles_done >= CYCLES, cycles_done
+    assert samples > 200 and violations == 0
+
+    # One sweep, past TTL and safety margin (on server time: wait for it, then sweep).
+    time.sleep(max(CHAOS_TTL_S, CHAOS_SAFETY_MS / 1000) + 0.5)
+    done, has_more = sweeps.sweep(limit=500)
+    assert has_more is False
+    assert dispatch.get_dispatcher().drain(10)
+    assert store.holders().count_documents({}) == 0
+    drift = [doc for doc in store.counters().find({})]  # every counter no holder books is gone
+    assert drift == []
+    runs = Counter(doc["token"] for doc in store.db()["chaos_handler_runs"].find({}, {"token": 1}))
+    assert max(runs.values(), default=0) <= 1
+    # Each run belongs to a revocation (a tombstone), never to a regular release.
+    tombstoned = {doc["_id"] for doc in store.tombstones().find({"_id": {"$in": list(runs)}}, {"_id": 1})}
+    assert tombstoned == set(runs)
+    print(f"\nchaos: {cycles_done} cycles, {kills} kills, {samples} samples, {sum(runs.values())} handler runs, "
+          f"sweep reaped/corrected {done}")

@@ -1,0 +1,263 @@
+"""The operator CLI ``manage.py lease …``: reads from MongoDB, revocations through a real pod.
+
+The pod is a real ``runserver`` process (tests.live_app); ``--force`` bypasses it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+
+import leases
+from leases import config, dispatch, handlers, store
+from leases.definitions import document_path
+from leases.embedded import free_port
+from leases.errors import LeaseLost
+from tests.helpers import PYTHON, REPO, child_env
+from tests.live_app import register_pod, running_app
+
+APP_POD = "cli-test-pod"
+
+
+class RecordingHandler(handlers.LeaseHandler):
+    type = "clitest"
+
+    def __init__(self):
+        self.revoked = []
+
+    def on_revoked(self, holder):
+        self.revoked.append(holder.token)
+
+
+@pytest.fixture(autouse=True)
+def handler():
+    h = handlers.register_handler(RecordingHandler())
+    config.put_document("_vance", "_tenant", document_path("clilease"),
+                        "resource: clires\nlevels: {global: 9, tenant: 5, user: 3}\nttlSeconds: 60")
+    yield h
+    handlers.unregister_handler("clitest")
+
+
+@pytest.fixture(scope="module")
+def app(django_db_setup, django_db_blocker):
+    with django_db_blocker.unblock(), running_app(APP_POD) as live:
+        yield live
+
+
+@pytest.fixture
+def live_pod(app):
+    register_pod(app)
+    return app
+
+
+def hold(tenant="acme", user="alice", pod=None, lease="clilease", type_="clitest", project="docs"):
+    return leases.acquire(leases.LeaseRequest(type=type_, lease=lease, tenant_id=tenant, project_id=project,
+                                              user_id=user, pod=pod, holder_ref=f"ref-{user}"))
+
+
+def lease(*args):
+    out = StringIO()
+    call_command("lease", *args, stdout=out)
+    return out.getvalue()
+
+
+# --- reads ----------------------------------------------------------------------------------
+
+def test_list_prints_an_aligned_table_across_tenants_and_filters():
+    a = hold()
+    g = hold(tenant="globex", user="dave")
+
+    text = lease("list")
+    lines = text.splitlines()
+    assert lines[0].split()[:5] == ["TOKEN", "TENANT", "PROJECT", "USER", "RESOURCE"]
+    assert set(lines[1]) <= {"-", " "}
+    # Aligned: every row starts its TENANT column where the header does.
+    col = lines[0].index("TENANT")
+    rows = [line for line in lines[2:] if line.strip() and not line.startswith(("2 holder",))]
+    assert {row[col:].split()[0] for row in rows} == {"acme", "globex"}
+    assert a.token in text and g.token in text and "2 holder(s)" in text
+
+    only = json.loads(lease("list", "--tenant", "globex", "--json"))
+    assert [item["token"] for item in only["items"]] == [g.token] and only["total"] == 1
+    assert json.loads(lease("list", "--type", "clitest", "--resource", "clires", "--pod", "nope", "--json"))["total"] == 0
+
+
+def test_show_prints_the_holder_and_json_round_trips():
+    a = hold()
+    a.update_payload({"jobId": "j-1"})
+    text = lease("show", a.token)
+    assert a.token in text and '"jobId": "j-1"' in text and "clires|user|acme/alice" in text
+    data = json.loads(lease("show", a.token, "--json"))
+    assert data["tenant_id"] == "acme" and data["payload"] == {"jobId": "j-1"}
+
+
+def test_counters_include_global_with_booked_and_a_drift_marker():
+    hold()
+    hold(tenant="globex", user="dave")
+    store.counters().update_one({"_id": "clires|tenant|acme"}, {"$inc": {"count": 1}})
+
+    text = lease("counters")
+    rows = {tuple(line.split()[:3]): line for line in text.splitlines()[2:] if line.strip()}
+    assert "DRIFT +1" in rows[("clires", "tenant", "acme")]
+    assert rows[("clires", "global", "*")].split()[3:6] == ["2", "9", "2"]
+    assert "1 drifted" in text
+    drifted = json.loads(lease("counters", "--drift-only", "--json"))
+    assert [(c["key"], c["count"], c["booked"], c["drift"]) for c in drifted] == [("clires|tenant|acme", 2, 1, True)]
+    assert "global" not in {c["level"] for c in json.loads(lease("counters", "--tenant", "acme", "--json"))}
+
+
+def test_definition_prints_merged_fields_with_layers():
+    config.put_document("acme", "docs", document_path("clilease"), "levels: {user: 1}")
+    text = lease("definition", "clilease", "--tenant", "acme", "--project", "docs")
+    fields = {line.split()[0]: line.split()[1:] for line in text.splitlines()[3:] if line.strip()}
+    assert fields["levels.user"] == ["1", "project"] and fields["resource"] == ["clires", "system"]
+    assert fields["levels.project"] == ["no", "cap", "unset"]
+    data = json.loads(lease("definition", "clilease", "--tenant", "acme", "--json"))
+    assert data["projectId"] == "_tenant" and {f["field"]: f["layer"] for f in data["fields"]}["levels.user"] == "system"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["show", "$ne"], "invalid lease token"),
+    (["show", "A" * 32], "HOLDER_NOT_FOUND"),
+    (["list", "--tenant", '{"$ne": 1}'], "invalid tenant id"),
+    (["list", "--page", "0"], "page must be"),
+    (["definition", "../x", "--tenant", "acme"], "invalid lease name"),
+    (["revoke", "$gt"], "invalid lease token"),
+    (["revoke-pod", "a b", "--force"], "invalid pod id"),
+    (["reconcile", "--safety-ms", "-1"], "--safety-ms"),
+])
+def test_given_bad_input_then_a_clear_error_and_nothing_changes(args, message):
+    a = hold()
+    with pytest.raises(CommandError, match=message.replace("$", r"\$")):
+        lease(*args)
+    a.check()
+
+
+def test_given_bad_input_from_a_shell_then_non_zero_exit_and_one_line_message():
+    result = subprocess.run([PYTHON, "manage.py", "lease", "show", "bad$token"], cwd=REPO, env=child_env(),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "CommandError: INVALID_REQUEST: invalid lease token" in result.stderr
+    assert result.stdout == ""
+
+
+# --- revocations through a pod ----------------------------------------------------------------
+
+def _tombstone_handled_by(token, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        doc = store.tombstones().find_one({"_id": token}) or {}
+        if doc.get("handledBy"):
+            return doc["handledBy"]
+        time.sleep(0.05)
+    return None
+
+
+def test_given_a_live_pod_when_revoking_then_the_pod_revokes_and_runs_the_handler(live_pod):
+    # A tex lease of the app's pod: the app's dispatcher runs the tex handler locally.
+    held = hold(pod=APP_POD, lease="tex", type_="tex")
+    other = hold(user="bob")
+
+    text = lease("revoke", held.token, "--reason", "stuck compile")
+
+    assert held.token in text and f"via pod {APP_POD}" in text and "handlers dispatched and finished" in text
+    with pytest.raises(LeaseLost):
+        held.check()
+    assert _tombstone_handled_by(held.token) == APP_POD
+    audit = store.audit().find_one({"token": held.token})
+    assert audit["actor"].startswith("internal-admin:cli:") and audit["reason"] == "stuck compile"
+    other.check()
+    with pytest.raises(CommandError, match="HOLDER_NOT_FOUND"):
+        lease("revoke", held.token)
+
+
+def test_given_a_live_pod_when_revoking_a_pod_then_all_its_holders_go(live_pod):
+    victims = [hold(pod="dead-pod-1"), hold(tenant="globex", user="dave", pod="dead-pod-1")]
+    survivor = hold(user="bob", pod="dead-pod-2")
+
+    data = json.loads(lease("revoke-pod", "dead-pod-1", "--json"))
+
+    assert {h["token"] for h in data["revoked"]} == {v.token for v in victims} and data["handlersRan"] is True
+    for v in victims:
+        with pytest.raises(LeaseLost):
+            v.check()
+    survivor.check()
+
+
+def test_given_no_live_pod_when_revoking_then_error_suggests_force_and_nothing_changes(app):
+    held = hold()
+    with pytest.raises(CommandError, match="no live pod.*--force"):
+        lease("revoke", held.token)
+    held.check()
+
+
+def test_given_an_unreachable_endpoint_then_error_and_nothing_changes(app):
+    held = hold()
+    with pytest.raises(CommandError, match="no pod reachable"):
+        lease("revoke", held.token, "--endpoint", f"http://127.0.0.1:{free_port()}")
+    held.check()
+
+
+def test_given_a_wrong_shared_secret_then_the_pod_refuses(live_pod, settings):
+    held = hold()
+    settings.LEASES_INTERNAL_SECRET = "not-the-pods-secret"
+    with pytest.raises(CommandError, match="refused the shared secret"):
+        lease("revoke", held.token)
+    held.check()
+
+
+def test_given_force_then_revoked_in_mongodb_without_handler_and_output_says_so(handler):
+    held = hold(lease="browser", type_="browser", pod="")
+    held.update_payload({"tool": "browser", "endpoint": "http://127.0.0.1:9/mcp", "sessionId": "s-1"})
+
+    text = lease("revoke", held.token, "--force")
+
+    assert "NO handler ran" in text and "left to its own expiration" in text and "s-1" in text
+    with pytest.raises(LeaseLost):
+        held.check()
+    assert dispatch.get_dispatcher().drain(timeout=5)
+    assert "handledBy" not in store.tombstones().find_one({"_id": held.token})
+    assert store.audit().find_one({"token": held.token})["handlerDispatched"] is False
+
+
+def test_given_force_for_a_pod_then_json_says_no_handler_ran():
+    held = hold(pod="gone-pod")
+    data = json.loads(lease("revoke-pod", "gone-pod", "--force", "--json"))
+    assert data["handlersRan"] is False and [h["token"] for h in data["revoked"]] == [held.token]
+    assert "NO handler ran" in data["note"]
+
+
+# --- sweep and reconcile ------------------------------------------------------------------------
+
+def test_sweep_reaps_idle_holders_now_and_runs_their_handlers(handler):
+    config.put_document("_vance", "_tenant", document_path("clishort"), "levels: {tenant: 5}\nttlSeconds: 1")
+    idle = hold(lease="clishort")
+    busy = hold(user="bob")
+    time.sleep(1.3)
+
+    text = lease("sweep")
+
+    assert "Sweep: 1 holder(s)" in text and "handlers finished" in text
+    assert handler.revoked == [idle.token]
+    with pytest.raises(LeaseLost):
+        idle.check()
+    busy.check()
+
+
+def test_reconcile_corrects_drift_without_a_pod():
+    hold()
+    now = store.server_now()
+    store.counters().update_one({"_id": "clires|tenant|acme"},
+                                {"$inc": {"count": 2}, "$set": {"updatedAt": now - timedelta(minutes=5)}})
+
+    text = lease("reconcile")
+
+    assert "Reconcile: 1 counter(s)" in text
+    assert store.counters().find_one({"_id": "clires|tenant|acme"})["count"] == 1
+    assert lease("counters", "--drift-only").strip() == "No drift."

@@ -1,0 +1,176 @@
+"""leases.client.HttpLeaseClient against a real gunicorn process on the test database."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import leases
+from api import keys
+from leases import LeaseBusy, LeaseLost, LeaseUnavailable, operations, store
+from leases.client import ApiKeyRejected, HttpLease, HttpLeaseClient
+from leases.embedded import free_port
+from leases.errors import LeaseExpired, StaleLease
+from tests.http_server import running_server
+
+TYPE = "tex"
+
+
+@pytest.fixture(scope="module")
+def server(django_db_setup):
+    with running_server(workers=2) as base_url:
+        yield base_url
+
+
+@pytest.fixture
+def client(server):
+    key = keys.create_key(tenant_id="acme", name="client tests", acting_user="test")[1]
+    with HttpLeaseClient(server, key, timeout=10) as http:
+        yield http
+
+
+def inline(ttl=30, **levels):
+    return {"name": "c", "levels": levels or {"user": 1}, "ttlSeconds": ttl}
+
+
+def take(client, **extra):
+    return client.acquire(type=TYPE, project_id="p1", user_id="u1", inline=extra.pop("inline", inline()), **extra)
+
+
+def test_given_a_lease_when_using_it_then_it_has_the_engine_lease_interface(client):
+    with take(client, holder_ref="ci-1") as lease:
+        assert isinstance(lease, HttpLease) and lease.is_noop is False
+        assert lease.ttl_seconds == 30 and lease.interval_seconds == 10 and lease.resource == "mcp-inline:acme/p1/c"
+        doc = store.holders().find_one({"_id": lease.token})
+        assert doc["tenantId"] == "acme" and doc["pod"] == "" and doc["holderRef"] == "ci-1"
+        assert lease.expiry_deadline.replace(tzinfo=None) == doc["expiresAt"]
+        lease.update_payload({"jobId": "j-42"})
+        assert store.holders().find_one({"_id": lease.token})["payload"] == {"jobId": "j-42"}
+        token = lease.token
+    # The context manager released it: slots back, and a second release says so.
+    assert store.holders().find_one({"_id": token}) is None
+    assert lease.release() is False
+    with pytest.raises(LeaseLost):
+        lease.check()
+
+
+def test_given_a_fresh_lease_when_checking_within_the_interval_then_no_request_is_sent(client):
+    lease = take(client)
+    seen = store.holders().find_one({"_id": lease.token})["lastSeenAt"]
+    for _ in range(5):
+        lease.check()  # the server-issued interval (10 s) has not passed: answered locally
+    assert store.holders().find_one({"_id": lease.token})["lastSeenAt"] == seen
+    lease.renew()  # an explicit renewal always goes to the server
+    assert store.holders().find_one({"_id": lease.token})["lastSeenAt"] > seen
+    assert lease.release() is True
+
+
+def test_given_the_interval_has_passed_when_checking_then_check_renews_and_moves_the_deadline(client):
+    lease = take(client, inline=inline(ttl=2))  # interval bounds for ttl 2: [1, 1]
+    assert lease.interval_seconds == 1
+    first = lease.expiry_deadline
+    time.sleep(1.1)
+    lease.check()
+    assert lease.expiry_deadline > first
+    assert lease.expiry_deadline.replace(tzinfo=None) == store.holders().find_one({"_id": lease.token})["expiresAt"]
+    lease.release()
+
+
+def test_given_a_full_level_when_acquiring_then_lease_busy_carries_the_diagnosis(client):
+    held = take(client)
+    with pytest.raises(LeaseBusy) as busy:
+        take(client, wait_ms=0)
+    error = busy.value
+    assert (error.resource, error.level, error.scope, error.count, error.cap) == ("mcp-inline:acme/p1/c", "user", "acme/u1", 1, 1)
+    assert error.retry_after >= 1
+    held.release()
+
+
+def test_given_retry_busy_for_when_the_slot_frees_then_acquire_succeeds(client):
+    held = take(client)
+    releaser = threading.Timer(1.2, held.release)
+    releaser.start()
+    try:
+        started = time.monotonic()
+        lease = take(client, wait_ms=0, retry_busy_for=8)
+        assert time.monotonic() - started >= 1.0
+        assert lease.token != held.token
+        lease.release()
+    finally:
+        releaser.cancel()
+
+
+def test_given_a_revoked_lease_when_renewing_then_lease_expired_and_later_checks_fail_without_requests(client):
+    lease = take(client)
+    operations.revoke_holder(lease.token, tenant_id="acme", acting_user="ops", dispatch=False)
+    with pytest.raises(LeaseExpired) as lost:
+        lease.renew()
+    assert isinstance(lost.value, LeaseLost) and lost.value.reason == "revoke" and lost.value.code == "EXPIRED"
+    with pytest.raises(LeaseExpired):
+        lease.check()
+    assert lease.release() is False  # already ended: the server says alreadyReleased
+
+
+def test_given_another_tenants_key_when_renewing_a_token_then_stale_lease(client, server):
+    lease = take(client)
+    other = keys.create_key(tenant_id="globex", name="other", acting_user="test")[1]
+    with HttpLeaseClient(server, other) as foreign:
+        borrowed = HttpLease(foreign, {"token": lease.token, "ttlSeconds": 30, "intervalSeconds": 10})
+        with pytest.raises(StaleLease):
+            borrowed.renew()
+    assert store.holders().find_one({"_id": lease.token}) is not None
+    lease.release()
+
+
+def test_given_no_renewal_when_the_ttl_passes_then_the_lease_expires(client):
+    lease = take(client, inline=inline(ttl=1))
+    deadline = store.holders().find_one({"_id": lease.token})["expiresAt"]
+    while store.server_now() <= deadline:
+        time.sleep(0.1)
+    with pytest.raises(LeaseExpired) as lost:
+        lease.renew()
+    assert lost.value.reason == "deadline"
+
+
+def test_given_keepalive_when_longer_than_the_ttl_passes_then_the_lease_stays_held(client):
+    lease = take(client, inline=inline(ttl=2))
+    with lease.keepalive() as keeper:
+        time.sleep(3.3)
+        assert keeper.renewals >= 2 and keeper.error is None
+    deadline = store.holders().find_one({"_id": lease.token})["expiresAt"]
+    assert deadline > store.server_now()
+    assert lease.release() is True
+    assert not keeper.running
+
+
+def test_given_keepalive_when_the_lease_is_revoked_then_it_stops_and_check_raises(client):
+    lease = take(client, inline=inline(ttl=2))
+    keeper = lease.keepalive()
+    operations.revoke_holder(lease.token, tenant_id="acme", acting_user="ops", dispatch=False)
+    give_up = time.monotonic() + 5
+    while keeper.running and time.monotonic() < give_up:
+        time.sleep(0.1)
+    assert not keeper.running and isinstance(keeper.error, LeaseExpired)
+    with pytest.raises(LeaseLost):
+        lease.check()
+
+
+def test_given_an_unlimited_lease_when_acquiring_then_the_noop_lease_is_returned(client):
+    lease = client.acquire(type=TYPE, lease="nothing-configured", project_id="p1", user_id="u1")
+    assert lease is leases.NOOP and lease.is_noop
+    assert store.holders().count_documents({}) == 0
+
+
+def test_given_a_wrong_key_when_acquiring_then_api_key_rejected(server):
+    with HttpLeaseClient(server, "vlk_aaaaaaaaaaaa_" + "x" * 43) as stranger:
+        with pytest.raises(ApiKeyRejected) as rejected:
+            take(stranger)
+    assert rejected.value.status == 401 and rejected.value.code == "UNAUTHENTICATED"
+
+
+def test_given_no_server_when_acquiring_then_lease_unavailable_fail_closed():
+    with HttpLeaseClient(f"http://127.0.0.1:{free_port()}", "vlk_aaaaaaaaaaaa_" + "x" * 43, timeout=2) as nowhere:
+        with pytest.raises(LeaseUnavailable):
+            take(nowhere)

@@ -1,0 +1,194 @@
+"""Lease definitions: four layers, field ownership, fail-closed loading, inline rules, cache."""
+
+from __future__ import annotations
+
+import itertools
+
+import pymongo.errors
+import pytest
+
+import leases
+from leases import config, definitions, handlers, store
+from leases.definitions import FIELD_OWNERS, LAYERS, document_path, load
+
+LAYER_AT = {"system": ("_vance", "_tenant"), "tenant": ("acme", "_tenant"), "project": ("acme", "p1")}
+FIELD_YAML = {
+    "levels.global": ("levels: {{global: {v}}}", "levels", "global"),
+    "levels.tenant": ("levels: {{tenant: {v}}}", "levels", "tenant"),
+    "levels.project": ("levels: {{project: {v}}}", "levels", "project"),
+    "levels.user": ("levels: {{user: {v}}}", "levels", "user"),
+    "ttlSeconds": ("ttlSeconds: {v}", "ttlSeconds", None),
+    "waitMs": ("waitMs: {v}", "waitMs", None),
+}
+
+
+def value_of(definition, field):
+    if field.startswith("levels."):
+        return definition.levels.get(field.split(".", 1)[1])
+    return {"ttlSeconds": definition.ttl_seconds, "waitMs": definition.wait_ms, "resource": definition.resource}[field]
+
+
+def raw_put(layer, name, text):
+    # Raw write (bypasses put_document's validation) to store what an older writer or an
+    # operator with direct database access could have left behind.
+    tenant, project = LAYER_AT[layer]
+    store.config_documents().update_one(
+        {"tenantId": tenant, "projectId": project, "path": document_path(name)},
+        {"$set": {"text": text}}, upsert=True)
+    definitions.cache.clear()
+
+
+@pytest.mark.parametrize("field,layer", list(itertools.product(FIELD_YAML, ("system", "tenant", "project"))))
+def test_ownership_matrix_for_every_field_and_stored_layer(field, layer):
+    # given: the bundled tex default (global 6, tenant 3, project 1, ttl 120, wait 10000)
+    base = load("tex", "acme", "p1")
+    template = FIELD_YAML[field][0]
+    # when: the layer sets the field to a distinctive value
+    config.put_document(*LAYER_AT[layer], document_path("tex"), template.format(v=77))
+    merged = load("tex", "acme", "p1")
+    # then: it wins exactly when the layer owns the field, and is silently ignored otherwise
+    if layer in FIELD_OWNERS[field]:
+        assert value_of(merged, field) == 77
+        assert merged.sources[field] == layer
+    else:
+        assert value_of(merged, field) == value_of(base, field)
+
+
+@pytest.mark.parametrize("layer", ["system", "tenant", "project"])
+def test_resource_ownership(layer):
+    config.put_document(*LAYER_AT[layer], document_path("tex"), "resource: private-res")
+    merged = load("tex", "acme", "p1")
+    assert merged.resource == ("private-res" if layer in FIELD_OWNERS["resource"] else "tex2pdf")
+
+
+def test_most_specific_allowed_layer_wins_and_sources_are_reported():
+    config.put_document("_vance", "_tenant", document_path("tex"), "levels: {global: 10, project: 2}\nttlSeconds: 50")
+    config.put_document("acme", "_tenant", document_path("tex"), "levels: {global: 99, tenant: 4, project: 3}")
+    config.put_document("acme", "p1", document_path("tex"), "levels: {tenant: 99, user: 1}\nwaitMs: 5")
+    merged = load("tex", "acme", "p1")
+    assert merged.levels == {"global": 10, "tenant": 4, "project": 3, "user": 1}
+    assert (merged.ttl_seconds, merged.wait_ms, merged.resource) == (50, 5, "tex2pdf")
+    assert merged.sources["levels.global"] == "system"
+    assert merged.sources["levels.tenant"] == "tenant"
+    assert merged.sources["levels.user"] == "project"
+    assert merged.sources["resource"] == "classpath"
+    # another project of the same tenant does not see p1's layer
+    assert load("tex", "acme", "p2").levels == {"global": 10, "tenant": 4, "project": 3}
+
+
+@pytest.mark.parametrize("text", [
+    "levels: {project: [1",            # broken YAML
+    "levels: {project: many}",         # non-numeric
+    "levels: {project: '3'}",          # quoted number is a string
+    "levels: {project: 0}",            # cap < 1
+    "levels: {user: -1}",
+    "levels: {project: true}",         # bool is not a number
+    "ttlSeconds: fast",
+    "levles: {project: 1}",            # misspelt key: fail closed
+    "name: other",                     # name must match the file
+    "- a\n- b",                        # not a mapping
+])
+@pytest.mark.parametrize("layer", ["system", "tenant", "project"])
+def test_broken_layer_fails_closed_and_nothing_is_cached(layer, text):
+    raw_put(layer, "tex", text)
+    from leases import invalidation
+    invalidation.wait_listening()
+    with pytest.raises(leases.LeaseUnavailable):
+        definitions.resolve("tex", "acme", "p1")
+    assert ("acme", "p1", "tex") not in definitions.cache._entries
+    with pytest.raises(leases.LeaseUnavailable):
+        leases.acquire(leases.LeaseRequest(type="tex-t", lease="tex", tenant_id="acme", project_id="p1", user_id="u"))
+
+
+@pytest.fixture(autouse=True)
+def _handler():
+    class H(handlers.LeaseHandler):
+        type = "tex-t"
+
+        def on_revoked(self, holder):
+            pass
+
+    handlers.register_handler(H())
+    yield
+    handlers.unregister_handler("tex-t")
+
+
+def test_unreadable_layer_fails_closed(monkeypatch):
+    def boom(*a, **kw):
+        raise pymongo.errors.ServerSelectionTimeoutError("down")
+
+    monkeypatch.setattr(type(store.config_documents()), "find", boom)
+    with pytest.raises(leases.LeaseUnavailable):
+        definitions.resolve("tex", "acme", "p1")
+    assert not definitions.cache._entries
+
+
+def test_put_document_refuses_broken_yaml_and_writes_nothing():
+    with pytest.raises(leases.InvalidDefinition):
+        config.put_document("acme", "p1", document_path("tex"), "levels: {project: 0}")
+    with pytest.raises(leases.InvalidDefinition):
+        config.put_document("acme", "p1", "_vance/config/lease/../x.yaml", "ttlSeconds: 1")
+    with pytest.raises(leases.InvalidLeaseRequest):
+        config.put_document({"$gt": ""}, "p1", document_path("tex"), "ttlSeconds: 1")
+    assert store.config_documents().count_documents({}) == 0
+
+
+@pytest.mark.parametrize("name", ["a/b", "..", "../tex", "$where", "x" * 65, "tëx", "", "-lead", "a b", "a.b", 5, "tex\n"])
+def test_bad_lease_names_are_refused(name):
+    with pytest.raises(leases.InvalidLeaseRequest):
+        leases.acquire(leases.LeaseRequest(type="tex-t", lease=name, tenant_id="acme", project_id="p1", user_id="u"))
+    assert store.holders().count_documents({}) == 0
+    assert store.counters().count_documents({}) == 0
+
+
+@pytest.mark.parametrize("field", ["tenant_id", "project_id", "user_id"])
+@pytest.mark.parametrize("bad", ["$gt", "a.b", "a\x00b", "", "a/b", "a|b", "ü", "x" * 65, {"$gt": ""}, None, 7])
+def test_bad_ids_are_refused_and_nothing_is_written(field, bad):
+    values = {"tenant_id": "acme", "project_id": "p1", "user_id": "u1", field: bad}
+    with pytest.raises(leases.InvalidLeaseRequest):
+        leases.acquire(leases.LeaseRequest(type="tex-t", lease="tex", **values))
+    assert store.holders().count_documents({}) == 0
+    assert store.counters().count_documents({}) == 0
+
+
+def test_inline_definition_uses_a_project_private_counter():
+    request = leases.LeaseRequest(type="tex-t", inline={"name": "shell", "levels": {"project": 1, "user": 1}, "ttlSeconds": 30},
+                                  tenant_id="acme", project_id="p1", user_id="u1")
+    lease = leases.acquire(request)
+    assert lease.resource == "mcp-inline:acme/p1/shell"
+    assert lease.levels == ["mcp-inline:acme/p1/shell|user|acme/u1", "mcp-inline:acme/p1/shell|project|acme/p1"]
+    lease.release()
+
+
+@pytest.mark.parametrize("inline,fragment", [
+    ({"levels": {"project": 1}}, "name"),
+    ({"name": "x", "resource": "tex2pdf", "levels": {"project": 1}}, "resource"),
+    ({"name": "x", "levels": {"global": 100}}, "levels.global"),
+    ({"name": "x", "levels": {"tenant": 100}}, "levels.tenant"),
+    ({"name": "x", "levels": {"project": 0}}, "levels.project"),
+    ({"name": "x", "levels": {"project": 1}, "colour": "red"}, "unknown"),
+    ({"name": "../x", "levels": {"project": 1}}, "name"),
+    ("levels: {}", "mapping"),
+])
+def test_inline_restrictions(inline, fragment):
+    with pytest.raises(leases.InvalidDefinition) as err:
+        leases.acquire(leases.LeaseRequest(type="tex-t", inline=inline, tenant_id="acme", project_id="p1", user_id="u1"))
+    assert fragment in str(err.value)
+    assert store.counters().count_documents({}) == 0
+
+
+def test_local_invalidation_on_change_and_system_write_drops_name_everywhere():
+    from leases import invalidation
+    assert invalidation.wait_listening()
+    assert definitions.resolve("tex", "acme", "p1").levels["project"] == 1
+    assert definitions.resolve("tex", "globex", "q1").levels["project"] == 1
+    assert ("acme", "p1", "tex") in definitions.cache._entries
+    config.put_document("acme", "p1", document_path("tex"), "levels: {project: 2}")
+    assert ("acme", "p1", "tex") not in definitions.cache._entries
+    assert ("globex", "q1", "tex") in definitions.cache._entries
+    assert definitions.resolve("tex", "acme", "p1").levels["project"] == 2
+    config.put_document("_vance", "_tenant", document_path("tex"), "levels: {global: 2}")
+    assert not [k for k in definitions.cache._entries if k[2] == "tex"]
+    assert definitions.resolve("tex", "globex", "q1").levels["global"] == 2
+    assert config.delete_document("_vance", "_tenant", document_path("tex")) is True
+    assert definitions.resolve("tex", "globex", "q1").levels["global"] == 6

@@ -1,0 +1,221 @@
+"""The §6 dispatch matrix, the internal revocation endpoint, and asynchronous dispatch.
+
+The foreign-pod rows go over real HTTP: this process serves the Django app on a free port
+(``pods.serve_internal``) and a registered "foreign" pod points at it. The multi-process
+version (separate pod processes, Celery worker and beat) is in ``test_chaos.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+
+import leases
+from leases import config, dispatch, handlers, listener, pods, reaper, store
+from leases.definitions import document_path
+from leases.dispatch import LeaseRevocationDispatcher
+from leases.embedded import free_port
+from leases.identity import self_pod_id
+
+
+class Recording(handlers.LeaseHandler):
+    type = "rec"
+
+    def __init__(self, delay: float = 0.0):
+        self.delay = delay
+        self.seen = []
+        self.threads = []
+        self.ran = threading.Event()
+
+    def on_revoked(self, holder):
+        time.sleep(self.delay)
+        self.seen.append(holder)
+        self.threads.append(threading.current_thread().name)
+        self.ran.set()
+
+
+@pytest.fixture
+def recorder():
+    handler = handlers.register_handler(Recording())
+    yield handler
+    handlers.unregister_handler("rec")
+
+
+@pytest.fixture
+def dispatcher():
+    d = LeaseRevocationDispatcher(max_workers=2)
+    yield d
+    d.drain()
+    d.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def _definition():
+    config.put_document("_vance", "_tenant", document_path("res"),
+                        "levels: {global: 50, user: 5}\nttlSeconds: 60\nwaitMs: 0")
+
+
+@pytest.fixture(scope="module")
+def own_endpoint(django_db_setup):
+    return pods.serve_internal("127.0.0.1:0")
+
+
+def take(pod=None, pod_bound=False, user="u1"):
+    lease = leases.acquire(leases.LeaseRequest(type="rec", lease="res", tenant_id="t1", project_id="p1",
+                                               user_id=user, pod=pod, pod_bound=pod_bound))
+    lease.update_payload({"jobId": "j-1"})
+    return lease
+
+
+def revoke(lease):
+    holder = reaper.reap_holder({"_id": lease.token}, "revoke")
+    assert holder is not None
+    return holder
+
+
+def test_given_holder_of_this_pod_then_handler_runs_locally(recorder, dispatcher):
+    holder = revoke(take())
+    assert dispatcher.dispatch(holder) == "local"
+    assert [h.token for h in recorder.seen] == [holder.token]
+
+
+def test_given_alive_foreign_pod_then_revocation_is_posted_and_its_handler_runs_there(recorder, dispatcher, own_endpoint):
+    pods.register("foreign-pod", own_endpoint)
+    holder = revoke(take(pod="foreign-pod", pod_bound=True))
+    assert dispatcher.dispatch(holder) == "forwarded"
+    assert dispatch.get_dispatcher().drain()
+    assert recorder.ran.wait(5)
+    assert [(h.token, h.payload, h.reason) for h in recorder.seen] == [(holder.token, {"jobId": "j-1"}, "revoke")]
+    assert store.tombstones().find_one({"_id": holder.token})["handledBy"] == self_pod_id()
+
+
+@pytest.mark.parametrize("pod_bound, path, runs", [(True, "release-only", 0), (False, "local-payload", 1)])
+def test_given_alive_foreign_pod_unreachable_then_post_failure_falls_to_the_dead_rows(recorder, dispatcher, pod_bound, path, runs):
+    pods.register("mute-pod", f"http://127.0.0.1:{free_port()}")  # registered, but nothing listens
+    holder = revoke(take(pod="mute-pod", pod_bound=pod_bound))
+    assert dispatcher.dispatch(holder) == path
+    assert len(recorder.seen) == runs
+    if runs:
+        assert recorder.seen[0].payload == {"jobId": "j-1"}
+
+
+@pytest.mark.parametrize("pod, pod_bound, path, runs", [
+    ("dead-pod", True, "release-only", 0),
+    ("dead-pod", False, "local-payload", 1),
+    ("never-registered", False, "local-payload", 1),
+    ("", False, "local-payload", 1),  # detached (HTTP client): no pod, the reaper cleans up
+])
+def test_given_dead_or_detached_pod_then_matrix_row_applies(recorder, dispatcher, pod, pod_bound, path, runs):
+    granted = pods.register("dead-pod", "http://127.0.0.1:9")
+    store.pods().update_one({"_id": "dead-pod"}, {"$set": {"expiryDeadline": store.server_now() - timedelta(seconds=1)}})
+    assert granted.ok
+    holder = revoke(take(pod=pod, pod_bound=pod_bound))
+    assert dispatcher.dispatch(holder) == path
+    assert len(recorder.seen) == runs
+
+
+def test_given_same_revocation_dispatched_twice_then_handler_runs_at_most_once(recorder, dispatcher):
+    holder = revoke(take(pod="gone-pod"))
+    assert dispatcher.dispatch(holder) == "local-payload"
+    assert dispatcher.dispatch(holder) == "already-handled"
+    assert LeaseRevocationDispatcher(max_workers=1).dispatch(holder) == "already-handled"
+    assert len(recorder.seen) == 1
+
+
+def test_given_slow_handler_when_notified_then_the_caller_does_not_wait(dispatcher):
+    slow = handlers.register_handler(Recording(delay=1.0))
+    try:
+        holder = revoke(take())
+        started = time.monotonic()
+        dispatcher.on_revoked([holder])
+        assert time.monotonic() - started < 0.2
+        assert dispatcher.drain(5)
+        assert [h.token for h in slow.seen] == [holder.token]
+        assert slow.threads[0].startswith("lease-dispatch")
+    finally:
+        handlers.unregister_handler("rec")
+
+
+def test_given_lazy_reap_on_acquire_then_the_installed_dispatcher_runs_the_handler(recorder):
+    assert isinstance(listener.get_listener(), LeaseRevocationDispatcher)  # installed in ready()
+    stale = take(user="u9")
+    store.holders().update_one({"_id": stale.token}, {"$set": {"expiresAt": store.server_now() - timedelta(seconds=1)}})
+    fresh = take(user="u8")  # the lazy idle reap of the same resource takes the stale holder
+    assert dispatch.get_dispatcher().drain(5)
+    assert [h.token for h in recorder.seen] == [stale.token]
+    assert recorder.seen[0].reason == "idle"
+    fresh.release()
+
+
+def test_given_regular_release_then_handler_never_runs(recorder):
+    lease = take()
+    assert lease.release()
+    assert dispatch.get_dispatcher().drain(5)
+    assert recorder.seen == []
+
+
+# --- the internal endpoint --------------------------------------------------------------
+
+
+def post(client, body, secret="test-internal-secret", raw=None):
+    headers = {} if secret is None else {"HTTP_X_LEASE_SECRET": secret}
+    return client.post("/internal/lease/revoked", data=raw if raw is not None else json.dumps(body),
+                       content_type="application/json", **headers)
+
+
+@pytest.fixture
+def csrf_client():
+    return Client(enforce_csrf_checks=True)  # the endpoint is csrf_exempt, all else keeps CSRF on
+
+
+@pytest.mark.parametrize("secret", [None, "", "wrong-secret", "test-internal-secret-but-longer", "tést"])
+def test_given_missing_or_wrong_secret_then_the_post_is_refused_and_nothing_runs(recorder, csrf_client, secret):
+    holder = revoke(take())
+    response = post(csrf_client, holder.to_wire(), secret=secret)
+    assert response.status_code == 403 and response.json()["code"] == "FORBIDDEN"
+    assert dispatch.get_dispatcher().drain(5)
+    assert recorder.seen == [] and "handledBy" not in store.tombstones().find_one({"_id": holder.token})
+
+
+def test_given_right_secret_then_202_and_the_local_handler_runs_asynchronously(recorder, csrf_client):
+    holder = revoke(take())
+    response = post(csrf_client, holder.to_wire())
+    assert response.status_code == 202 and response.json() == {"accepted": holder.token}
+    assert dispatch.get_dispatcher().drain(5)
+    assert [h.token for h in recorder.seen] == [holder.token]
+
+
+@pytest.mark.parametrize("mutate, status, code", [
+    (lambda w: {**w, "token": {"$gt": ""}}, 400, "INVALID_REQUEST"),
+    (lambda w: {**w, "token": "short"}, 400, "INVALID_REQUEST"),
+    (lambda w: {**w, "type": "no-such-type"}, 404, "UNKNOWN_LEASE_TYPE"),
+    (lambda w: {**w, "payload": {"$where": "1"}}, 400, "INVALID_REQUEST"),
+    (lambda w: {**w, "podBound": "yes"}, 400, "INVALID_REQUEST"),
+    (lambda w: [w], 400, "INVALID_REQUEST"),
+])
+def test_given_malformed_revocation_then_typed_error_and_nothing_runs(recorder, csrf_client, mutate, status, code):
+    holder = revoke(take())
+    response = post(csrf_client, mutate(holder.to_wire()))
+    assert response.status_code == status and response.json()["code"] == code
+    assert post(csrf_client, None, raw="{not json").status_code == 400
+    assert dispatch.get_dispatcher().drain(5)
+    assert recorder.seen == []
+
+
+def test_given_token_still_held_then_409_and_no_handler(recorder, csrf_client):
+    lease = take()
+    wire = reaper.RevokedHolder.from_doc(store.holders().find_one({"_id": lease.token}), "revoke").to_wire()
+    response = post(csrf_client, wire)
+    assert response.status_code == 409 and response.json()["code"] == "LEASE_STILL_HELD"
+    assert recorder.seen == []
+    lease.check()  # still held
+    lease.release()
+
+
+def test_given_get_then_method_not_allowed(csrf_client):
+    assert csrf_client.get("/internal/lease/revoked", HTTP_X_LEASE_SECRET="test-internal-secret").status_code == 405

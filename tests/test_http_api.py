@@ -1,0 +1,375 @@
+"""HTTP lease protocol (/api/v1/) in-process through Django's test client on the real store.
+
+The seed-004 scenarios over HTTP: duplicate, delayed and replayed renewals never move the
+deadline backwards; stale and expired answers leave state untouched; release twice;
+acquire after expiry; clamped proposals; busy answers name the right level. Auth (no key,
+wrong key, other tenant's key, revoked key) and bad bodies (400, nothing written).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+
+import pymongo
+import pytest
+from django.test import Client
+
+from api import bodies, keys, protocol
+from leases import config, operations, store
+from leases.definitions import document_path
+
+TYPE = "tex"  # registered by leases.contrib in every process
+
+
+@pytest.fixture
+def api():
+    return Client(enforce_csrf_checks=True)  # proves the API needs no CSRF token
+
+
+@pytest.fixture
+def key():
+    return keys.create_key(tenant_id="acme", name="ci", acting_user="test")[1]
+
+
+@pytest.fixture
+def other_key():
+    return keys.create_key(tenant_id="globex", name="ci", acting_user="test")[1]
+
+
+def call(api, method, path, body=None, *, key=None, raw=None):
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {key}"} if key else {}
+    data = raw if raw is not None else (json.dumps(body) if body is not None else "")
+    return getattr(api, method)(f"/api/v1/{path}", data=data, content_type="application/json", **headers)
+
+
+def inline(name="x", ttl=30, **levels):
+    return {"name": name, "levels": levels or {"user": 1}, "ttlSeconds": ttl}
+
+
+def acquire(api, key, *, project="p1", user="u1", **extra):
+    body = {"type": TYPE, "projectId": project, "userId": user, **extra}
+    if "lease" not in extra and "inline" not in extra:
+        body["inline"] = inline()
+    return call(api, "post", "leases", body, key=key)
+
+
+def holder(token):
+    return store.holders().find_one({"_id": token})
+
+
+def state_snapshot():
+    """Everything a refused or terminal answer must leave untouched."""
+    return (sorted(map(str, store.holders().find({}))), sorted(map(str, store.counters().find({}, {"updatedAt": 0}))),
+            sorted(map(str, store.tombstones().find({}))))
+
+
+def assert_problem(response, status, code):
+    assert response.status_code == status, response.content
+    assert response["Content-Type"] == "application/problem+json"
+    body = response.json()
+    assert body["code"] == code and body["status"] == status and body["detail"]
+    return body
+
+
+# --- acquire -------------------------------------------------------------------------------
+
+def test_given_a_key_when_acquiring_then_201_carries_token_interval_and_the_holders_server_deadline(api, key):
+    response = acquire(api, key, holderRef="agent-7", podBound=True)
+    assert response.status_code == 201
+    grant = response.json()
+    doc = holder(grant["token"])
+    assert doc["tenantId"] == "acme" and doc["projectId"] == "p1" and doc["userId"] == "u1"
+    # HTTP holders are detached: no pod, so only the idle reap applies to them.
+    assert doc["pod"] == "" and doc["podBound"] is True and doc["holderRef"] == "agent-7"
+    assert grant["ttlSeconds"] == 30 and grant["intervalSeconds"] == 10
+    assert grant["expiryDeadline"] == protocol.iso(doc["expiresAt"])
+    assert grant["expiryDeadlineMs"] == protocol.epoch_ms(doc["expiresAt"])
+    assert grant["serverTime"] == protocol.iso(doc["lastSeenAt"])
+    assert grant["resource"] == "mcp-inline:acme/p1/x" and grant["noop"] is False
+
+
+@pytest.mark.parametrize("ttl,proposed,issued", [
+    (30, None, 10),   # no proposal: ttl/3
+    (30, 1, 3),       # below ttl/10 → raised to the floor
+    (30, 7, 7),       # inside the bounds → kept
+    (30, 3600, 15),   # above ttl/2 → lowered to the ceiling
+    (1, 5, 1),        # tiny TTL: both bounds are 1 s
+])
+def test_given_a_proposed_interval_when_acquiring_then_the_server_clamps_it_into_ttl_bounds(api, key, ttl, proposed, issued):
+    extra = {"inline": inline(ttl=ttl)}
+    if proposed is not None:
+        extra["proposedIntervalSeconds"] = proposed
+    response = acquire(api, key, **extra)
+    assert response.status_code == 201 and response.json()["intervalSeconds"] == issued
+    assert protocol.interval_bounds(ttl)[0] <= issued <= protocol.interval_bounds(ttl)[1]
+
+
+def test_given_a_lease_without_caps_when_acquiring_then_200_noop_and_nothing_written(api, key):
+    response = acquire(api, key, lease="undefined-lease")
+    assert response.status_code == 200 and response.json() == {
+        "noop": True, "token": None, "type": TYPE, "leaseName": "undefined-lease"}
+    assert store.holders().count_documents({}) == 0
+
+
+def test_given_a_full_user_level_when_acquiring_then_429_with_retry_after_and_the_user_diagnosis(api, key):
+    assert acquire(api, key).status_code == 201
+    before = state_snapshot()
+    response = acquire(api, key, inline=inline(user=1, project=5), waitMs=0)
+    body = assert_problem(response, 429, "LEASE_BUSY")
+    assert int(response["Retry-After"]) >= 1 and body["retryAfterSeconds"] == int(response["Retry-After"])
+    assert {k: body[k] for k in ("resource", "level", "scope", "count", "cap")} == {
+        "resource": "mcp-inline:acme/p1/x", "level": "user", "scope": "acme/u1", "count": 1, "cap": 1}
+    assert state_snapshot() == before
+
+
+def test_given_a_full_tenant_level_when_acquiring_then_the_busy_answer_names_the_tenant_level(api, key):
+    config.put_document("acme", "_tenant", document_path("shared"), "levels: {tenant: 1, user: 5}\nttlSeconds: 30")
+    assert acquire(api, key, lease="shared").status_code == 201
+    body = assert_problem(acquire(api, key, lease="shared", project="p2", user="u2", waitMs=0), 429, "LEASE_BUSY")
+    assert (body["resource"], body["level"], body["scope"], body["count"], body["cap"]) == ("shared", "tenant", "acme", 1, 1)
+
+
+def test_given_a_long_definition_wait_when_acquiring_then_the_wait_is_bounded_by_the_http_setting(api, key, settings):
+    settings.LEASES_HTTP_MAX_WAIT_MS = 300
+    assert acquire(api, key, inline={**inline(), "waitMs": 60000}).status_code == 201
+    started = time.monotonic()
+    response = acquire(api, key, inline={**inline(), "waitMs": 60000})
+    elapsed = time.monotonic() - started
+    assert_problem(response, 429, "LEASE_BUSY")
+    assert 0.25 <= elapsed < 3.0
+
+
+def test_given_an_unreachable_store_when_acquiring_then_503_lease_unavailable(api, key):
+    dead = pymongo.MongoClient("mongodb://127.0.0.1:9/?directConnection=true", serverSelectionTimeoutMS=300,
+                               connectTimeoutMS=300, timeoutMS=300)
+    store.set_client(dead)
+    try:
+        response = acquire(api, key)
+    finally:
+        store.set_client(None)
+        dead.close()
+    assert_problem(response, 503, "LEASE_UNAVAILABLE")
+    assert store.holders().count_documents({}) == 0
+
+
+def test_given_an_unregistered_type_when_acquiring_then_400_unknown_lease_type(api, key):
+    assert_problem(call(api, "post", "leases", {"type": "nope", "projectId": "p1", "userId": "u1",
+                                                  "inline": inline()}, key=key), 400, "UNKNOWN_LEASE_TYPE")
+    assert store.holders().count_documents({}) == 0
+
+
+# --- renew ---------------------------------------------------------------------------------
+
+def test_given_a_held_lease_when_renewing_repeatedly_then_the_deadline_never_moves_backwards(api, key):
+    grant = acquire(api, key).json()
+    deadlines = [grant["expiryDeadlineMs"]]
+    for _ in range(3):  # duplicates in quick succession, possibly within one millisecond
+        response = call(api, "post", f"leases/{grant['token']}/renew", {}, key=key)
+        assert response.status_code == 200
+        deadlines.append(response.json()["expiryDeadlineMs"])
+    assert deadlines == sorted(deadlines)
+    assert protocol.epoch_ms(holder(grant["token"])["expiresAt"]) == deadlines[-1]
+
+
+def test_given_a_later_deadline_when_a_delayed_renewal_arrives_then_it_keeps_the_later_deadline(api, key):
+    grant = acquire(api, key).json()
+    # A renewal issued under a longer TTL left a later deadline; a delayed or replayed
+    # renewal computed from the shorter TTL must not pull it back.
+    later = holder(grant["token"])["expiresAt"] + dt.timedelta(minutes=10)
+    store.holders().update_one({"_id": grant["token"]}, {"$set": {"expiresAt": later}})
+    response = call(api, "post", f"leases/{grant['token']}/renew", key=key)  # empty body is fine
+    assert response.status_code == 200
+    assert response.json()["expiryDeadline"] == protocol.iso(later)
+    assert holder(grant["token"])["expiresAt"] == later
+
+
+def test_given_an_unknown_token_when_renewing_then_410_stale_and_nothing_is_written(api, key):
+    acquire(api, key)
+    before = state_snapshot()
+    body = assert_problem(call(api, "post", "leases/" + "A" * 32 + "/renew", {}, key=key), 410, "STALE_LEASE")
+    assert "reason" not in body
+    assert state_snapshot() == before
+
+
+def test_given_another_tenants_token_when_renewing_updating_or_releasing_then_it_answers_as_unknown(api, key, other_key):
+    token = acquire(api, key).json()["token"]
+    before = state_snapshot()
+    assert_problem(call(api, "post", f"leases/{token}/renew", {}, key=other_key), 410, "STALE_LEASE")
+    assert_problem(call(api, "put", f"leases/{token}/payload", {"payload": {"a": 1}}, key=other_key), 410, "STALE_LEASE")
+    assert_problem(call(api, "delete", f"leases/{token}", key=other_key), 410, "STALE_LEASE")
+    assert state_snapshot() == before
+    # ...and the answers are byte-for-byte those of a token that never existed.
+    never = call(api, "post", "leases/" + "B" * 32 + "/renew", {}, key=other_key).json()
+    mine = call(api, "post", f"leases/{token}/renew", {}, key=other_key).json()
+    assert {k: v for k, v in never.items() if k != "detail"} == {k: v for k, v in mine.items() if k != "detail"}
+
+
+def test_given_a_lease_past_its_deadline_when_renewing_then_410_expired_refreshes_nothing_and_a_fresh_acquire_works(api, key):
+    grant = acquire(api, key, inline=inline(ttl=1)).json()
+    deadline = holder(grant["token"])["expiresAt"]
+    while store.server_now() <= deadline:  # the server's clock decides, not ours
+        time.sleep(0.1)
+    before = state_snapshot()
+    body = assert_problem(call(api, "post", f"leases/{grant['token']}/renew", {}, key=key), 410, "EXPIRED")
+    assert body["reason"] == "deadline"
+    assert_problem(call(api, "put", f"leases/{grant['token']}/payload", {"payload": {"a": 1}}, key=key), 410, "EXPIRED")
+    assert state_snapshot() == before  # the expired holder was neither revived nor touched
+    fresh = acquire(api, key, inline=inline(ttl=1))  # cap 1: only possible because the slot came back
+    assert fresh.status_code == 201 and fresh.json()["token"] != grant["token"]
+    # The lazy reap of that acquire tombstoned the old token: still EXPIRED, now with the reason.
+    assert call(api, "post", f"leases/{grant['token']}/renew", {}, key=key).json()["reason"] == "idle"
+
+
+def test_given_a_revoked_lease_when_renewing_then_410_expired_with_reason_revoke(api, key):
+    token = acquire(api, key).json()["token"]
+    operations.revoke_holder(token, tenant_id="acme", acting_user="ops", dispatch=False)
+    before = state_snapshot()
+    body = assert_problem(call(api, "post", f"leases/{token}/renew", {}, key=key), 410, "EXPIRED")
+    assert body["reason"] == "revoke"
+    assert state_snapshot() == before
+
+
+def test_given_a_lease_when_updating_its_payload_then_it_is_stored_literally_and_renewed(api, key):
+    grant = acquire(api, key).json()
+    response = call(api, "put", f"leases/{grant['token']}/payload",
+                    {"payload": {"endpoint": "$not-an-operator", "session": {"id": "s-1"}}}, key=key)
+    assert response.status_code == 200
+    doc = holder(grant["token"])
+    assert doc["payload"] == {"endpoint": "$not-an-operator", "session": {"id": "s-1"}}
+    assert response.json()["expiryDeadlineMs"] >= grant["expiryDeadlineMs"]
+
+
+# --- release -------------------------------------------------------------------------------
+
+def test_given_a_lease_when_releasing_twice_then_both_answer_200_telling_which(api, key):
+    token = acquire(api, key).json()["token"]
+    first = call(api, "delete", f"leases/{token}", key=key)
+    assert first.status_code == 200 and first.json() == {
+        "token": token, "released": True, "alreadyReleased": False, "reason": "release"}
+    assert store.holders().count_documents({}) == 0
+    assert [c["count"] for c in store.counters().find({})] == [0]
+    second = call(api, "delete", f"leases/{token}", key=key)
+    assert second.status_code == 200 and second.json() == {
+        "token": token, "released": False, "alreadyReleased": True, "reason": "release"}
+    assert [c["count"] for c in store.counters().find({})] == [0]
+    # A released token is terminal for renewals too.
+    assert assert_problem(call(api, "post", f"leases/{token}/renew", {}, key=key), 410, "EXPIRED")["reason"] == "release"
+
+
+def test_given_an_unknown_token_when_releasing_then_410_stale(api, key):
+    assert_problem(call(api, "delete", "leases/" + "C" * 32, key=key), 410, "STALE_LEASE")
+
+
+# --- authentication and project binding ------------------------------------------------------
+
+@pytest.mark.parametrize("header", [None, "Bearer", "Basic dXNlcjpwdw==", "Bearer not-a-key",
+                                    "Bearer vlk_aaaaaaaaaaaa_" + "x" * 43])
+def test_given_no_or_a_wrong_key_when_calling_then_401_and_nothing_written(api, header):
+    headers = {"HTTP_AUTHORIZATION": header} if header else {}
+    response = api.post("/api/v1/leases", data=json.dumps({"type": TYPE, "projectId": "p1", "userId": "u1",
+                                                             "inline": inline()}),
+                        content_type="application/json", **headers)
+    assert_problem(response, 401, "UNAUTHENTICATED")
+    assert response["WWW-Authenticate"].startswith("Bearer")
+    assert store.holders().count_documents({}) == 0
+
+
+def test_given_a_right_prefix_with_a_wrong_secret_when_calling_then_401(api, key):
+    wrong = key[:-1] + ("A" if key[-1] != "A" else "B")
+    assert_problem(acquire(api, wrong), 401, "UNAUTHENTICATED")
+
+
+def test_given_a_revoked_key_when_calling_then_401_even_for_its_own_leases(api, key):
+    token = acquire(api, key).json()["token"]
+    prefix = keys.KEY_RE.fullmatch(key).group(1)
+    keys.revoke_key(tenant_id="acme", prefix=prefix, acting_user="test")
+    assert_problem(call(api, "post", f"leases/{token}/renew", {}, key=key), 401, "UNAUTHENTICATED")
+    assert_problem(acquire(api, key), 401, "UNAUTHENTICATED")
+    assert store.holders().count_documents({}) == 1
+
+
+def test_given_a_project_bound_key_when_acting_then_it_is_limited_to_its_project(api, key):
+    bound = keys.create_key(tenant_id="acme", project_id="p1", name="p1 only", acting_user="test")[1]
+    assert_problem(acquire(api, bound, project="p2"), 403, "PROJECT_FORBIDDEN")
+    own = acquire(api, bound, user="u9")
+    assert own.status_code == 201 and holder(own.json()["token"])["projectId"] == "p1"
+    assert_problem(call(api, "post", "leases", {"type": TYPE, "userId": "u9", "inline": inline()}, key=bound),
+                   400, "INVALID_BODY")  # projectId is always required, also for bound keys
+    other_project = acquire(api, key, project="p2", user="u2").json()["token"]  # tenant-wide key
+    assert_problem(call(api, "post", f"leases/{other_project}/renew", {}, key=bound), 410, "STALE_LEASE")
+    assert_problem(call(api, "delete", f"leases/{other_project}", key=bound), 410, "STALE_LEASE")
+    assert holder(other_project) is not None
+
+
+# --- bad bodies ----------------------------------------------------------------------------
+
+BASE = {"type": TYPE, "projectId": "p1", "userId": "u1", "inline": {"name": "x", "levels": {"user": 1}}}
+
+
+@pytest.mark.parametrize("raw,code", [
+    (json.dumps({**BASE, "userId": 5}), "INVALID_BODY"),
+    (json.dumps({**BASE, "podBound": "yes"}), "INVALID_BODY"),
+    (json.dumps({**BASE, "proposedIntervalSeconds": True}), "INVALID_BODY"),
+    (json.dumps({**BASE, "proposedIntervalSeconds": 0}), "INVALID_BODY"),
+    (json.dumps({**BASE, "waitMs": -1}), "INVALID_BODY"),
+    (json.dumps({**BASE, "tenantId": "globex"}), "INVALID_BODY"),   # unknown field: the key decides
+    (json.dumps({**BASE, "projectId": {"$ne": None}}), "INVALID_BODY"),
+    (json.dumps({**BASE, "projectId": "$ne"}), "INVALID_REQUEST"),
+    (json.dumps({**BASE, "userId": "a.b"}), "INVALID_REQUEST"),
+    (json.dumps({**BASE, "inline": {"name": "x", "levels": {"global": 1}}}), "INVALID_DEFINITION"),
+    (json.dumps({k: v for k, v in BASE.items() if k != "userId"}), "INVALID_BODY"),
+    ('{"type": "tex", "type": "tex", "projectId": "p1", "userId": "u1"}', "INVALID_BODY"),
+    ('{"type": "tex", "projectId": "p1", "userId": "u1", "waitMs": NaN}', "INVALID_BODY"),
+    ("[1, 2]", "INVALID_BODY"),
+    ("{not json", "INVALID_BODY"),
+    ("", "INVALID_BODY"),
+    ("x" * (bodies.MAX_BODY_BYTES + 1), "BODY_TOO_LARGE"),
+])
+def test_given_a_bad_acquire_body_when_posting_then_400_problem_and_nothing_written(api, key, raw, code):
+    assert_problem(call(api, "post", "leases", raw=raw, key=key), 400, code)
+    assert store.holders().count_documents({}) == 0 and store.counters().count_documents({}) == 0
+
+
+@pytest.mark.parametrize("payload_body,code", [
+    ({"payload": {"$set": {"state": "x"}}}, "INVALID_REQUEST"),
+    ({"payload": {"a": {"$where": "1"}}}, "INVALID_REQUEST"),
+    ({"payload": {"dotted.key": 1}}, "INVALID_REQUEST"),
+    ({"payload": {"blob": "x" * (17 * 1024)}}, "INVALID_REQUEST"),     # over the 16 KiB payload limit
+    ({"payload": {"blob": "x" * (40 * 1024)}}, "BODY_TOO_LARGE"),      # over the 32 KiB body limit
+    ({"payload": "not an object"}, "INVALID_BODY"),
+    ({"payload": {}, "extra": 1}, "INVALID_BODY"),
+    ({}, "INVALID_BODY"),
+])
+def test_given_a_bad_payload_when_updating_then_400_and_the_holder_is_unchanged(api, key, payload_body, code):
+    token = acquire(api, key).json()["token"]
+    call(api, "put", f"leases/{token}/payload", {"payload": {"kept": True}}, key=key)
+    before = state_snapshot()
+    assert_problem(call(api, "put", f"leases/{token}/payload", payload_body, key=key), 400, code)
+    assert state_snapshot() == before and holder(token)["payload"] == {"kept": True}
+
+
+@pytest.mark.parametrize("token", ["short", "x" * 65, "has.dot" + "x" * 20, "%24ne" + "x" * 20])
+def test_given_a_malformed_token_when_renewing_then_400_before_any_query(api, key, token):
+    assert_problem(call(api, "post", f"leases/{token}/renew", {}, key=key), 400, "INVALID_REQUEST")
+
+
+def test_given_a_bad_renew_body_when_renewing_then_400_and_the_deadline_is_unchanged(api, key):
+    token = acquire(api, key).json()["token"]
+    before = state_snapshot()
+    assert_problem(call(api, "post", f"leases/{token}/renew", {"ttlSeconds": 9999}, key=key), 400, "INVALID_BODY")
+    assert state_snapshot() == before
+
+
+def test_given_a_wrong_method_when_calling_then_405_problem_with_allow(api, key):
+    response = call(api, "get", "leases", key=key)
+    assert_problem(response, 405, "METHOD_NOT_ALLOWED")
+    assert response["Allow"] == "POST"
+
+
+def test_given_the_openapi_route_when_fetched_without_a_key_then_it_lists_every_operation(api):
+    doc = api.get("/api/v1/openapi.json").json()
+    assert doc["openapi"].startswith("3.1")
+    operations_ = {op["operationId"] for item in doc["paths"].values() for op in item.values() if isinstance(op, dict) and "operationId" in op}
+    assert operations_ == {"acquireLease", "renewLease", "updateLeasePayload", "releaseLease", "openapiDocument"}

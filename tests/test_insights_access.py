@@ -1,0 +1,235 @@
+"""Insights → Leases access: anonymous, member, admin, other tenant's admin (IDOR), CSRF."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+import leases
+from leases import config, handlers, store
+from leases.definitions import document_path
+from leases.errors import LeaseLost
+from insights.models import Membership, Project, Tenant
+
+
+class NullHandler(handlers.LeaseHandler):
+    type = "uitest"
+
+    def on_revoked(self, holder):
+        pass
+
+
+@pytest.fixture(autouse=True)
+def handler():
+    handlers.register_handler(NullHandler())
+    yield
+    handlers.unregister_handler("uitest")
+
+
+@pytest.fixture
+def world():
+    """acme and globex with an admin and a member each, and one live holder each."""
+    config.put_document("_vance", "_tenant", document_path("uilease"),
+                        "resource: uires\nlevels: {global: 10, tenant: 5, user: 2}\nttlSeconds: 120")
+    users = {}
+    holders = {}
+    for slug, project, person in (("acme", "docs", "alice"), ("globex", "research", "dave")):
+        tenant = Tenant.objects.create(slug=slug, name=slug.title())
+        Project.objects.create(tenant=tenant, slug=project)
+        for role in ("admin", "member"):
+            user = get_user_model().objects.create_user(f"{slug}-{role}", password="pw-123456")
+            Membership.objects.create(user=user, tenant=tenant,
+                                      role=Membership.Role.ADMIN if role == "admin" else Membership.Role.MEMBER)
+            users[f"{slug}-{role}"] = user
+        holders[slug] = leases.acquire(leases.LeaseRequest(
+            type="uitest", lease="uilease", tenant_id=slug, project_id=project, user_id=person,
+            holder_ref=f"ref-{slug}", pod=""))
+    users["outsider"] = get_user_model().objects.create_user("outsider", password="pw-123456")
+    return users, holders
+
+
+def urls(tenant, token):
+    base = f"/t/{tenant}/insights/leases"
+    return [base, f"{base}?resource=uires", f"{base}?fragment=1", f"{base}/counters", f"{base}/counters?fragment=1",
+            f"{base}/definition?name=uilease&project=_tenant", f"{base}/holders/{token}", f"{base}/holders/{token}/revoke"]
+
+
+def logged_in(user, **kwargs):
+    client = Client(**kwargs)
+    client.force_login(user)
+    return client
+
+
+def test_given_anonymous_when_opening_any_page_then_redirected_to_login(world):
+    _, holders = world
+    client = Client()
+    for url in urls("acme", holders["acme"].token):
+        response = client.get(url)
+        assert response.status_code == 302, url
+        assert response["Location"].startswith("/accounts/login/?next="), url
+    assert client.post(f"/t/acme/insights/leases/holders/{holders['acme'].token}/revoke",
+                       {"confirm": "on"}).status_code == 302
+    holders["acme"].check()
+
+
+def test_given_the_admin_then_every_page_answers_with_own_data_only(world):
+    users, holders = world
+    client = logged_in(users["acme-admin"])
+    for url in urls("acme", holders["acme"].token):
+        response = client.get(url)
+        assert response.status_code == 200, url
+        assert holders["globex"].token not in response.content.decode(), url
+    page = client.get("/t/acme/insights/leases").content.decode()
+    assert holders["acme"].token in page and "ref-acme" in page and "ref-globex" not in page
+    counters = client.get("/t/acme/insights/leases/counters").content.decode()
+    assert "uires" in counters and "acme/alice" in counters
+    assert "globex" not in counters and 'data-key="uires|global|*"' not in counters
+
+
+@pytest.mark.parametrize("who", ["globex-admin", "outsider"])
+def test_given_a_stranger_when_opening_another_tenants_pages_then_404_like_a_missing_tenant(world, who):
+    users, holders = world
+    client = logged_in(users[who])
+    for url in urls("acme", holders["acme"].token) + urls("no-such-tenant", holders["acme"].token):
+        assert client.get(url).status_code == 404, url
+    assert client.post(f"/t/acme/insights/leases/holders/{holders['acme'].token}/revoke",
+                       {"confirm": "on"}).status_code == 404
+    holders["acme"].check()
+
+
+def test_given_the_other_admin_when_using_an_acme_token_under_their_own_tenant_then_404_and_nothing_revoked(world):
+    users, holders = world
+    client = logged_in(users["globex-admin"])
+    token = holders["acme"].token
+    assert client.get(f"/t/globex/insights/leases/holders/{token}").status_code == 404
+    assert client.get(f"/t/globex/insights/leases/holders/{token}/revoke").status_code == 404
+    assert client.post(f"/t/globex/insights/leases/holders/{token}/revoke", {"confirm": "on"}).status_code == 404
+    holders["acme"].check()
+    assert store.audit().count_documents({}) == 0
+
+
+def test_given_a_member_who_is_not_admin_then_403_everywhere(world):
+    users, holders = world
+    client = logged_in(users["acme-member"])
+    for url in urls("acme", holders["acme"].token):
+        assert client.get(url).status_code == 403, url
+    assert client.post(f"/t/acme/insights/leases/holders/{holders['acme'].token}/revoke",
+                       {"confirm": "on"}).status_code == 403
+    holders["acme"].check()
+    # The member's own start page still works and says why there is no link.
+    assert "Only admins see lease insights" in client.get("/").content.decode()
+
+
+@pytest.mark.parametrize("slug", ["%24ne", "a.b", "_vance", "x" * 65])
+def test_given_a_malformed_or_reserved_tenant_in_the_url_then_404(world, slug):
+    users, _ = world
+    assert logged_in(users["acme-admin"]).get(f"/t/{slug}/insights/leases").status_code == 404
+
+
+@pytest.mark.parametrize("token", ["%24ne", "short", "a" * 65])
+def test_given_a_malformed_token_then_404(world, token):
+    users, _ = world
+    client = logged_in(users["acme-admin"])
+    assert client.get(f"/t/acme/insights/leases/holders/{token}").status_code == 404
+    assert client.post(f"/t/acme/insights/leases/holders/{token}/revoke", {"confirm": "on"}).status_code == 404
+
+
+def test_given_a_forged_revoke_post_without_csrf_token_then_403_and_the_holder_stays(world):
+    users, holders = world
+    client = logged_in(users["acme-admin"], enforce_csrf_checks=True)
+    response = client.post(f"/t/acme/insights/leases/holders/{holders['acme'].token}/revoke", {"confirm": "on"})
+    assert response.status_code == 403
+    holders["acme"].check()
+    assert store.holders().count_documents({"tenantId": "acme"}) == 1
+
+
+def test_given_the_confirmation_step_with_csrf_then_revoked_audited_and_check_raises_lost(world):
+    users, holders = world
+    client = logged_in(users["acme-admin"], enforce_csrf_checks=True)
+    url = f"/t/acme/insights/leases/holders/{holders['acme'].token}/revoke"
+    confirm = client.get(url)
+    assert confirm.status_code == 200 and "Revoke lease" in confirm.content.decode()
+    csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', confirm.content.decode()).group(1)
+
+    unconfirmed = client.post(url, {"csrfmiddlewaretoken": csrf})
+    assert unconfirmed.status_code == 400 and "Tick the box" in unconfirmed.content.decode()
+    holders["acme"].check()
+
+    done = client.post(url, {"csrfmiddlewaretoken": csrf, "confirm": "on", "reason": "stuck"})
+    assert done.status_code == 302 and done["Location"] == "/t/acme/insights/leases"
+    with pytest.raises(LeaseLost):
+        holders["acme"].check()
+    audit = store.audit().find_one({"token": holders["acme"].token})
+    assert audit["actor"] == "acme-admin" and audit["tenantId"] == "acme" and audit["reason"] == "stuck"
+    after = client.get("/t/acme/insights/leases").content.decode()
+    assert "revoked" in after and "No leases are held in this tenant" in after
+    holders["globex"].check()
+
+
+@pytest.mark.parametrize("query", ["resource=%24ne", "pod=a%20b", "user=%7B%22%24gt%22%3A%22%22%7D", "project=..%2Fx"])
+def test_given_operator_like_filters_then_400_with_a_form_error_and_no_rows(world, query):
+    users, holders = world
+    response = logged_in(users["acme-admin"]).get(f"/t/acme/insights/leases?{query}")
+    assert response.status_code == 400
+    body = response.content.decode()
+    assert "errorlist" in body and holders["acme"].token not in body
+
+
+def test_given_filters_then_refresh_fragment_keeps_them(world):
+    users, holders = world
+    client = logged_in(users["acme-admin"])
+    page = client.get("/t/acme/insights/leases?user=bob").content.decode()
+    assert 'data-fragment-url="?user=bob&amp;fragment=1"' in page
+    assert "No holder matches these filters" in page
+    fragment = client.get("/t/acme/insights/leases?user=alice&fragment=1").content.decode()
+    assert holders["acme"].token in fragment and "<html" not in fragment
+    assert '<meta http-equiv="refresh" content="5">' in page  # the no-JavaScript fallback
+    paused = client.get("/t/acme/insights/leases?refresh=off").content.decode()
+    assert 'http-equiv="refresh"' not in paused and "Auto-refresh paused" in paused
+
+
+def test_given_a_definition_request_for_a_project_of_another_tenant_then_form_error(world):
+    users, _ = world
+    response = logged_in(users["acme-admin"]).get("/t/acme/insights/leases/definition?name=uilease&project=research")
+    assert response.status_code == 400 and "Select a valid choice" in response.content.decode()
+
+
+def test_login_and_logout_pages_work(world):
+    users, _ = world
+    client = Client(enforce_csrf_checks=True)
+    login = client.get("/accounts/login/?next=/t/acme/insights/leases")
+    csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', login.content.decode()).group(1)
+    response = client.post("/accounts/login/", {"username": "acme-admin", "password": "pw-123456",
+                                                "next": "/t/acme/insights/leases", "csrfmiddlewaretoken": csrf})
+    assert response.status_code == 302 and response["Location"] == "/t/acme/insights/leases"
+    home = client.get("/")
+    assert "Insights → Leases" in home.content.decode()
+    csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', home.content.decode()).group(1)
+    assert client.post("/accounts/logout/", {"csrfmiddlewaretoken": csrf}).status_code == 302
+    assert client.get("/t/acme/insights/leases").status_code == 302
+
+
+def test_django_admin_edits_tenants_projects_memberships_and_refuses_bad_slugs(world):
+    users, _ = world
+    root = get_user_model().objects.create_superuser("root", "root@example.com", "pw-123456")
+    client = logged_in(root)
+    for url in ("/admin/insights/tenant/", "/admin/insights/project/", "/admin/insights/membership/",
+                "/admin/insights/tenant/add/", f"/admin/insights/tenant/{Tenant.objects.get(slug='acme').pk}/change/"):
+        assert client.get(url).status_code == 200, url
+    bad = client.post("/admin/insights/tenant/add/", {
+        "slug": "$bad", "name": "Bad", "projects-TOTAL_FORMS": "0", "projects-INITIAL_FORMS": "0",
+        "memberships-TOTAL_FORMS": "0", "memberships-INITIAL_FORMS": "0"})
+    assert bad.status_code == 200 and not Tenant.objects.filter(name="Bad").exists()
+    good = client.post("/admin/insights/tenant/add/", {
+        "slug": "initech", "name": "Initech", "projects-TOTAL_FORMS": "1", "projects-INITIAL_FORMS": "0",
+        "projects-0-slug": "tps", "projects-0-name": "TPS", "memberships-TOTAL_FORMS": "1",
+        "memberships-INITIAL_FORMS": "0", "memberships-0-user": str(users["outsider"].pk), "memberships-0-role": "ADMIN"})
+    assert good.status_code == 302
+    initech = Tenant.objects.get(slug="initech")
+    assert Project.objects.filter(tenant_id=initech.pk, slug="tps").exists()
+    assert Membership.objects.get(tenant_id=initech.pk, user_id=users["outsider"].pk).is_admin
+    # The new admin now passes the access check for that tenant.
+    assert logged_in(users["outsider"]).get("/t/initech/insights/leases").status_code == 200

@@ -1,0 +1,226 @@
+"""leases.operations: tenant-bound reads, BOOKED/drift, merged definitions, revocations."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import REGISTRY
+
+import leases
+from leases import config, definitions, dispatch, handlers, listener, operations, store
+from leases.definitions import document_path
+from leases.errors import HolderNotFound, InvalidLeaseRequest, LeaseLost
+from leases.identity import self_pod_id
+
+
+class RecordingHandler(handlers.LeaseHandler):
+    type = "optest"
+
+    def __init__(self):
+        self.revoked = []
+
+    def on_revoked(self, holder):
+        self.revoked.append(holder)
+
+
+@pytest.fixture(autouse=True)
+def handler():
+    h = handlers.register_handler(RecordingHandler())
+    config.put_document("_vance", "_tenant", document_path("oplease"),
+                        "resource: opres\nlevels: {global: 50, tenant: 20, project: 10, user: 5}\nttlSeconds: 60")
+    yield h
+    handlers.unregister_handler("optest")
+
+
+def hold(tenant="acme", project="docs", user="alice", pod=None, ref=""):
+    return leases.acquire(leases.LeaseRequest(type="optest", lease="oplease", tenant_id=tenant, project_id=project,
+                                              user_id=user, pod=pod, holder_ref=ref))
+
+
+def reaps(reason):
+    return REGISTRY.get_sample_value("vance_lease_reap_total", {"reason": reason}) or 0.0
+
+
+# --- reads ----------------------------------------------------------------------------------
+
+def test_given_two_tenants_when_listing_one_then_only_its_holders_come_back_with_server_ttl():
+    mine = [hold(user="alice"), hold(project="web", user="bob")]
+    hold(tenant="globex", project="research", user="dave")
+
+    page = operations.list_holders(tenant_id="acme")
+
+    assert {h.token for h in page.items} == {lease.token for lease in mine}
+    assert page.total == 2 and all(h.tenant_id == "acme" for h in page.items)
+    first = page.items[0]
+    assert first.resource == "opres" and first.type == "optest" and first.state == "HELD"
+    assert 0 < first.ttl_remaining_seconds <= 60
+    assert first.pod_state == "alive"  # this process's own pod is always alive
+
+
+def test_given_filters_then_they_combine_and_detached_pods_are_shown_as_such():
+    a = hold(user="alice", pod="")
+    hold(project="web", user="alice")
+    hold(user="bob")
+
+    page = operations.list_holders(tenant_id="acme", project_id="docs", user_id="alice")
+
+    assert [h.token for h in page.items] == [a.token]
+    assert page.items[0].pod_state == "detached"
+    assert operations.list_holders(tenant_id="acme", type="optest", resource="opres").total == 3
+    assert operations.list_holders(tenant_id="acme", pod=self_pod_id()).total == 2
+
+
+def test_given_many_holders_when_paging_then_pages_are_disjoint_and_complete():
+    tokens = {hold(user=f"u{i}").token for i in range(5)}
+
+    pages = [operations.list_holders(tenant_id="acme", page=n, per_page=2) for n in (1, 2, 3)]
+
+    seen = [h.token for p in pages for h in p.items]
+    assert len(seen) == 5 and set(seen) == tokens
+    assert pages[0].pages == 3 and pages[0].has_next and not pages[2].has_next and pages[2].has_previous
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"tenant_id": {"$ne": ""}}, {"tenant_id": "acme.x"}, {"resource": "$where"}, {"pod": "a b"},
+    {"type": "x/y"}, {"project_id": "../p"}, {"user_id": "u\x00"}, {"page": 0}, {"per_page": 10_000},
+    {"page": "two"},
+])
+def test_given_malformed_filters_then_typed_error_before_any_query(kwargs):
+    hold()
+    with pytest.raises(InvalidLeaseRequest):
+        operations.list_holders(**kwargs)
+
+
+def test_given_a_token_of_another_tenant_then_get_holder_says_not_found():
+    theirs = hold(tenant="globex", project="research", user="dave")
+
+    with pytest.raises(HolderNotFound):
+        operations.get_holder(theirs.token, tenant_id="acme")
+    assert operations.get_holder(theirs.token).tenant_id == "globex"
+    with pytest.raises(InvalidLeaseRequest):
+        operations.get_holder({"$ne": ""})
+
+
+def test_given_counters_then_tenant_view_has_no_global_level_and_booked_matches():
+    hold(user="alice")
+    hold(project="web", user="alice")
+    hold(tenant="globex", project="research", user="dave")
+
+    mine = {c.key: c for c in operations.list_counters(tenant_id="acme")}
+    everything = {c.key: c for c in operations.list_counters()}
+
+    assert set(mine) == {"opres|tenant|acme", "opres|project|acme/docs", "opres|project|acme/web", "opres|user|acme/alice"}
+    assert mine["opres|user|acme/alice"].count == mine["opres|user|acme/alice"].booked == 2
+    assert not any(c.drift for c in mine.values())
+    assert everything["opres|global|*"].count == everything["opres|global|*"].booked == 3
+    assert "opres|tenant|globex" in everything
+    assert "opres|global|*" not in {c.key for c in operations.list_counters(include_global=False)}
+
+
+def test_given_a_crash_window_drift_then_counter_shows_it_against_booked():
+    hold(user="alice")
+    store.counters().update_one({"_id": "opres|tenant|acme"}, {"$inc": {"count": 2}})
+
+    row = {c.key: c for c in operations.list_counters(tenant_id="acme")}["opres|tenant|acme"]
+
+    assert (row.count, row.booked, row.drift) == (3, 1, True)
+    assert row.to_dict()["drift"] is True
+
+
+def test_definition_view_names_the_layer_of_each_field_and_discards_the_cache_first(settings):
+    config.put_document("acme", "_tenant", document_path("oplease"), "levels: {tenant: 7}\nttlSeconds: 90")
+    config.put_document("acme", "docs", document_path("oplease"), "levels: {project: 3, tenant: 99}")
+    # Plant a stale cache entry, as a process off the change-event chain could hold one.
+    stale = definitions.merge("oplease", {"classpath": {"levels.user": 1}})
+    definitions.cache._entries[("acme", "docs", "oplease")] = (stale, 10**12)
+
+    view = operations.definition_view("oplease", "acme", "docs")
+
+    fields = {f.field: (f.value, f.layer) for f in view.fields}
+    assert fields["resource"] == ("opres", "system")
+    assert fields["levels.global"] == (50, "system")
+    assert fields["levels.tenant"] == (7, "tenant")        # the project layer may not set it
+    assert fields["levels.project"] == (3, "project")
+    assert fields["levels.user"] == (5, "system")
+    assert fields["ttlSeconds"] == (90, "tenant")
+    assert fields["waitMs"] == (0, "default")
+    assert ("acme", "docs", "oplease") not in definitions.cache._entries
+    with pytest.raises(InvalidLeaseRequest):
+        operations.definition_view("../x", "acme", "docs")
+
+
+# --- revocations -----------------------------------------------------------------------------
+
+def test_given_a_holder_when_revoked_then_reaped_counters_returned_audited_handler_run_and_check_lost(handler):
+    lease = hold(user="alice", ref="job-1")
+    other = hold(user="bob")
+    before = reaps("revoke")
+
+    revoked = operations.revoke_holder(lease.token, tenant_id="acme", acting_user="ops-alice", reason="stuck")
+
+    assert revoked.token == lease.token and revoked.reason == "revoke"
+    assert store.holders().find_one({"_id": lease.token}) is None
+    assert store.counters().find_one({"_id": "opres|user|acme/alice"})["count"] == 0
+    assert store.counters().find_one({"_id": "opres|tenant|acme"})["count"] == 1
+    assert store.tombstones().find_one({"_id": lease.token})["reason"] == "revoke"
+    assert reaps("revoke") == before + 1
+    audit = store.audit().find_one({"token": lease.token})
+    assert audit["actor"] == "ops-alice" and audit["tenantId"] == "acme" and audit["action"] == "revoke"
+    assert audit["reason"] == "stuck" and audit["at"] is not None and audit["handlerDispatched"] is True
+    # The installed dispatcher runs the handler here (the holder's pod is this process).
+    assert listener.get_listener() is dispatch.get_dispatcher()
+    assert dispatch.get_dispatcher().drain(timeout=10)
+    assert [h.token for h in handler.revoked] == [lease.token]
+    with pytest.raises(LeaseLost):
+        lease.check()
+    other.check()  # untouched
+
+
+def test_given_a_token_of_another_tenant_when_revoking_then_not_found_and_nothing_changes(handler):
+    theirs = hold(tenant="globex", project="research", user="dave")
+
+    with pytest.raises(HolderNotFound):
+        operations.revoke_holder(theirs.token, tenant_id="acme", acting_user="acme-admin")
+
+    theirs.check()
+    assert store.audit().count_documents({}) == 0
+    assert store.counters().find_one({"_id": "opres|tenant|globex"})["count"] == 1
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"acting_user": None}, {"acting_user": ""}, {"acting_user": "ops", "reason": ""},
+    {"acting_user": "ops", "tenant_id": {"$gt": ""}}, {"acting_user": "ops", "reason": "x" * 500},
+])
+def test_given_bad_revoke_input_then_typed_error_and_nothing_written(kwargs):
+    lease = hold()
+    with pytest.raises(InvalidLeaseRequest):
+        operations.revoke_holder(lease.token, **kwargs)
+    lease.check()
+    assert store.audit().count_documents({}) == 0 and store.tombstones().count_documents({}) == 0
+
+
+def test_given_force_when_revoking_without_dispatch_then_no_handler_runs(handler):
+    lease = hold()
+
+    operations.revoke_holder(lease.token, acting_user="cli --force", dispatch=False)
+
+    assert dispatch.get_dispatcher().drain(timeout=10)
+    assert handler.revoked == []
+    assert store.audit().find_one({"token": lease.token})["handlerDispatched"] is False
+    with pytest.raises(LeaseLost):
+        lease.check()
+
+
+def test_given_holders_on_a_pod_when_revoking_the_pod_then_all_of_its_holders_go_across_tenants(handler):
+    on_pod = [hold(user="alice", pod="pod-x"), hold(tenant="globex", project="research", user="dave", pod="pod-x")]
+    elsewhere = hold(user="bob", pod="pod-y")
+
+    revoked = operations.revoke_pod("pod-x", acting_user="ops")
+
+    assert {h.token for h in revoked} == {lease.token for lease in on_pod}
+    assert store.holders().count_documents({"pod": "pod-x"}) == 0
+    elsewhere.check()
+    assert store.audit().count_documents({"action": "revoke-pod"}) == 2
+    with pytest.raises(InvalidLeaseRequest):
+        operations.revoke_pod({"$ne": ""}, acting_user="ops")
+    with pytest.raises(InvalidLeaseRequest):
+        operations.revoke_pod("", acting_user="ops")

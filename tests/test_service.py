@@ -1,0 +1,288 @@
+"""The consumer contract: funnel, busy diagnosis, rollback, release, check, NOOP."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pymongo
+import pytest
+
+import leases
+from leases import config, definitions, handlers, reaper, service, store
+from leases.definitions import document_path
+from tests.helpers import counted_commands
+
+
+class RecordingHandler(handlers.LeaseHandler):
+    type = "test"
+
+    def __init__(self):
+        self.revoked = []
+
+    def on_revoked(self, holder):
+        self.revoked.append(holder)
+
+
+@pytest.fixture(autouse=True)
+def handler():
+    h = handlers.register_handler(RecordingHandler())
+    yield h
+    handlers.unregister_handler("test")
+
+
+def put(name, text, tenant="_vance", project="_tenant"):
+    config.put_document(tenant, project, document_path(name), text)
+
+
+def req(lease="res", tenant="acme", project="p1", user="u1", **kw):
+    return leases.LeaseRequest(type="test", lease=lease, tenant_id=tenant, project_id=project, user_id=user, **kw)
+
+
+def counter(key):
+    doc = store.counters().find_one({"_id": key})
+    return None if doc is None else doc["count"]
+
+
+def test_given_caps_on_all_levels_when_acquiring_then_each_level_is_booked_narrow_to_wide():
+    put("res", "levels: {global: 5, tenant: 4, project: 3, user: 2}\nttlSeconds: 30")
+    lease = leases.acquire(req())
+    assert lease.levels == ["res|user|acme/u1", "res|project|acme/p1", "res|tenant|acme", "res|global|*"]
+    holder = store.holders().find_one({"_id": lease.token})
+    assert holder["state"] == "HELD" and holder["levels"] == lease.levels
+    assert holder["expiresAt"] > holder["lastSeenAt"]
+    assert [counter(k) for k in lease.levels] == [1, 1, 1, 1]
+
+
+@pytest.mark.parametrize("level,cap_yaml,vary", [
+    ("user", "user: 1", dict(project="p2")),            # user scope crosses projects
+    ("project", "project: 1", dict(user="u2")),
+    ("tenant", "tenant: 1", dict(project="p2", user="u2")),
+    ("global", "global: 1", dict(tenant="other", project="p9", user="u9")),
+])
+def test_given_a_full_level_when_acquiring_then_busy_names_that_level(level, cap_yaml, vary):
+    put("res", f"levels: {{{cap_yaml}}}\nwaitMs: 0")
+    first = leases.acquire(req())
+    with pytest.raises(leases.LeaseBusy) as busy:
+        leases.acquire(req(**vary))
+    assert busy.value.code == "LEASE_BUSY"
+    assert (busy.value.level, busy.value.count, busy.value.cap, busy.value.resource) == (level, 1, 1, "res")
+    # Nothing residual: the failed attempt left no holder and no extra count.
+    assert store.holders().count_documents({}) == 1
+    first.release()
+    leases.acquire(req(**vary)).release()
+
+
+def test_given_user_cap_when_full_then_narrowest_level_is_reported_first():
+    put("res", "levels: {global: 1, user: 1}\nwaitMs: 0")
+    leases.acquire(req())
+    with pytest.raises(leases.LeaseBusy) as busy:
+        leases.acquire(req(project="p2"))
+    assert busy.value.level == "user"
+    # The global counter was never touched by the rejected attempt (user checked first).
+    assert counter("res|global|*") == 1
+
+
+def test_given_cap_one_then_the_lease_is_exclusive_until_released():
+    put("res", "levels: {project: 1}\nwaitMs: 0")
+    with leases.acquire(req()) as lease:
+        assert not lease.is_noop
+        with pytest.raises(leases.LeaseBusy):
+            leases.acquire(req(user="u2"))
+    assert counter("res|project|acme/p1") == 0
+    leases.acquire(req(user="u2"))
+
+
+def test_given_a_wait_when_the_slot_frees_then_the_waiter_gets_it():
+    put("res", "levels: {project: 1}\nwaitMs: 3000")
+    lease = leases.acquire(req())
+    threading.Timer(0.3, lease.release).start()
+    started = time.monotonic()
+    second = leases.acquire(req(user="u2"))
+    assert 0.2 < time.monotonic() - started < 3.0
+    second.release()
+
+
+def test_given_a_wait_when_it_stays_full_then_busy_after_wait_and_not_forever():
+    put("res", "levels: {project: 1}\nwaitMs: 400")
+    leases.acquire(req())
+    started = time.monotonic()
+    with pytest.raises(leases.LeaseBusy):
+        leases.acquire(req(user="u2"))
+    assert 0.35 < time.monotonic() - started < 2.0
+
+
+def test_given_store_error_mid_funnel_then_rollback_leaves_no_residue(monkeypatch):
+    put("res", "levels: {global: 5, tenant: 5, project: 5, user: 5}")
+    calls = {"n": 0}
+    real = service._take_level
+
+    def failing(spec, resource):
+        calls["n"] += 1
+        if calls["n"] == 3:  # user and project taken, tenant fails
+            raise pymongo.errors.AutoReconnect("injected")
+        return real(spec, resource)
+
+    monkeypatch.setattr(service, "_take_level", failing)
+    with pytest.raises(leases.LeaseUnavailable):
+        leases.acquire(req())
+    assert store.holders().count_documents({}) == 0
+    assert counter("res|user|acme/u1") == 0 and counter("res|project|acme/p1") == 0
+
+
+def test_given_store_error_after_inc_before_push_then_rollback_returns_that_level_too(monkeypatch):
+    put("res", "levels: {tenant: 5, project: 5}")
+    holders = store.holders()
+    real_update = type(holders).update_one
+    state = {"n": 0}
+
+    def failing(self, flt, update, *a, **kw):
+        if self.name == store.HOLDERS and isinstance(update, dict) and "$push" in update:
+            state["n"] += 1
+            if state["n"] == 2:
+                raise pymongo.errors.NetworkTimeout("injected after inc")
+        return real_update(self, flt, update, *a, **kw)
+
+    monkeypatch.setattr(type(holders), "update_one", failing)
+    with pytest.raises(leases.LeaseUnavailable):
+        leases.acquire(req())
+    monkeypatch.undo()
+    assert store.holders().count_documents({}) == 0
+    assert counter("res|project|acme/p1") == 0 and counter("res|tenant|acme") == 0
+
+
+def test_release_is_idempotent_and_counts_once():
+    put("res", "levels: {project: 2}")
+    a = leases.acquire(req())
+    b = leases.acquire(req(user="u2"))
+    assert a.release() is True
+    assert a.release() is False
+    assert service.release_token(a.token) is False
+    assert counter("res|project|acme/p1") == 1
+    b.release()
+    assert counter("res|project|acme/p1") == 0
+
+
+def test_check_extends_the_ttl_on_server_time():
+    put("res", "levels: {project: 1}\nttlSeconds: 30")
+    lease = leases.acquire(req())
+    before = store.holders().find_one({"_id": lease.token})
+    time.sleep(0.05)
+    lease.check()
+    after = store.holders().find_one({"_id": lease.token})
+    assert after["lastSeenAt"] > before["lastSeenAt"]
+    assert after["expiresAt"] > before["expiresAt"]
+    assert (after["expiresAt"] - after["lastSeenAt"]).total_seconds() == pytest.approx(30, abs=0.01)
+
+
+def test_given_an_idle_holder_when_its_ttl_passes_then_it_is_reaped_and_check_raises_lost(handler):
+    put("res", "levels: {project: 1}\nttlSeconds: 1\nwaitMs: 0")
+    stale = leases.acquire(req(holder_ref="crashed"))
+    time.sleep(1.2)
+    # The next acquisition's lazy reap returns the slot without any scheduled sweep.
+    fresh = leases.acquire(req(user="u2"))
+    assert counter("res|project|acme/p1") == 1
+    with pytest.raises(leases.LeaseLost) as lost:
+        stale.check()
+    assert lost.value.code == "LEASE_LOST"
+    with pytest.raises(leases.LeaseLost):
+        stale.update_payload({"x": 1})
+    fresh.release()
+
+
+def test_given_a_reaped_holder_with_listener_then_listener_gets_it():
+    put("res", "levels: {project: 3}\nttlSeconds: 1")
+    got = []
+
+    class L:
+        def on_revoked(self, holders):
+            got.extend(holders)
+
+    from leases import listener
+    previous = listener.get_listener()
+    listener.set_listener(L())
+    try:
+        lease = leases.acquire(req(holder_ref="job-1"))
+        lease.update_payload({"jobId": "J1"})
+        time.sleep(1.2)
+        assert reaper.reap_idle() == (1, False)
+    finally:
+        listener.set_listener(previous)
+    assert [(h.token, h.reason, h.payload, h.holder_ref) for h in got] == [(lease.token, "idle", {"jobId": "J1"}, "job-1")]
+
+
+def test_update_payload_keeps_dollar_strings_literal():
+    put("res", "levels: {project: 1}")
+    lease = leases.acquire(req(holder_ref="$where"))
+    lease.update_payload({"jobId": "$gt", "nested": {"a": ["$x", 1]}})
+    doc = store.holders().find_one({"_id": lease.token})
+    assert doc["payload"] == {"jobId": "$gt", "nested": {"a": ["$x", 1]}}
+    assert doc["holderRef"] == "$where"
+
+
+@pytest.mark.parametrize("bad", [{"$set": 1}, {"a.b": 1}, {"a": {"$gt": 1}}, {"": 1}, {"a": object()}, {"a": "x" * 20000}, ["x"]])
+def test_bad_payloads_are_refused_and_nothing_changes(bad):
+    put("res", "levels: {project: 1}")
+    lease = leases.acquire(req())
+    with pytest.raises(leases.InvalidLeaseRequest):
+        lease.update_payload(bad)
+    assert store.holders().find_one({"_id": lease.token})["payload"] == {}
+
+
+def test_noop_without_lease_or_caps_issues_zero_commands():
+    put("nocaps", "ttlSeconds: 10")
+    leases.acquire(req(lease="nocaps"))  # warm the cache (the load itself reads the layers)
+    from leases import invalidation
+    assert invalidation.wait_listening()
+    leases.acquire(req(lease="nocaps"))
+    with counted_commands() as counted:
+        a = leases.acquire(req(lease=None))
+        b = leases.acquire(req(lease="nocaps"))
+        for lease in (a, b):
+            assert lease is leases.NOOP and lease.is_noop and lease.token is None
+            with lease:
+                lease.check()
+                lease.update_payload({"a": 1})
+    assert counted.commands == []
+
+
+def test_uncontended_command_budget():
+    put("res", "levels: {global: 9, tenant: 9, project: 9, user: 9}")
+    from leases import invalidation
+    assert invalidation.wait_listening()
+    leases.acquire(req()).release()  # counters exist, cache warm
+    with counted_commands() as counted:
+        lease = leases.acquire(req())
+        acquire_cmds = list(counted.commands)
+        counted.commands.clear()
+        lease.check()
+        check_cmds = list(counted.commands)
+        counted.commands.clear()
+        lease.release()
+        release_cmds = list(counted.commands)
+    assert len(acquire_cmds) <= 2 * 4 + 2, acquire_cmds
+    assert check_cmds == ["update"]
+    assert release_cmds == ["findAndModify", "update"]
+
+
+def test_given_unregistered_type_then_refused_and_nothing_written():
+    put("res", "levels: {project: 1}")
+    with pytest.raises(leases.UnknownLeaseType) as err:
+        leases.acquire(leases.LeaseRequest(type="nope", lease="res", tenant_id="acme", project_id="p1", user_id="u1"))
+    assert err.value.code == "UNKNOWN_LEASE_TYPE" and isinstance(err.value, leases.LeaseError)
+    assert store.holders().count_documents({}) == 0
+
+
+def test_store_unreachable_answers_unavailable_within_bounded_time(settings):
+    settings.MONGODB_URI = "mongodb://127.0.0.1:9/?directConnection=true"  # nothing listens
+    settings.LEASES_MONGO_TIMEOUT_MS = 300
+    store.reset()
+    definitions.cache.clear()
+    try:
+        started = time.monotonic()
+        with pytest.raises(leases.LeaseUnavailable) as err:
+            leases.acquire(req(lease="tex"))
+        assert err.value.code == "LEASE_UNAVAILABLE"
+        assert time.monotonic() - started < 3.0
+    finally:
+        store.reset()
