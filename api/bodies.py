@@ -74,38 +74,99 @@ def read_object(request: HttpRequest, *, optional: bool = False) -> dict[str, An
 # --- field checks -------------------------------------------------------------------------
 
 def string(value: Any, name: str) -> str:
+    """``value`` if it is a string.
+
+    Raises:
+        InvalidBody: any other JSON type.
+    """
     if not isinstance(value, str):
         raise InvalidBody(f"{name} must be a string")
     return value
 
 
 def optional_string(value: Any, name: str) -> str | None:
+    """``value`` if it is a string or null.
+
+    Raises:
+        InvalidBody: any other JSON type.
+    """
     return None if value is None else string(value, name)
 
 
 def boolean(value: Any, name: str) -> bool:
+    """``value`` if it is ``true`` or ``false``.
+
+    Raises:
+        InvalidBody: any other JSON value (``1`` and ``"yes"`` included).
+    """
     if not isinstance(value, bool):
         raise InvalidBody(f"{name} must be true or false")
     return value
 
 
-def integer(minimum: int, maximum: int) -> Callable[[Any, str], int]:
-    def check(value: Any, name: str) -> int:
-        # bool is an int in Python; JSON true must not become 1.
-        if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
-            raise InvalidBody(f"{name} must be an integer between {minimum} and {maximum}")
+def _as_int(value: Any) -> int | None:
+    # bool is an int in Python; JSON true must not become 1. JSON Schema counts 5.0 as an
+    # integer, so an integral float is one too.
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
         return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def integer(minimum: int, maximum: int) -> Callable[[Any, str], int]:
+    """A check accepting integers in ``[minimum, maximum]``; the check raises
+    :class:`InvalidBody` for anything else (booleans and fractional numbers included)."""
+    def check(value: Any, name: str) -> int:
+        number = _as_int(value)
+        if number is None or not minimum <= number <= maximum:
+            raise InvalidBody(f"{name} must be an integer between {minimum} and {maximum}")
+        return number
     return check
 
 
 def obj(value: Any, name: str) -> dict[str, Any]:
+    """``value`` if it is a JSON object.
+
+    Raises:
+        InvalidBody: any other JSON type.
+    """
     if not isinstance(value, dict):
         raise InvalidBody(f"{name} must be a JSON object")
     return value
 
 
 def optional_obj(value: Any, name: str) -> dict[str, Any] | None:
+    """``value`` if it is a JSON object or null.
+
+    Raises:
+        InvalidBody: any other JSON type.
+    """
     return None if value is None else obj(value, name)
+
+
+def inline_definition(value: Any, name: str) -> dict[str, Any] | None:
+    """An inline definition object (or null); integral floats of its numbers become ints.
+
+    The engine validates the rest and refuses with ``INVALID_DEFINITION``.
+
+    Raises:
+        InvalidBody: not a JSON object or null.
+    """
+    definition = optional_obj(value, name)
+    if definition is None:
+        return None
+    definition = dict(definition)
+    for field in ("ttlSeconds", "waitMs"):
+        number = _as_int(definition.get(field))
+        if isinstance(definition.get(field), float) and number is not None:
+            definition[field] = number
+    if isinstance(definition.get("levels"), dict):
+        definition["levels"] = {level: (_as_int(cap) if isinstance(cap, float) and _as_int(cap) is not None else cap)
+                                for level, cap in definition["levels"].items()}
+    return definition
 
 
 def fields(body: dict[str, Any], spec: dict[str, Callable[[Any, str], Any]], required: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -126,7 +187,7 @@ def fields(body: dict[str, Any], spec: dict[str, Callable[[Any, str], Any]], req
 ACQUIRE_FIELDS: dict[str, Callable[[Any, str], Any]] = {
     "type": string,
     "lease": optional_string,
-    "inline": optional_obj,
+    "inline": inline_definition,
     "projectId": string,
     "userId": string,
     "holderRef": optional_string,

@@ -197,8 +197,8 @@ _SCHEMAS: dict[str, Any] = {
             "token": {"type": "string"},
             "released": {"type": "boolean", "description": "This call returned the slots."},
             "alreadyReleased": {"type": "boolean", "description": "The lease had ended before this call."},
-            "reason": {"type": ["string", "null"], "enum": ["release", "idle", "pod", "revoke", None],
-                       "description": "How the lease ended."},
+            "reason": {"type": ["string", "null"],
+                       "description": "How the lease ended: release, idle, pod or revoke."},
         },
     },
     "Problem": _problem_schema(),
@@ -227,7 +227,8 @@ _SCHEMAS: dict[str, Any] = {
                 "type": "object",
                 "properties": {
                     "code": {"enum": ["STALE_LEASE", "EXPIRED"]},
-                    "reason": {"type": "string", "enum": ["release", "idle", "pod", "revoke", "deadline"]},
+                    "reason": {"type": "string", "description": "For EXPIRED: release, idle, pod, revoke, or "
+                               "deadline (past expiryDeadline, not reaped yet)."},
                 },
             },
         ],

@@ -31,7 +31,8 @@ from .models import ApiKey
 
 log = logging.getLogger(__name__)
 
-_GRANT_FIELDS = {"resource": 1, "leaseName": 1, "type": 1, "ttlSeconds": 1, "expiresAt": 1, "lastSeenAt": 1}
+_GRANT_FIELDS = {"resource": 1, "leaseName": 1, "type": 1, "ttlSeconds": 1, "expiresAt": 1, "lastSeenAt": 1,
+                 "intervalSeconds": 1}
 
 
 def interval_bounds(ttl_seconds: int) -> tuple[int, int]:
@@ -60,6 +61,7 @@ def iso(moment: datetime) -> str:
 
 
 def epoch_ms(moment: datetime) -> int:
+    """Milliseconds since the epoch (naive datetimes are UTC, as pymongo returns them)."""
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
     return int(moment.timestamp() * 1000)
@@ -121,10 +123,14 @@ def key_scope(key: ApiKey) -> dict[str, str]:
     return scope
 
 
-def _grant(doc: dict[str, Any], interval: int, server_time: datetime) -> Grant:
+def _grant(doc: dict[str, Any], server_time: datetime) -> Grant:
+    ttl = int(doc.get("ttlSeconds") or 0)
+    interval = doc.get("intervalSeconds")
+    if not isinstance(interval, int) or isinstance(interval, bool):
+        interval = choose_interval(ttl, None)
     return Grant(
         token=doc["_id"], lease_name=doc.get("leaseName"), resource=doc.get("resource"),
-        type=doc.get("type", ""), ttl_seconds=int(doc.get("ttlSeconds") or 0), interval_seconds=interval,
+        type=doc.get("type", ""), ttl_seconds=ttl, interval_seconds=interval,
         expires_at=doc["expiresAt"], server_time=server_time,
     )
 
@@ -157,12 +163,16 @@ def acquire(*, key: ApiKey, type: str, user_id: str, project_id: str, lease: str
                      ttl_seconds=None, interval_seconds=None, expires_at=None, server_time=None, noop=True)
     interval = choose_interval(held.definition.ttl_seconds, proposed_interval)
     try:
-        doc = store.holders().find_one({"_id": held.token, **key_scope(key)}, _GRANT_FIELDS)
+        # The issued interval is stored on the holder so every renewal answers the same one
+        # (until a renewal proposes another); the same command reads the server deadline.
+        doc = store.holders().find_one_and_update(
+            {"_id": held.token, **key_scope(key)}, {"$set": {"intervalSeconds": interval}},
+            projection=_GRANT_FIELDS, return_document=ReturnDocument.AFTER)
     except pymongo.errors.PyMongoError as exc:
         raise LeaseUnavailable(f"lease store unreachable after acquire: {exc.__class__.__name__}") from None
     if doc is None:
         raise LeaseUnavailable("the lease was reaped right after it was acquired; acquire again")
-    return _grant(doc, interval, doc["lastSeenAt"])
+    return _grant(doc, doc["lastSeenAt"])
 
 
 def _ended(token: str, scope: dict[str, str], now: datetime) -> LeaseExpired | StaleLease:
@@ -208,6 +218,12 @@ def renew(*, key: ApiKey, token: str, proposed_interval: int | None = None,
         }
         if payload is not None:
             update["payload"] = {"$literal": payload}
+        if proposed_interval is not None:
+            # A new proposal re-negotiates the interval, clamped by the holder's own TTL.
+            ttl = {"$ifNull": ["$ttlSeconds", 1]}
+            low = {"$max": [1, {"$floor": {"$divide": [ttl, 10]}}]}
+            high = {"$max": [low, {"$floor": {"$divide": [ttl, 2]}}]}
+            update["intervalSeconds"] = {"$toInt": {"$min": [high, {"$max": [low, int(proposed_interval)]}]}}
         doc = store.holders().find_one_and_update(
             {"_id": token, **scope, "state": "HELD", "expiresAt": {"$gte": now}},
             [{"$set": update}],
@@ -221,7 +237,7 @@ def renew(*, key: ApiKey, token: str, proposed_interval: int | None = None,
     except pymongo.errors.PyMongoError as exc:
         raise LeaseUnavailable(f"lease store unreachable during renew: {exc.__class__.__name__}") from None
     metrics.CHECK.labels(resource=metrics.resource_tag(doc.get("resource", "unknown")), outcome="ok").inc()
-    return _grant(doc, choose_interval(int(doc.get("ttlSeconds") or 0), proposed_interval), doc["lastSeenAt"])
+    return _grant(doc, doc["lastSeenAt"])
 
 
 def release(*, key: ApiKey, token: str) -> ReleaseResult:

@@ -31,10 +31,6 @@ Environment variables
 | LEASES_WORKER_INTERNAL_BIND     | LEASES_WORKER_INTERNAL_BIND     | 127.0.0.1:0                    | host:port a Celery worker serves /internal/lease/ on (0 = free port).  |
 | LEASES_SESSION_TOOLS            | LEASES_SESSION_TOOLS            | {}                             | JSON {tool: {endpoint, auth}} for leases.contrib.sessions.             |
 | LEASES_HTTP_MAX_WAIT_MS         | LEASES_HTTP_MAX_WAIT_MS         | 5000                           | Upper bound (ms) of an HTTP acquire's wait for a slot (then 429).       |
-| LEASES_POD_AUTOSTART            | LEASES_POD_AUTOSTART            | 1                              | Web processes become pods on their first request (tests: off).          |
-| LEASES_WORKER_INTERNAL_BIND     | LEASES_WORKER_INTERNAL_BIND     | 127.0.0.1:0                    | Bind address of a worker's internal endpoint.                           |
-| LEASES_SESSION_TOOLS            | LEASES_SESSION_TOOLS            | {}                             | JSON object of session tools.                                           |
-| LEASES_HTTP_MAX_WAIT_MS         | LEASES_HTTP_MAX_WAIT_MS         | 5000                           | Max wait of an HTTP acquire before 429.                                 |
 | DJANGO_STATIC_ROOT              | STATIC_ROOT                     | <project>/staticfiles          | collectstatic target.                                                   |
 | DJANGO_LOG_LEVEL                | LOGGING root level              | INFO                           | Root log level.                                                         |
 """

@@ -141,6 +141,15 @@ def test_admin_sees_holders_counters_definition_revokes_and_other_tenant_sees_no
         page.wait_for_load_state()
         assert page.locator("tr[data-token]").count() == 2
         assert "user=alice" in page.locator("#live").get_attribute("data-fragment-url")
+        # A new holder shows up by itself (live-region refresh), the filter stays applied
+        # and the page is not reloaded (the marker set on window survives).
+        page.evaluate("window.__noReload = true")
+        config.put_document("acme", TENANT_PROJECT, document_path("search"), "levels: {tenant: 10}\nttlSeconds: 600")
+        late = _hold("browser", "search", "acme", "web", "alice", "mcp:late", {})
+        acme.append(late)
+        page.wait_for_selector(f'tr[data-token="{late.token}"]', timeout=12_000)
+        assert page.locator("tr[data-token]").count() == 3
+        assert page.evaluate("window.__noReload") is True and page.input_value("#id_user") == "alice"
 
         page.click("nav.tabs >> text=Counters")
         page.wait_for_load_state()
@@ -164,6 +173,9 @@ def test_admin_sees_holders_counters_definition_revokes_and_other_tenant_sees_no
 
         # Revoke alice's compile: details → confirmation step → revoked.
         victim = acme[0]
+        page.goto(f"{app.url}/t/acme/insights/leases/holders/{victim.token}")
+        assert "job-7f3a" in page.content() and "compile:handbook.tex" in page.content()
+        _shot(page, "holder-detail")
         page.goto(f"{app.url}/t/acme/insights/leases")
         page.click(f'tr[data-token="{victim.token}"] >> text=Revoke…')
         page.wait_for_load_state()
@@ -179,7 +191,7 @@ def test_admin_sees_holders_counters_definition_revokes_and_other_tenant_sees_no
         assert page.url == f"{app.url}/t/acme/insights/leases"
         assert "revoked" in page.locator(".notice.success").inner_text()
         assert page.locator(f'tr[data-token="{victim.token}"]').count() == 0
-        assert page.locator("tr[data-token]").count() == 3
+        assert page.locator("tr[data-token]").count() == len(acme) - 1
         _shot(page, "holders-after-revoke")
         with pytest.raises(LeaseLost):
             victim.check()

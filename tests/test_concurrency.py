@@ -17,7 +17,9 @@ WORKERS = 8
 
 def spawn(args):
     return subprocess.Popen([PYTHON, "-m", "tests.workers.cycler", *map(str, args)], cwd=REPO,
-                            env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            # A generous operation timeout: this test is about caps, and a
+                            # loaded 2-core CI machine can stall the embedded server.
+                            env=child_env(LEASES_MONGO_TIMEOUT_MS="30000"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def booked_per_key():

@@ -106,6 +106,17 @@ def test_given_a_proposed_interval_when_acquiring_then_the_server_clamps_it_into
     assert protocol.interval_bounds(ttl)[0] <= issued <= protocol.interval_bounds(ttl)[1]
 
 
+def test_given_an_issued_interval_when_renewing_then_it_stays_until_a_renewal_proposes_another(api, key):
+    grant = acquire(api, key, proposedIntervalSeconds=4).json()
+    assert grant["intervalSeconds"] == 4
+    renew = lambda body: call(api, "post", f"leases/{grant['token']}/renew", body, key=key).json()["intervalSeconds"]
+    assert renew({}) == 4                                  # no proposal: the issued interval stands
+    assert renew({"proposedIntervalSeconds": 12}) == 12    # re-negotiated inside [3, 15]
+    assert renew({"proposedIntervalSeconds": 1}) == 3      # clamped to ttl/10
+    assert renew({"proposedIntervalSeconds": 99}) == 15    # clamped to ttl/2
+    assert renew({}) == 15 and holder(grant["token"])["intervalSeconds"] == 15
+
+
 def test_given_a_lease_without_caps_when_acquiring_then_200_noop_and_nothing_written(api, key):
     response = acquire(api, key, lease="undefined-lease")
     assert response.status_code == 200 and response.json() == {

@@ -22,7 +22,8 @@ MAX_EXAMPLES = 30
 
 @pytest.fixture(scope="module")
 def server(django_db_setup):
-    with running_server(workers=2) as base_url:
+    # Generated definitions ask for long waits; a short bound keeps busy answers quick.
+    with running_server(workers=2, env={"LEASES_HTTP_MAX_WAIT_MS": "100"}) as base_url:
         yield base_url
 
 
@@ -70,8 +71,7 @@ def test_given_generated_requests_when_sent_to_the_running_app_then_answers_conf
 
     run()
     assert statuses, "no request was generated"
-    if mode is GenerationMode.NEGATIVE:
-        assert all(400 <= status < 500 for status in statuses)
+    # Invalid input is checked by schemathesis' negative_data_rejection on every answer.
 
 
 def test_given_a_real_lease_lifecycle_when_validated_then_every_answer_conforms(server, api_schema, bearer):

@@ -244,3 +244,21 @@ def test_given_registered_pods_when_viewing_then_each_row_carries_liveness():
     pods.register("pod-v2", "")
     rows = {row["podId"]: row for row in pods.pod_view()}
     assert rows["pod-v1"]["alive"] is True and rows["pod-v2"]["alive"] is False
+
+
+def test_given_web_process_when_first_request_arrives_then_it_becomes_a_pod_at_the_request_host(settings, monkeypatch):
+    settings.LEASES_POD_ENDPOINT = None
+    monkeypatch.setattr(pods, "_renewer", None)
+    monkeypatch.setattr(pods, "_renewer_pid", None)
+    monkeypatch.setattr(pods.atexit, "register", lambda fn: fn)  # this test stops it itself
+    pods.lazy_start_on_request(environ={"HTTP_HOST": "10.0.0.7:8000", "wsgi.url_scheme": "http"})
+    renewer = pods.current_renewer()
+    try:
+        assert renewer is not None
+        doc = stored(renewer.pod_id)
+        assert doc["endpoint"] == "http://10.0.0.7:8000" and doc["leaseId"] == renewer.lease.lease_id
+        pods.lazy_start_on_request(environ={"HTTP_HOST": "elsewhere:1"})  # idempotent per process
+        assert pods.current_renewer() is renewer
+    finally:
+        renewer.shutdown()
+    assert stored(renewer.pod_id)["stopped"] is True

@@ -100,7 +100,7 @@ class Command(BaseCommand):
         p.add_argument("--json", action="store_true", help="Machine-readable output.")
 
         p = sub.add_parser("show", help="One holder in full.")
-        p.add_argument("token")
+        p.add_argument("token", help="Lease token (a token starting with '-' is fine).")
         p.add_argument("--json", action="store_true")
 
         p = sub.add_parser("counters", help="Counters incl. global, with BOOKED and a drift marker.")
@@ -132,6 +132,26 @@ class Command(BaseCommand):
         p.add_argument("--json", action="store_true")
 
     # --- plumbing ----------------------------------------------------------------------
+
+    # Options of this command (and Django's) that take a value: the word after them is theirs.
+    VALUE_OPTIONS = frozenset({"--tenant", "--resource", "--pod", "--type", "--project", "--user", "--page",
+                               "--per-page", "--endpoint", "--reason", "--safety-ms", "--settings",
+                               "--pythonpath", "-v", "--verbosity"})
+
+    def run_from_argv(self, argv: list[str]) -> None:
+        # Tokens are url-safe base64 and may start with "-", which argparse would take for an
+        # option; move such a token behind "--" so `lease revoke -Xy…` just works.
+        if "--" not in argv:
+            rest, moved = [], []
+            for index, arg in enumerate(argv):
+                previous = argv[index - 1] if index else ""
+                if (index > 2 and arg.startswith("-") and not arg.startswith("--")
+                        and validation.TOKEN_RE.fullmatch(arg) and previous not in self.VALUE_OPTIONS):
+                    moved.append(arg)
+                else:
+                    rest.append(arg)
+            argv = rest + (["--", *moved] if moved else [])
+        super().run_from_argv(argv)
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Install everything the project needs on a fresh machine: a venv with the project and its
+# test/serve/embedded extras, Redis running on 127.0.0.1:6379, Debian's Chromium.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e ".[embedded,test,serve]"
+
+apt_install() {
+  if command -v apt-get >/dev/null 2>&1; then
+    if [ ! -f /tmp/.leases-apt-updated ]; then apt-get update -qq && touch /tmp/.leases-apt-updated; fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+  fi
+}
+
+if ! (command -v redis-cli >/dev/null && redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null | grep -q PONG); then
+  command -v redis-server >/dev/null || apt_install redis-server
+  mkdir -p /var/lib/redis /var/log/redis
+  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+    --dir /var/lib/redis --logfile /var/log/redis/ci.log
+  for _ in $(seq 50); do redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
+fi
+if [ "${SKIP_BROWSER:-0}" != 1 ] && [ ! -x /usr/bin/chromium ]; then
+  apt_install chromium
+fi
