@@ -159,6 +159,10 @@ def inline_definition(value: Any, name: str) -> dict[str, Any] | None:
     if definition is None:
         return None
     definition = dict(definition)
+    # The engine skips null fields; over HTTP a null is a wrong type, as the contract says.
+    if any(definition.get(field, 0) is None for field in ("levels", "ttlSeconds", "waitMs")) or (
+            isinstance(definition.get("levels"), dict) and None in definition["levels"].values()):
+        raise InvalidBody(f"{name}: levels, caps, ttlSeconds and waitMs must not be null")
     for field in ("ttlSeconds", "waitMs"):
         number = _as_int(definition.get(field))
         if isinstance(definition.get(field), float) and number is not None:
