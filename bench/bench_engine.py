@@ -101,10 +101,9 @@ def _raw_cycle(db, levels, i):
 
     token = f"raw-{os.getpid()}-{i}"
     h, c = db.resource_lease_holders, db.resource_lease_counters
-    doc = h.find_one_and_update({"_id": token}, [{"$set": {"resource": "raw", "levels": [], "acquiredAt": "$$NOW",
+    h.find_one_and_update({"_id": token}, [{"$set": {"resource": "raw", "levels": [], "acquiredAt": "$$NOW",
                                                            "expiresAt": {"$add": ["$$NOW", 60000]}}}],
                                 upsert=True, projection={"acquiredAt": 1}, return_document=ReturnDocument.AFTER)
-    list(h.find({"resource": "raw", "expiresAt": {"$lt": doc["acquiredAt"]}}, {"_id": 1}).limit(51))
     keys = [f"raw|{level}|x" for level in levels]
     for n, key in enumerate(keys):
         c.update_one({"_id": key, "count": {"$lt": 10**9}}, {"$inc": {"count": 1}, "$currentDate": {"updatedAt": True}})

@@ -1,10 +1,11 @@
 """The consumer contract: ``acquire`` → ``Lease.update_payload`` / ``check`` → ``release``.
 
 Acquisition funnel (no transactions needed): create the holder (PENDING, server time),
-lazily reap idle holders of the resource, then per level in check order a conditional
+then per level in check order a conditional
 ``$inc`` on the counter followed by ``$push`` of its key into the holder's ``levels``;
 the last push marks the holder HELD. Any failure mid-funnel rolls back: whoever deletes
-the holder document decrements the levels it registered.
+the holder document decrements the levels it registered. A full level triggers the lazy
+idle reap of that resource before the attempt is retried.
 """
 
 from __future__ import annotations
@@ -217,8 +218,9 @@ def release_token(token: str, *, resource: str | None = None) -> bool:
 
 
 class _LevelFull(Exception):
-    def __init__(self, spec: LevelSpec):
+    def __init__(self, spec: LevelSpec, server_now: Any = None):
         self.spec = spec
+        self.server_now = server_now  # the failed holder's acquiredAt: MongoDB's clock
 
 
 def _take_level(spec: LevelSpec, resource: str) -> bool:
@@ -229,17 +231,17 @@ def _take_level(spec: LevelSpec, resource: str) -> bool:
         return True
     # Not matched: full, or the counter does not exist yet. An upsert inside the conditional
     # update would be wrong: a simultaneous first use would collide on _id and report Busy.
+    # So: a pure _id upsert (a no-op when the counter exists, whoever created it), then the
+    # conditional update a second time. Only that second miss means "full".
     try:
-        created = counters.update_one(
+        counters.update_one(
             {"_id": spec.key},
             {"$setOnInsert": {"count": 0, "resource": resource, "level": spec.level, "scope": spec.scope,
                               "tenantId": spec.tenant_id, "cap": spec.cap}},
             upsert=True,
-        ).upserted_id is not None
+        )
     except pymongo.errors.DuplicateKeyError:
-        created = True  # another process created it at the same moment: try again
-    if not created:
-        return False
+        pass  # another process created it at the same moment
     return bool(counters.update_one({"_id": spec.key, "count": {"$lt": spec.cap}}, update).matched_count)
 
 
@@ -291,14 +293,11 @@ def _attempt(request: LeaseRequest, definition: LeaseDefinition, specs: list[Lev
     )
     taken: str | None = None
     try:
-        # Lazy idle reap, this resource only: a crashed holder's slot comes back after its
-        # TTL even without the scheduled sweep. Server time comes from our own holder.
-        reaper.reap_idle(resource=definition.resource, now=doc["acquiredAt"], limit=50)
         registered: list[str] = []
         for index, spec in enumerate(specs):
             taken = None
             if not _take_level(spec, definition.resource):
-                raise _LevelFull(spec)
+                raise _LevelFull(spec, doc["acquiredAt"])
             taken = spec.key
             update: dict[str, Any] = {"$push": {"levels": spec.key}}
             if index == len(specs) - 1:
@@ -380,6 +379,15 @@ def acquire(request: LeaseRequest) -> Lease | _NoopLease:
         try:
             lease = _attempt(request, definition, specs, pod)
         except _LevelFull as full:
+            # Lazy idle reap, this resource only, when a level is full: a crashed holder's
+            # slot comes back after its TTL even without the scheduled sweep, and the
+            # uncontended path pays nothing for it. Server time comes from our own holder.
+            try:
+                reaped, _ = reaper.reap_idle(resource=definition.resource, now=full.server_now, limit=50)
+            except pymongo.errors.PyMongoError:
+                reaped = 0
+            if reaped:
+                continue
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 metrics.ACQUIRE.labels(resource=tag, outcome="busy").inc()

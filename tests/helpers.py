@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from contextlib import contextmanager
 
 import pymongo
@@ -19,10 +20,13 @@ class CommandCounter(monitoring.CommandListener):
 
     def __init__(self) -> None:
         self.commands: list[str] = []
+        # Command events fire in the calling thread: count only the test's own thread, not
+        # background threads (pod renewal, dispatch) that share the process's client.
+        self.thread = threading.get_ident()
 
     def started(self, event: monitoring.CommandStartedEvent) -> None:
         # Handshakes and heartbeats are not command events; endSessions is client cleanup.
-        if event.command_name != "endSessions":
+        if event.command_name != "endSessions" and threading.get_ident() == self.thread:
             self.commands.append(event.command_name)
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
