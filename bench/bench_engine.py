@@ -12,6 +12,8 @@ import statistics
 import sys
 import time
 
+from pymongo import monitoring
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _setup import setup  # noqa: E402
 
@@ -23,7 +25,7 @@ LEVEL_SETS = [
 ]
 
 
-class Counter:
+class Counter(monitoring.CommandListener):
     def __init__(self):
         self.names = []
 

@@ -16,6 +16,7 @@ import json
 import os
 import random
 import selectors
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -176,6 +177,8 @@ def test_given_two_pods_worker_and_beat_when_a_pod_is_killed_then_its_slots_retu
     finally:
         for proc in reversed(procs):
             _stop(proc)
+        redis.Redis.from_url(f"redis://127.0.0.1:6379/{REDIS_TEST_DB}").flushdb()  # this test's own DB
+        shutil.rmtree(cluster_env.beat_dir, ignore_errors=True)
 
 
 class ChaosRecorder(handlers.LeaseHandler):
@@ -254,6 +257,7 @@ def test_given_processes_killed_at_random_while_cycling_then_one_sweep_leaves_ze
                 proc.kill()
                 proc.wait(5)
         selector.close()
+        shutil.rmtree(os.path.dirname(stop_file), ignore_errors=True)
     cycles_done = sum(progress.values())
     assert kills == KILLS, kills
     assert cycles_done >= CYCLES, cycles_done

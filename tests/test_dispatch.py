@@ -143,9 +143,11 @@ def test_given_slow_handler_when_notified_then_the_caller_does_not_wait(dispatch
 
 def test_given_lazy_reap_on_acquire_then_the_installed_dispatcher_runs_the_handler(recorder):
     assert isinstance(listener.get_listener(), LeaseRevocationDispatcher)  # installed in ready()
-    stale = take(user="u9")
+    config.put_document("_vance", "_tenant", document_path("solo"), "levels: {user: 1}\nttlSeconds: 60\nwaitMs: 0")
+    solo = leases.LeaseRequest(type="rec", lease="solo", tenant_id="t1", project_id="p1", user_id="u9")
+    stale = leases.acquire(solo)
     store.holders().update_one({"_id": stale.token}, {"$set": {"expiresAt": store.server_now() - timedelta(seconds=1)}})
-    fresh = take(user="u8")  # the lazy idle reap of the same resource takes the stale holder
+    fresh = leases.acquire(solo)  # the level is full: the lazy idle reap takes the stale holder
     assert dispatch.get_dispatcher().drain(5)
     assert [h.token for h in recorder.seen] == [stale.token]
     assert recorder.seen[0].reason == "idle"
