@@ -6,6 +6,8 @@ import atexit
 import os
 import sys
 
+from pymongo import monitoring
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
@@ -23,3 +25,20 @@ def setup(db_name: str = "bench") -> None:
     import django
 
     django.setup()
+
+
+class CommandCounter(monitoring.CommandListener):
+    """Names of the commands a client sends (pymongo command monitoring is exact)."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if event.command_name != "endSessions":  # client clean-up, not work
+            self.names.append(event.command_name)
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass

@@ -12,10 +12,9 @@ import statistics
 import sys
 import time
 
-from pymongo import monitoring
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _setup import setup  # noqa: E402
+from _setup import CommandCounter, setup  # noqa: E402
 
 LEVEL_SETS = [
     ["project"],
@@ -24,20 +23,6 @@ LEVEL_SETS = [
     ["global", "tenant", "project", "user"],
 ]
 
-
-class Counter(monitoring.CommandListener):
-    def __init__(self):
-        self.names = []
-
-    def started(self, event):
-        if event.command_name != "endSessions":
-            self.names.append(event.command_name)
-
-    def succeeded(self, event):
-        pass
-
-    def failed(self, event):
-        pass
 
 
 def _define(name, levels, cap=1000):
@@ -67,7 +52,7 @@ def command_counts():
     import leases
     from leases import invalidation, store
 
-    listener = Counter()
+    listener = CommandCounter()
     client = pymongo.MongoClient(settings.MONGODB_URI, event_listeners=[listener])
     store.set_client(client)
     invalidation.wait_listening()

@@ -17,29 +17,14 @@ import time
 from collections import Counter as Tally
 from datetime import timedelta
 
-from pymongo import monitoring
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _setup import REPO, setup  # noqa: E402
+from _setup import REPO, CommandCounter, setup  # noqa: E402
 
 BATCH = 1000
 PODS = 20
 USERS = 1000
 
-
-class CommandCounter(monitoring.CommandListener):
-    def __init__(self):
-        self.names: list[str] = []
-
-    def started(self, event):
-        if event.command_name != "endSessions":
-            self.names.append(event.command_name)
-
-    def succeeded(self, event):
-        pass
-
-    def failed(self, event):
-        pass
 
 
 def populate(total: int, expired_fraction: float = 0.01) -> int:

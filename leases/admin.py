@@ -1,16 +1,58 @@
 """Admin: configuration documents are editable; engine-owned collections are read-only."""
 
+from django import forms
 from django.contrib import admin
 
+from . import config
+from .errors import LeaseError
 from .models import ConfigDocument, Counter, Holder, Pod
+
+
+class ConfigDocumentForm(forms.ModelForm):
+    """Refuses a document the engine would fail closed on, before it is stored."""
+
+    class Meta:
+        model = ConfigDocument
+        fields = ("tenant_id", "project_id", "path", "text")
+        widgets = {"text": forms.Textarea(attrs={"rows": 16, "cols": 80, "style": "font-family: monospace"})}
+
+    def clean(self):
+        data = super().clean()
+        try:
+            config.validate_document(data.get("tenant_id"), data.get("project_id"), data.get("path"), data.get("text", ""))
+        except LeaseError as exc:
+            raise forms.ValidationError(f"{exc.code}: {exc}") from None
+        return data
 
 
 @admin.register(ConfigDocument)
 class ConfigDocumentAdmin(admin.ModelAdmin):
+    form = ConfigDocumentForm
     list_display = ("tenant_id", "project_id", "path", "updated_at")
     list_filter = ("tenant_id",)
     search_fields = ("tenant_id", "project_id", "path")
     readonly_fields = ("updated_at",)
+
+    # Every admin write is a document change event: every process drops the affected
+    # cached definitions, exactly as after leases.config.put_document().
+    def save_model(self, request, obj, form, change):
+        previous = None
+        if change and obj.pk is not None:
+            previous = ConfigDocument.objects.filter(pk=obj.pk).values_list("tenant_id", "project_id", "path").first()
+        super().save_model(request, obj, form, change)
+        if previous is not None and previous != (obj.tenant_id, obj.project_id, obj.path):
+            config.changed(*previous)
+        config.changed(obj.tenant_id, obj.project_id, obj.path)
+
+    def delete_model(self, request, obj):
+        super().delete_model(request, obj)
+        config.changed(obj.tenant_id, obj.project_id, obj.path)
+
+    def delete_queryset(self, request, queryset):
+        documents = list(queryset.values_list("tenant_id", "project_id", "path"))
+        super().delete_queryset(request, queryset)
+        for document in documents:
+            config.changed(*document)
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
