@@ -6,6 +6,7 @@ unicode look-alikes never reach a MongoDB filter or a counter key.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -102,7 +103,12 @@ def _check_payload_value(value: Any, path: str) -> None:
     elif isinstance(value, str):
         if "\x00" in value:
             raise InvalidLeaseRequest(f"invalid payload value at {path}: NUL in string")
-    elif value is None or isinstance(value, (bool, int, float)):
+    elif isinstance(value, float):
+        # JSON (and JSON Schema) know no int/float split: 1e24 is an integer there, so an
+        # integral float must fit the same 64-bit range as an int; NaN/inf are not JSON.
+        if not math.isfinite(value) or (value.is_integer() and not -(2**63) <= value < 2**63):
+            raise InvalidLeaseRequest(f"invalid payload value at {path}: number out of range")
+    elif value is None or isinstance(value, (bool, int)):
         if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
             raise InvalidLeaseRequest(f"invalid payload value at {path}: integer out of 64-bit range")
     else:

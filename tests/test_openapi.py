@@ -61,7 +61,9 @@ def test_given_generated_requests_when_sent_to_the_running_app_then_answers_conf
     statuses: list[int] = []
 
     @given(case=operation.as_strategy(generation_mode=mode))
-    @settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    # CI runs a fixed example sequence (a landing must not depend on luck); local runs explore.
+    @settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None,
+              derandomize=os.environ.get("CI") == "true")
     def run(case):
         # positive_data_acceptance expects 2xx/404 for valid input; this protocol answers a
         # schema-valid but unknown token with the documented terminal 410 instead. Its

@@ -286,3 +286,12 @@ def test_store_unreachable_answers_unavailable_within_bounded_time(settings):
         assert time.monotonic() - started < 3.0
     finally:
         store.reset()
+
+
+@pytest.mark.parametrize("bad", [{"n": float("nan")}, {"n": float("inf")}, {"n": -1.3e24}, {"n": [2.0 ** 70]}, {"n": 2 ** 64}])
+def test_numbers_outside_what_json_and_bson_share_are_refused(bad):
+    put("res", "levels: {project: 1}")
+    lease = leases.acquire(req())
+    with pytest.raises(leases.InvalidLeaseRequest):
+        lease.update_payload(bad)
+    lease.update_payload({"n": 1.5, "m": 2.0 ** 40, "k": -(2 ** 63)})
