@@ -53,14 +53,15 @@ def main() -> int:
             specs.append((f"web-{index}", [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
                           {"POD_ID": f"web-{index}", "LEASES_POD_ENDPOINT": f"http://127.0.0.1:{port}"}))
         specs.append(("worker", [sys.executable, "-m", "celery", "-A", "config", "worker", "-l", "info",
-                                 "--concurrency", "2", "-n", "worker-1@%h"], {"POD_ID": "worker-1"}))
+                                 "--pool", "threads", "--concurrency", "2", "-n", "worker-1@%h"],
+                      {"POD_ID": "worker-1"}))
         specs.append(("beat", [sys.executable, "-m", "celery", "-A", "config", "beat", "-l", "info",
                                "--schedule", str(VAR / "celerybeat-schedule")], {"LEASES_POD_AUTOSTART": "0"}))
         specs.append(("consumers", [sys.executable, "manage.py", "run_demo_consumers"], {"POD_ID": "consumers-1"}))
         for name, cmd, extra in specs:
             children.append((name, subprocess.Popen(cmd, cwd=REPO, env={**env, **extra})))
         print(f"\nInsights: http://127.0.0.1:{web_port}/  (demo logins: acme-admin / globex-admin, "
-              f"password demo-pass-123; Django admin: /admin/ as admin / demo-pass-123)\n"
+              f"password demo-pass-123; Django admin: /admin/ as ops-admin / demo-pass-123)\n"
               f"Metrics:  http://127.0.0.1:{web_port}/metrics\nCtrl-C stops everything.\n", flush=True)
         while not stopping:
             for name, proc in children:
