@@ -57,7 +57,9 @@ def main() -> int:
                       {"POD_ID": "worker-1"}))
         specs.append(("beat", [sys.executable, "-m", "celery", "-A", "config", "beat", "-l", "info",
                                "--schedule", str(VAR / "celerybeat-schedule")], {"LEASES_POD_AUTOSTART": "0"}))
-        specs.append(("consumers", [sys.executable, "manage.py", "run_demo_consumers"], {"POD_ID": "consumers-1"}))
+        # The reference consumers loop in globex, so its admin sees live, pod-bound holders.
+        specs.append(("consumers", [sys.executable, "manage.py", "run_demo_consumers", "--tenant", "globex",
+                                    "--project", "labs", "--user", "frank"], {"POD_ID": "consumers-1"}))
         for name, cmd, extra in specs:
             children.append((name, subprocess.Popen(cmd, cwd=REPO, env={**env, **extra})))
         print(f"\nInsights: http://127.0.0.1:{web_port}/  (demo logins: acme-admin / globex-admin, "
