@@ -20,7 +20,6 @@ from bson import ObjectId
 from . import definitions, listener, reaper, store, validation
 from .errors import HolderNotFound, InvalidLeaseRequest
 from .handlers import RevokedHolder
-from .identity import self_pod_id
 
 log = logging.getLogger(__name__)
 

@@ -5,10 +5,7 @@ Screenshots land in docs/screenshots/.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-from pathlib import Path
 
 import pytest
 import requests
@@ -16,17 +13,10 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 
 from insights.models import Membership, Project, Tenant
-from tests.helpers import REPO
+from tests.browser import SHOTS, chromium
 from tests.http_server import running_server
 
-sync_api = pytest.importorskip("playwright.sync_api")
-
-CHROMIUM = "/usr/bin/chromium"
-SHOTS = Path(REPO) / "docs" / "screenshots"
 PASSWORD = "demo-pass-123"
-
-pytestmark = pytest.mark.skipif(not shutil.which(CHROMIUM) and not os.path.exists(CHROMIUM),
-                                reason="Debian chromium is not installed (apt-get install -y chromium)")
 
 
 @pytest.fixture(scope="module")
@@ -37,21 +27,8 @@ def server(django_db_setup):
 
 @pytest.fixture
 def page():
-    # Playwright's sync API keeps an asyncio loop in this thread; the test's ORM calls are
-    # plain synchronous calls, so Django's async-context guard is lifted for this test only.
-    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    try:
-        with sync_api.sync_playwright() as playwright:
-            chromium = playwright.chromium.launch(executable_path=CHROMIUM,
-                                                  args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-            yield chromium.new_page(viewport={"width": 1280, "height": 800})
-            chromium.close()
-    finally:
-        if previous is None:
-            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-        else:
-            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
+    with chromium() as browser:
+        yield browser.new_page(viewport={"width": 1280, "height": 800})
 
 
 def _admin():

@@ -4,10 +4,7 @@ the app running as a real server process. Screenshots land in docs/screenshots/.
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
-from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -18,18 +15,11 @@ from leases import config, store
 from leases.definitions import TENANT_PROJECT, document_path
 from leases.errors import LeaseLost
 from insights.models import Membership, Project, Tenant
-from tests.helpers import REPO
+from tests.browser import SHOTS, chromium
 from tests.live_app import register_pod, running_app
 
-sync_api = pytest.importorskip("playwright.sync_api")
-
-CHROMIUM = "/usr/bin/chromium"
-SHOTS = Path(REPO) / "docs" / "screenshots"
 PASSWORD = "demo-pass-123"
 APP_POD = "browser-test-pod"
-
-pytestmark = pytest.mark.skipif(not shutil.which(CHROMIUM) and not os.path.exists(CHROMIUM),
-                                reason="Debian chromium is not installed (apt-get install -y chromium)")
 
 
 @pytest.fixture(scope="module")
@@ -40,25 +30,8 @@ def app(django_db_setup, django_db_blocker):
 
 @pytest.fixture(scope="module")
 def browser():
-    # Playwright's sync API keeps an asyncio loop in this thread; the ORM calls of the test
-    # are still plain synchronous calls, so Django's async-context guard is lifted here only.
-    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    try:
-        yield from _chromium()
-    finally:
-        if previous is None:
-            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-        else:
-            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
-
-
-def _chromium():
-    with sync_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(
-            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-        yield chromium
-        chromium.close()
+    with chromium() as launched:
+        yield launched
 
 
 def _tenant(slug, name, projects):

@@ -7,8 +7,7 @@ import subprocess
 import time
 from collections import Counter
 
-import leases
-from leases import config, handlers, store
+from leases import config, store
 from leases.definitions import document_path
 from tests.helpers import PYTHON, REPO, child_env
 

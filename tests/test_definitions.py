@@ -9,7 +9,7 @@ import pytest
 
 import leases
 from leases import config, definitions, handlers, store
-from leases.definitions import FIELD_OWNERS, LAYERS, document_path, load
+from leases.definitions import FIELD_OWNERS, document_path, load
 
 LAYER_AT = {"system": ("_vance", "_tenant"), "tenant": ("acme", "_tenant"), "project": ("acme", "p1")}
 FIELD_YAML = {
