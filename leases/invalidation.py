@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 
 import redis
 
@@ -25,6 +26,15 @@ _thread: threading.Thread | None = None
 _thread_pid: int | None = None
 _listening = threading.Event()
 _stop = threading.Event()
+_origin: tuple[int, str] | None = None
+
+
+def _origin_id() -> str:
+    """This process's sender id (fork-aware): its own messages are already applied locally."""
+    global _origin
+    if _origin is None or _origin[0] != os.getpid():
+        _origin = (os.getpid(), uuid.uuid4().hex)
+    return _origin[1]
 
 
 def _redis_url() -> str:
@@ -65,8 +75,12 @@ def _run(channel_name: str) -> None:
                     backoff = 0.2
                 elif message["type"] == "message":
                     try:
-                        _apply(json.loads(message["data"]))
-                    except (ValueError, TypeError):
+                        change = json.loads(message["data"])
+                        # Our own change was applied when it was published; applying it again
+                        # on its way back would only drop entries cached since.
+                        if change.get("origin") != _origin_id():
+                            _apply(change)
+                    except (ValueError, TypeError, AttributeError):
                         cache.clear()
         except redis.RedisError as exc:
             log.warning("config invalidation channel lost (%s); caching paused", exc)
@@ -116,7 +130,8 @@ def publish(tenant_id: str | None, project_id: str | None, name: str | None) -> 
     try:
         conn = redis.Redis.from_url(_redis_url(), socket_connect_timeout=2, socket_timeout=2)
         try:
-            conn.publish(channel(), json.dumps({"tenantId": tenant_id, "projectId": project_id, "name": name}))
+            conn.publish(channel(), json.dumps({"tenantId": tenant_id, "projectId": project_id, "name": name,
+                                                "origin": _origin_id()}))
         finally:
             conn.close()
     except redis.RedisError as exc:
