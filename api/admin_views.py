@@ -9,17 +9,16 @@ Views only parse and authenticate; :mod:`leases.operations` acts.
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 from typing import Any
 
 import pymongo.errors
-from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
+from api.internal_auth import authorized, error
 from leases import operations
 from leases.dispatch import SECRET_HEADER, get_dispatcher
 from leases.errors import HolderNotFound, InvalidLeaseRequest
@@ -33,16 +32,6 @@ MAX_BODY_BYTES = 8 * 1024
 SETTLE_SECONDS = 5.0
 
 
-def _error(status: int, code: str, message: str) -> JsonResponse:
-    return JsonResponse({"code": code, "message": message}, status=status)
-
-
-def _authorized(request: HttpRequest) -> bool:
-    presented = request.headers.get(SECRET_HEADER, "")
-    expected = settings.LEASES_INTERNAL_SECRET or ""
-    # Bytes on both sides: compare_digest refuses non-ASCII str; an unset secret never
-    # authorizes (not even an empty header).
-    return bool(expected) and hmac.compare_digest(presented.encode(), expected.encode())
 
 
 def _body(request: HttpRequest) -> dict[str, Any]:
@@ -77,16 +66,16 @@ def _answer(revoked: list, status: int = 200) -> JsonResponse:
 
 
 def _guarded(request: HttpRequest, act) -> JsonResponse:
-    if not _authorized(request):
-        return _error(403, "FORBIDDEN", f"missing or wrong {SECRET_HEADER}")
+    if not authorized(request):
+        return error(403, "FORBIDDEN", f"missing or wrong {SECRET_HEADER}")
     try:
         return _answer(act(_body(request)))
     except HolderNotFound as exc:
-        return _error(404, exc.code, str(exc))
+        return error(404, exc.code, str(exc))
     except InvalidLeaseRequest as exc:
-        return _error(400, exc.code, str(exc))
+        return error(400, exc.code, str(exc))
     except pymongo.errors.PyMongoError:
-        return _error(503, "LEASE_UNAVAILABLE", "lease store unreachable")
+        return error(503, "LEASE_UNAVAILABLE", "lease store unreachable")
 
 
 @csrf_exempt

@@ -42,3 +42,16 @@ class CommandCounter(monitoring.CommandListener):
 
     def failed(self, event: monitoring.CommandFailedEvent) -> None:
         pass
+
+
+def register_bench_handler() -> None:
+    """Register the no-op handler of the benchmarks' lease type ``bench``."""
+    from leases import handlers
+
+    class BenchHandler(handlers.LeaseHandler):
+        type = "bench"
+
+        def on_revoked(self, holder):
+            pass
+
+    handlers.register_handler(BenchHandler())

@@ -14,7 +14,7 @@ import time
 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _setup import CommandCounter, setup  # noqa: E402
+from _setup import CommandCounter, register_bench_handler, setup  # noqa: E402
 
 LEVEL_SETS = [
     ["project"],
@@ -31,18 +31,6 @@ def _define(name, levels, cap=1000):
 
     body = ", ".join(f"{level}: {cap}" for level in levels)
     config.put_document("_vance", "_tenant", document_path(name), f"levels: {{{body}}}\nttlSeconds: 60\nwaitMs: 5000")
-
-
-def _handler():
-    from leases import handlers
-
-    class BenchHandler(handlers.LeaseHandler):
-        type = "bench"
-
-        def on_revoked(self, holder):
-            pass
-
-    handlers.register_handler(BenchHandler())
 
 
 def command_counts():
@@ -139,7 +127,7 @@ def _throughput_worker(args):
     django.setup()
     import leases
 
-    _handler()
+    register_bench_handler()
     time.sleep(max(0, start_at - time.time()))
     done = busy = 0
     end = time.time() + seconds
@@ -180,7 +168,7 @@ def main():
     from leases import store
 
     store.client().drop_database(store.database_name())
-    _handler()
+    register_bench_handler()
     command_counts()
     overhead()
     throughput()

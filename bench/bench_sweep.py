@@ -19,7 +19,7 @@ from datetime import timedelta
 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _setup import REPO, CommandCounter, setup  # noqa: E402
+from _setup import REPO, CommandCounter, register_bench_handler, setup  # noqa: E402
 
 BATCH = 1000
 PODS = 20
@@ -114,15 +114,9 @@ def full_sweep(**kwargs):
 
 
 def bench_sizes(sizes: list[int], round_limit: int) -> list[str]:
-    from leases import handlers, listener, sweeps
+    from leases import listener, sweeps
 
-    class BenchHandler(handlers.LeaseHandler):
-        type = "bench"
-
-        def on_revoked(self, holder):
-            pass
-
-    handlers.register_handler(BenchHandler())
+    register_bench_handler()
     listener.set_listener(None)  # measure the sweep, not handler dispatch (logged only)
     rows = ["| holders | expired | sweep round: reaped | time | commands | commands / reaped | "
             "sweep, nothing expired: time | commands | reconcile: time | commands |",

@@ -1,0 +1,24 @@
+"""The shared-secret check and error answer of the pod-internal endpoints."""
+
+from __future__ import annotations
+
+import hmac
+
+from django.conf import settings
+from django.http import HttpRequest, JsonResponse
+
+from leases.dispatch import SECRET_HEADER
+
+
+def error(status: int, code: str, message: str) -> JsonResponse:
+    """A JSON error answer ``{"code", "message"}``."""
+    return JsonResponse({"code": code, "message": message}, status=status)
+
+
+def authorized(request: HttpRequest) -> bool:
+    """True when the request carries ``LEASES_INTERNAL_SECRET`` in ``X-Lease-Secret``."""
+    presented = request.headers.get(SECRET_HEADER, "")
+    expected = settings.LEASES_INTERNAL_SECRET or ""
+    # Bytes on both sides: compare_digest refuses non-ASCII str; an unset secret never
+    # authorizes (not even an empty header). Constant time against the secret.
+    return bool(expected) and hmac.compare_digest(presented.encode(), expected.encode())
