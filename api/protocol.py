@@ -256,8 +256,8 @@ def release(*, key: ApiKey, token: str) -> ReleaseResult:
     validation.token(token)
     scope = key_scope(key)
     try:
-        doc = store.holders().find_one_and_delete(
-            {"_id": token, **scope}, projection={"levels": 1, "resource": 1, "tenantId": 1, "projectId": 1})
+        # Tenant (and project) binding is part of the delete filter.
+        doc = service.release_holder({"_id": token, **scope})
         if doc is None:
             tombstone = store.tombstones().find_one({"_id": token, **scope}, {"reason": 1})
             if tombstone is None:
@@ -266,15 +266,7 @@ def release(*, key: ApiKey, token: str) -> ReleaseResult:
             return ReleaseResult(token=token, released=False, reason=tombstone.get("reason"))
     except pymongo.errors.PyMongoError as exc:
         raise LeaseUnavailable(f"lease store unreachable during release: {exc.__class__.__name__}") from None
-    tag = metrics.resource_tag(doc.get("resource", "unknown"))
-    # Only the one who deleted the holder decrements; slots first, they matter more than the
-    # tombstone. A failure here is left to reconcile (counters) and to STALE answers (tombstone).
-    try:
-        reaper.decrement(doc.get("levels") or ())
-        metrics.RELEASE.labels(resource=tag, outcome="ok").inc()
-    except pymongo.errors.PyMongoError as exc:
-        metrics.RELEASE.labels(resource=tag, outcome="error").inc()
-        log.warning("release of %s: decrement failed (%s); reconcile corrects the counters", token, exc)
+    # A lost tombstone only turns a later EXPIRED answer into STALE_LEASE.
     try:
         reaper.record_tombstone(doc, "release")
     except pymongo.errors.PyMongoError as exc:

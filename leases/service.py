@@ -191,6 +191,34 @@ class _NoopLease:
 NOOP = _NoopLease()
 
 
+def release_holder(query: dict[str, Any], *, resource: str | None = None) -> dict[str, Any] | None:
+    """Delete the holder matching ``query`` (``findOneAndDelete``), then one bulk decrement.
+
+    Only the one who deletes the holder decrements. A failed decrement is logged and left
+    to reconcile; the holder is released all the same.
+
+    Returns:
+        The deleted holder (``levels``, ``resource``, ``tenantId``, ``projectId``), or
+        ``None`` when nothing matched.
+
+    Raises:
+        pymongo.errors.PyMongoError: the delete failed; nothing was released.
+    """
+    doc = store.holders().find_one_and_delete(
+        query, projection={"levels": 1, "resource": 1, "tenantId": 1, "projectId": 1})
+    if doc is None:
+        return None
+    tag = metrics.resource_tag(doc.get("resource", resource or "unknown"))
+    try:
+        reaper.decrement(doc.get("levels") or ())
+    except pymongo.errors.PyMongoError as exc:
+        metrics.RELEASE.labels(resource=tag, outcome="error").inc()
+        log.warning("release of %s: decrement failed (%s); reconcile corrects the counters", doc["_id"], exc)
+        return doc
+    metrics.RELEASE.labels(resource=tag, outcome="ok").inc()
+    return doc
+
+
 def release_token(token: str, *, resource: str | None = None) -> bool:
     """Release the holder ``token``: ``findOneAndDelete`` then one bulk decrement.
 
@@ -198,7 +226,7 @@ def release_token(token: str, *, resource: str | None = None) -> bool:
         True if this call deleted the holder, False if it was already gone.
     """
     try:
-        doc = store.holders().find_one_and_delete({"_id": token}, projection={"levels": 1, "resource": 1})
+        doc = release_holder({"_id": token}, resource=resource)
     except pymongo.errors.PyMongoError as exc:
         metrics.RELEASE.labels(resource=metrics.resource_tag(resource or "unknown"), outcome="error").inc()
         log.warning("release of %s failed (%s); the idle reap returns the slot after its TTL", token, exc)
@@ -206,14 +234,6 @@ def release_token(token: str, *, resource: str | None = None) -> bool:
     if doc is None:
         metrics.RELEASE.labels(resource=metrics.resource_tag(resource or "unknown"), outcome="already-released").inc()
         return False
-    tag = metrics.resource_tag(doc.get("resource", resource or "unknown"))
-    try:
-        reaper.decrement(doc.get("levels") or ())
-    except pymongo.errors.PyMongoError as exc:
-        metrics.RELEASE.labels(resource=tag, outcome="error").inc()
-        log.warning("release of %s: decrement failed (%s); reconcile corrects the counters", token, exc)
-        return True
-    metrics.RELEASE.labels(resource=tag, outcome="ok").inc()
     return True
 
 
