@@ -10,18 +10,26 @@ class LeaseError(Exception):
 
 
 class LeaseBusy(LeaseError):
-    """A level stayed full for the whole wait; carries the diagnosis."""
+    """A level stayed full for the whole wait; carries the diagnosis.
+
+    ``position`` is the place the request had in the resource's queue when it gave up
+    (None when it did not queue); ``retry_after`` a suggested delay in seconds, if known.
+    """
 
     code = "LEASE_BUSY"
 
-    def __init__(self, *, resource: str, level: str, scope: str, count: int | None, cap: int):
+    def __init__(self, *, resource: str, level: str, scope: str, count: int | None, cap: int,
+                 position: int | None = None, retry_after: float | None = None):
         self.resource = resource
         self.level = level
         self.scope = scope
         self.count = count
         self.cap = cap
+        self.position = position
+        self.retry_after = retry_after
+        where = f", queue position {position}" if position is not None else ""
         super().__init__(
-            f"lease busy: resource {resource!r} level {level} scope {scope!r} holds {count}/{cap}"
+            f"lease busy: resource {resource!r} level {level} scope {scope!r} holds {count}/{cap}{where}"
         )
 
 

@@ -1,35 +1,22 @@
 """Reaping: removing holders (idle, dead pod, operator revoke) and returning their slots.
 
-Only the one who deletes a holder document decrements its levels, so any number of pods
-may reap the same holders at once. Every sweep is bounded and returns ``(done, has_more)``.
+Only the one who deletes a holder document returns its slots (by booking entry, so a
+repairer racing it returns each at most once); any number of pods may reap at once. Every
+sweep is bounded and returns ``(done, has_more)``.
 """
 
 from __future__ import annotations
 
 import logging
 from datetime import datetime
-from typing import Any, Iterable
+from typing import Any
 
-from pymongo import UpdateOne
-
-from . import listener, metrics, store
+from . import listener, metrics, slots, store, waiting
 from .handlers import RevokedHolder
 
 log = logging.getLogger(__name__)
 
 REAP_BATCH = 500
-
-
-def decrement(levels: Iterable[str]) -> None:
-    """Return one slot on each counter of ``levels`` in one bulk write (never below zero)."""
-    keys = list(levels)
-    if not keys:
-        return
-    store.counters().bulk_write(
-        [UpdateOne({"_id": key, "count": {"$gt": 0}}, {"$inc": {"count": -1}, "$currentDate": {"updatedAt": True}})
-         for key in keys],
-        ordered=False,
-    )
 
 
 def record_tombstone(doc: dict[str, Any], reason: str) -> None:
@@ -40,24 +27,47 @@ def record_tombstone(doc: dict[str, Any], reason: str) -> None:
         {"_id": doc["_id"]},
         [{"$set": {"tenantId": {"$literal": doc.get("tenantId")},
                    # projectId lets project-bound API keys see only their project's tombstones.
-                   "projectId": {"$literal": doc.get("projectId")}, "reason": {"$literal": reason}, "at": "$$NOW"}}],
+                   "projectId": {"$literal": doc.get("projectId")}, "reason": {"$literal": reason},
+                   "resource": {"$literal": doc.get("resource")}, "at": "$$NOW"}}],
         upsert=True,
     )
 
 
-def reap_holder(query: dict[str, Any], reason: str) -> RevokedHolder | None:
-    """Delete one holder matching ``query`` and return its levels; ``None`` if it was gone.
+def reap(query: dict[str, Any], reason: str) -> tuple[dict[str, Any] | None, RevokedHolder | None]:
+    """Delete one holder matching ``query``, return its slots (by entry) and hand them on.
 
-    The caller's ``query`` carries the reap condition (e.g. ``expiresAt < now``) so a holder
-    that touched in the meantime is not taken.
+    Only a holder that was handed out (``HELD``) is tombstoned and returned for dispatch: a
+    ``PENDING`` one (an attempt that crashed mid-acquire, or a waiter's) never reached its
+    consumer, so no handler has anything to clean up.
+
+    Returns:
+        ``(deleted document or None, RevokedHolder for dispatch or None)``.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store is unreachable.
     """
     doc = store.holders().find_one_and_delete(query)
     if doc is None:
-        return None
-    decrement(doc.get("levels") or ())
-    record_tombstone(doc, reason)
+        return None, None
+    waiting.give_back(slots.holder_keys(doc), slots.holder_entry(doc))
     metrics.REAP.labels(reason=reason).inc()
-    return RevokedHolder.from_doc(doc, reason)
+    if doc.get("state") != "HELD":
+        return doc, None
+    record_tombstone(doc, reason)
+    return doc, RevokedHolder.from_doc(doc, reason)
+
+
+def reap_holder(query: dict[str, Any], reason: str) -> RevokedHolder | None:
+    """Delete one holder matching ``query`` and return it for dispatch; ``None`` if it was
+    gone (or never handed out).
+
+    The caller's ``query`` carries the reap condition (e.g. ``expiresAt < now``) so a holder
+    that touched in the meantime is not taken.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store is unreachable.
+    """
+    return reap(query, reason)[1]
 
 
 def reap_idle(*, resource: str | None = None, now: datetime | None = None, limit: int = REAP_BATCH,

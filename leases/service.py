@@ -1,35 +1,59 @@
 """The consumer contract: ``acquire`` → ``Lease.update_payload`` / ``check`` → ``release``.
 
-Acquisition funnel (no transactions needed): create the holder (PENDING, server time),
-then per level in check order a conditional
-``$inc`` on the counter followed by ``$push`` of its key into the holder's ``levels``;
-the last push marks the holder HELD. Any failure mid-funnel rolls back: whoever deletes
-the holder document decrements the levels it registered. A full level triggers the lazy
-idle reap of that resource before the attempt is retried.
+Acquisition funnel (no transactions needed): create the holder first (PENDING, server
+time, with the counter ``keys`` it sets out to book), then per level in check order a
+conditional push of its booking entry onto the counter, then mark it HELD. A counter
+lists *which* holders book it (``leases.slots``), so anything a crash leaves behind is
+found by entry and returned exactly once.
+
+A level found full makes the attempt give back what it took and wait in the queue of the
+lease's gate counter (``leases.waiting``): no barging, tenant-fair order (``leases.order``),
+woken when a slot is handed to it. Every step is bounded by one store timeout, rollback
+included; what a failed step could not undo is left to repair, reap and reconcile.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import random
 import secrets
+import sys
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import pymongo
 import pymongo.errors
 from pymongo import ReturnDocument
 
-from . import definitions, handlers, metrics, reaper, store, validation
+from . import definitions, handlers, metrics, order, slots, store, validation, waiting, wakeups
 from .definitions import LeaseDefinition, LevelSpec
 from .errors import InvalidLeaseRequest, LeaseBusy, LeaseLost, LeaseUnavailable
 from .identity import self_pod_id
 
 log = logging.getLogger(__name__)
 
-POLL_MIN_S = 0.02
-POLL_MAX_S = 0.5
+PAUSE_ENV = "LEASES_TEST_PAUSE"
+
+
+def _pause_point(name: str) -> None:
+    """Test-only: block forever between two commands when ``LEASES_TEST_PAUSE`` names this
+    point, so a test can ``kill -9`` the process exactly inside a crash window."""
+    if os.environ.get(PAUSE_ENV) == name:
+        sys.stderr.write(f"LEASES-PAUSED {name}\n")
+        sys.stderr.flush()
+        while True:
+            time.sleep(3600)
+
+
+def _bound() -> Any:
+    """One store timeout for a whole step (an attempt with its rollback, one keep-alive):
+    an outage ends the step within this bound instead of once per command."""
+    from django.conf import settings
+
+    return pymongo.timeout(int(getattr(settings, "LEASES_MONGO_TIMEOUT_MS", 2000)) / 1000.0)
 
 
 @dataclass(frozen=True)
@@ -74,16 +98,21 @@ class LeaseRequest:
         return self
 
 
+
+
 class Lease:
     """A held lease. Use as a context manager or call :meth:`release` (idempotent)."""
 
     is_noop = False
 
-    def __init__(self, token: str, definition: LeaseDefinition, request: LeaseRequest, levels: list[str]):
+    def __init__(self, token: str, definition: LeaseDefinition, request: LeaseRequest, levels: list[str],
+                 expires_at: datetime | None = None, acquired_at: datetime | None = None):
         self.token = token
         self.definition = definition
         self.request = request
         self.levels = levels
+        self.expires_at = expires_at  # MongoDB's clock, as of the grant
+        self.acquired_at = acquired_at
         self._released = False
 
     @property
@@ -93,8 +122,14 @@ class Lease:
     def __enter__(self) -> "Lease":
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.release()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        try:
+            self.release()
+        except LeaseUnavailable:
+            if exc_type is None:
+                raise
+            # The body's own error matters more; the slot comes back through reap/repair.
+            log.warning("release of %s failed after an error in the lease's block", self.token)
 
     def __repr__(self) -> str:
         return f"<Lease {self.definition.name} {self.token[:8]}… on {self.resource}>"
@@ -108,7 +143,7 @@ class Lease:
             update.update(extra)
         # A touch counts as held when it *matched*: two touches in one millisecond write
         # the same value and MongoDB reports nModified = 0.
-        result = store.holders().update_one({"_id": self.token}, [{"$set": update}])
+        result = store.holders().update_one({"_id": self.token, "state": "HELD"}, [{"$set": update}])
         return result.matched_count == 1
 
     def check(self) -> None:
@@ -154,11 +189,24 @@ class Lease:
         """Give the slots back. Idempotent; True only for the call that actually released.
 
         A regular release never calls the type's handler: the holder cleans up itself.
+
+        Raises:
+            LeaseUnavailable: the store failed before the holder was deleted; nothing was
+                released and calling ``release()`` again retries it.
         """
+        tag = metrics.resource_tag(self.resource)
         if self._released:
+            metrics.RELEASE.labels(resource=tag, outcome="already-released").inc()
             return False
+        try:
+            doc = release_holder({"_id": self.token}, resource=self.resource)
+        except pymongo.errors.PyMongoError as exc:
+            metrics.RELEASE.labels(resource=tag, outcome="error").inc()
+            raise LeaseUnavailable(f"lease store unreachable during release: {exc.__class__.__name__}") from None
         self._released = True
-        return release_token(self.token, resource=self.resource)
+        if doc is None:
+            metrics.RELEASE.labels(resource=tag, outcome="already-released").inc()
+        return doc is not None
 
 
 class _NoopLease:
@@ -191,163 +239,195 @@ class _NoopLease:
 NOOP = _NoopLease()
 
 
-def release_holder(query: dict[str, Any], *, resource: str | None = None) -> dict[str, Any] | None:
-    """Delete the holder matching ``query`` (``findOneAndDelete``), then one bulk decrement.
 
-    Only the one who deletes the holder decrements. A failed decrement is logged and left
-    to reconcile; the holder is released all the same.
+
+def release_holder(query: dict[str, Any], *, resource: str | None = None) -> dict[str, Any] | None:
+    """Delete the holder matching ``query`` (``findOneAndDelete``), then return its slots by
+    entry and hand the freed gate slot to the next waiting ticket.
+
+    Only the one who deletes the holder returns its slots. A failure after the delete is
+    logged and left to repair (an entry whose holder is gone is pulled by the next process
+    that finds the counter full, or by the sweep); the holder is released all the same.
 
     Returns:
-        The deleted holder (``levels``, ``resource``, ``tenantId``, ``projectId``), or
-        ``None`` when nothing matched.
+        The deleted holder (``keys``, ``resource``, ``tenantId``, ``projectId``, ``userId``),
+        or ``None`` when nothing matched.
 
     Raises:
         pymongo.errors.PyMongoError: the delete failed; nothing was released.
     """
-    doc = store.holders().find_one_and_delete(
-        query, projection={"levels": 1, "resource": 1, "tenantId": 1, "projectId": 1})
+    with _bound():
+        doc = store.holders().find_one_and_delete(
+            query, projection={"keys": 1, "levels": 1, "resource": 1, "tenantId": 1, "projectId": 1,
+                               "userId": 1, "state": 1})
     if doc is None:
         return None
-    tag = metrics.resource_tag(doc.get("resource", resource or "unknown"))
+    tag = metrics.resource_tag(doc.get("resource") or resource or "unknown")
+    _pause_point("release")
     try:
-        reaper.decrement(doc.get("levels") or ())
+        with _bound():
+            waiting.give_back(slots.holder_keys(doc), slots.holder_entry(doc))
     except pymongo.errors.PyMongoError as exc:
         metrics.RELEASE.labels(resource=tag, outcome="error").inc()
-        log.warning("release of %s: decrement failed (%s); reconcile corrects the counters", doc["_id"], exc)
+        log.warning("release of %s: returning its slots failed (%s); repair returns them", doc["_id"], exc)
         return doc
     metrics.RELEASE.labels(resource=tag, outcome="ok").inc()
     return doc
 
 
 def release_token(token: str, *, resource: str | None = None) -> bool:
-    """Release the holder ``token``: ``findOneAndDelete`` then one bulk decrement.
+    """Release the holder ``token``.
 
     Returns:
         True if this call deleted the holder, False if it was already gone.
+
+    Raises:
+        LeaseUnavailable: the store failed before the holder was deleted (retryable).
     """
     try:
         doc = release_holder({"_id": token}, resource=resource)
     except pymongo.errors.PyMongoError as exc:
         metrics.RELEASE.labels(resource=metrics.resource_tag(resource or "unknown"), outcome="error").inc()
-        log.warning("release of %s failed (%s); the idle reap returns the slot after its TTL", token, exc)
-        return False
+        raise LeaseUnavailable(f"lease store unreachable during release: {exc.__class__.__name__}") from None
     if doc is None:
         metrics.RELEASE.labels(resource=metrics.resource_tag(resource or "unknown"), outcome="already-released").inc()
         return False
     return True
 
 
-class _LevelFull(Exception):
-    def __init__(self, spec: LevelSpec, server_now: Any = None):
+class _Blocked(Exception):
+    """A level had no room for this attempt (nothing of the attempt stays booked)."""
+
+    def __init__(self, spec: LevelSpec, counter: dict[str, Any] | None):
         self.spec = spec
-        self.server_now = server_now  # the failed holder's acquiredAt: MongoDB's clock
+        self.counter = counter  # the blocking counter as read (None: not read)
 
 
-def _take_level(spec: LevelSpec, resource: str) -> bool:
-    """Conditional ``$inc`` on one counter; creates a missing counter with a pure ``_id`` upsert."""
-    counters = store.counters()
-    update = {"$inc": {"count": 1}, "$currentDate": {"updatedAt": True}, "$set": {"cap": spec.cap}}
-    if counters.update_one({"_id": spec.key, "count": {"$lt": spec.cap}}, update).matched_count:
-        return True
-    # Not matched: full, or the counter does not exist yet. An upsert inside the conditional
-    # update would be wrong: a simultaneous first use would collide on _id and report Busy.
-    # So: a pure _id upsert (a no-op when the counter exists, whoever created it), then the
-    # conditional update a second time. Only that second miss means "full".
-    try:
-        counters.update_one(
-            {"_id": spec.key},
-            {"$setOnInsert": {"count": 0, "resource": resource, "level": spec.level, "scope": spec.scope,
-                              "tenantId": spec.tenant_id, "cap": spec.cap}},
+class _Attempt:
+    """One acquisition: its holder document, its booking entry and its funnel."""
+
+    def __init__(self, request: LeaseRequest, definition: LeaseDefinition, specs: list[LevelSpec], pod: str):
+        self.request = request
+        self.definition = definition
+        self.specs = specs
+        self.pod = pod
+        self.token = secrets.token_urlsafe(24)
+        self.booking = slots.entry(request.tenant_id, request.project_id, request.user_id, self.token)
+        self.keys = [spec.key for spec in specs]
+        self.gate = specs[-1]
+        self.acquired_at: datetime | None = None
+        self.created_at = 0.0  # monotonic, when the holder document was (re)written
+
+    def create_holder(self) -> None:
+        """Write the holder document (PENDING) on server time; idempotent, so a waiter whose
+        document was reaped while it waited writes it again before it books."""
+        definition, request = self.definition, self.request
+        # $literal keeps user strings from being read as field paths or operators.
+        doc = store.holders().find_one_and_update(
+            {"_id": self.token},
+            [{"$set": {
+                "state": "PENDING",
+                "resource": {"$literal": definition.resource},
+                "leaseName": {"$literal": definition.name},
+                "type": {"$literal": request.type},
+                "tenantId": {"$literal": request.tenant_id},
+                "projectId": {"$literal": request.project_id},
+                "userId": {"$literal": request.user_id},
+                "holderRef": {"$literal": request.holder_ref},
+                "pod": {"$literal": self.pod},
+                "podBound": {"$literal": request.pod_bound},
+                "ttlSeconds": {"$literal": definition.ttl_seconds},
+                "keys": {"$literal": self.keys},
+                "levels": {"$literal": []},
+                "payload": {"$literal": {}},
+                "acquiredAt": "$$NOW",
+                "lastSeenAt": "$$NOW",
+                "expiresAt": store.now_plus_ms(definition.ttl_seconds * 1000),
+            }}],
             upsert=True,
+            projection={"acquiredAt": 1},
+            return_document=ReturnDocument.AFTER,
         )
-    except pymongo.errors.DuplicateKeyError:
-        pass  # another process created it at the same moment
-    return bool(counters.update_one({"_id": spec.key, "count": {"$lt": spec.cap}}, update).matched_count)
+        self.acquired_at = self.acquired_at or doc["acquiredAt"]
+        self.created_at = time.monotonic()
 
+    def book(self, *, privileged: bool, allow_queue: bool) -> Lease:
+        """Take every level narrow → wide, then mark the holder HELD.
 
-def _rollback(token: str, taken_unregistered: str | None) -> None:
-    """Undo a failed attempt: only the one who deletes the holder decrements its levels."""
-    try:
-        doc = store.holders().find_one_and_delete({"_id": token}, projection={"levels": 1})
+        ``privileged``: the order rule picked this ticket, so it may take the gate while
+        others queue (and leaves the queue in the same update).
+
+        Raises:
+            _Blocked: a level had no room; what this call took is given back.
+            pymongo.errors.PyMongoError: the store failed; the caller rolls back.
+        """
+        taken: list[str] = []
+        try:
+            for spec in self.specs:
+                is_gate = spec is self.gate
+                if slots.take(spec, self.booking, gate=is_gate, privileged=privileged and is_gate,
+                              ticket=self.token):
+                    taken.append(spec.key)
+                    continue
+                counter = None
+                if not (is_gate and allow_queue and not privileged):
+                    # Read it: a full level is diagnosed (and repaired) from this document;
+                    # no document means first use, so create it and try once more.
+                    counter = waiting.read_gate(spec.key)
+                    if counter is None:
+                        slots.create(spec, self.definition.resource)
+                        if slots.take(spec, self.booking, gate=is_gate, privileged=privileged and is_gate,
+                                      ticket=self.token):
+                            taken.append(spec.key)
+                            continue
+                raise _Blocked(spec, counter)
+            _pause_point("acquire")
+            held = store.holders().find_one_and_update(
+                {"_id": self.token},
+                [{"$set": {"state": "HELD", "levels": {"$literal": self.keys}, "lastSeenAt": "$$NOW",
+                           "expiresAt": store.now_plus_ms(self.definition.ttl_seconds * 1000)}}],
+                projection={"expiresAt": 1, "acquiredAt": 1},
+                return_document=ReturnDocument.AFTER,
+            )
+            if held is None:
+                # Reaped while it stalled (or while it waited): its entries have no holder.
+                raise _Vanished()
+        except _Blocked:
+            if taken:
+                self.give_back(taken)
+            raise
+        return Lease(self.token, self.definition, self.request, list(self.keys),
+                     expires_at=held.get("expiresAt"), acquired_at=held.get("acquiredAt"))
+
+    def give_back(self, keys: list[str]) -> None:
+        waiting.give_back(keys, self.booking)
+
+    def discard(self) -> None:
+        """Drop the holder document of an attempt that books nothing (it gave back what it
+        took when it found a level full)."""
+        store.holders().delete_one({"_id": self.token})
+
+    def rollback(self) -> None:
+        """Undo the attempt: whoever deletes the holder returns every entry it may have."""
+        doc = store.holders().find_one_and_delete({"_id": self.token}, projection={"_id": 1})
+        _pause_point("rollback")
+        # Entries are pulled by value, so also when the holder was already reaped: nobody
+        # else can pull an entry a second time.
+        waiting.give_back(self.keys, self.booking)
         if doc is None:
-            # A reaper took it and returned what it had registered; a counter we
-            # incremented but never registered is left to reconcile.
-            return
-        levels = list(doc.get("levels") or ())
-        if taken_unregistered is not None and taken_unregistered not in levels:
-            levels.append(taken_unregistered)
-        reaper.decrement(levels)
-    except pymongo.errors.PyMongoError as exc:
-        log.warning("rollback of %s failed (%s); idle reap and reconcile clean up", token, exc)
+            log.debug("rollback of %s: holder already gone", self.token)
 
 
-def _attempt(request: LeaseRequest, definition: LeaseDefinition, specs: list[LevelSpec], pod: str) -> Lease:
-    token = secrets.token_urlsafe(24)
-    holders = store.holders()
-    ttl_ms = definition.ttl_seconds * 1000
-    # Holder first (PENDING), on server time. $literal keeps user strings from being read
-    # as field paths or operators by the pipeline.
-    doc = holders.find_one_and_update(
-        {"_id": token},
-        [{"$set": {
-            "state": "PENDING",
-            "resource": {"$literal": definition.resource},
-            "leaseName": {"$literal": definition.name},
-            "type": {"$literal": request.type},
-            "tenantId": {"$literal": request.tenant_id},
-            "projectId": {"$literal": request.project_id},
-            "userId": {"$literal": request.user_id},
-            "holderRef": {"$literal": request.holder_ref},
-            "pod": {"$literal": pod},
-            "podBound": {"$literal": request.pod_bound},
-            "ttlSeconds": {"$literal": definition.ttl_seconds},
-            "levels": {"$literal": []},
-            "payload": {"$literal": {}},
-            "acquiredAt": "$$NOW",
-            "lastSeenAt": "$$NOW",
-            "expiresAt": store.now_plus_ms(ttl_ms),
-        }}],
-        upsert=True,
-        projection={"acquiredAt": 1},
-        return_document=ReturnDocument.AFTER,
-    )
-    taken: str | None = None
-    try:
-        registered: list[str] = []
-        for index, spec in enumerate(specs):
-            taken = None
-            if not _take_level(spec, definition.resource):
-                raise _LevelFull(spec, doc["acquiredAt"])
-            taken = spec.key
-            update: dict[str, Any] = {"$push": {"levels": spec.key}}
-            if index == len(specs) - 1:
-                update["$set"] = {"state": "HELD"}
-            if not holders.update_one({"_id": token}, update).matched_count:
-                # Reaped mid-funnel (a stall longer than the TTL): the push did not happen.
-                reaper.decrement([spec.key])
-                raise LeaseUnavailable(f"lease attempt on {definition.resource} was reaped mid-acquire")
-            registered.append(spec.key)
-            taken = None
-        return Lease(token, definition, request, registered)
-    except _LevelFull:
-        _rollback(token, None)
-        raise
-    except pymongo.errors.PyMongoError as exc:
-        _rollback(token, taken)
-        raise LeaseUnavailable(f"lease store error mid-acquire: {exc.__class__.__name__}") from None
-    except BaseException:
-        _rollback(token, taken)
-        raise
+class _Vanished(Exception):
+    """The holder document disappeared mid-funnel (reaped during a stall)."""
 
 
-def _busy(definition: LeaseDefinition, spec: LevelSpec) -> LeaseBusy:
-    count: int | None
-    try:
-        current = store.counters().find_one({"_id": spec.key}, {"count": 1})
-        count = None if current is None else int(current.get("count", 0))
-    except pymongo.errors.PyMongoError:
-        count = None
-    return LeaseBusy(resource=definition.resource, level=spec.level, scope=spec.scope, count=count, cap=spec.cap)
+def _busy(definition: LeaseDefinition, blocked: _Blocked, *, position: int | None = None,
+          retry_after: float | None = None) -> LeaseBusy:
+    counter = blocked.counter
+    count = None if counter is None else int(counter.get("count", 0))
+    return LeaseBusy(resource=definition.resource, level=blocked.spec.level, scope=blocked.spec.scope,
+                     count=count, cap=blocked.spec.cap, position=position, retry_after=retry_after)
 
 
 def resolve_definition(request: LeaseRequest) -> LeaseDefinition | None:
@@ -367,6 +447,9 @@ def resolve_definition(request: LeaseRequest) -> LeaseDefinition | None:
 def acquire(request: LeaseRequest) -> Lease | _NoopLease:
     """Acquire a slot at every capped level of the request's lease, waiting up to ``waitMs``.
 
+    A level found full puts the request in the resource's queue (see ``leases.waiting``);
+    it is granted in the order rule's turn or ends with ``LeaseBusy`` at the wait bound.
+
     Returns:
         A :class:`Lease`, or ``NOOP`` (no MongoDB traffic) when no lease is referenced or the
         definition has no caps.
@@ -374,8 +457,10 @@ def acquire(request: LeaseRequest) -> Lease | _NoopLease:
     Raises:
         InvalidLeaseRequest: bad input (nothing written); ``UnknownLeaseType`` for a type
             without handler; ``InvalidDefinition`` for a refused inline definition.
-        LeaseBusy: a level stayed full for the whole wait.
-        LeaseUnavailable: MongoDB unreachable or broken configuration (fail-closed).
+        LeaseBusy: a level stayed full for the whole wait (with the level, occupancy and
+            the place the request had in the queue).
+        LeaseUnavailable: MongoDB unreachable or broken configuration (fail-closed); each
+            store step ends within ``LEASES_MONGO_TIMEOUT_MS``.
     """
     if not isinstance(request, LeaseRequest):
         raise InvalidLeaseRequest("acquire() takes a LeaseRequest")
@@ -383,44 +468,208 @@ def acquire(request: LeaseRequest) -> Lease | _NoopLease:
     try:
         definition = resolve_definition(request)
     except LeaseUnavailable:
-        metrics.ACQUIRE.labels(resource=request.lease or metrics.INLINE_RESOURCE_TAG, outcome="unavailable").inc()
+        metrics.ACQUIRE.labels(resource=metrics.INLINE_RESOURCE_TAG if request.inline else metrics.UNDEFINED_TAG,
+                               outcome="unavailable").inc()
         raise
     if definition is None or definition.is_noop:
-        metrics.ACQUIRE.labels(resource=metrics.resource_tag(definition.resource) if definition else "none",
-                               outcome="noop").inc()
+        metrics.ACQUIRE.labels(resource=metrics.definition_tag(definition), outcome="noop").inc()
         return NOOP
     tag = metrics.resource_tag(definition.resource)
     specs = definition.level_specs(request.tenant_id, request.project_id, request.user_id)
     pod = self_pod_id() if request.pod is None else request.pod
     wait_ms = definition.wait_ms if request.wait_ms is None else min(request.wait_ms, definition.wait_ms)
-    deadline = time.monotonic() + wait_ms / 1000.0
-    delay = POLL_MIN_S
-    while True:
-        try:
-            lease = _attempt(request, definition, specs, pod)
-        except _LevelFull as full:
-            # Lazy idle reap, this resource only, when a level is full: a crashed holder's
-            # slot comes back after its TTL even without the scheduled sweep, and the
-            # uncontended path pays nothing for it. Server time comes from our own holder.
+    attempt = _Attempt(request, definition, specs, pod)
+    started = time.monotonic()
+    try:
+        lease = _acquire(attempt, wait_ms, started)
+    except LeaseBusy:
+        metrics.ACQUIRE.labels(resource=tag, outcome="busy").inc()
+        raise
+    except LeaseUnavailable:
+        metrics.ACQUIRE.labels(resource=tag, outcome="unavailable").inc()
+        raise
+    metrics.ACQUIRE.labels(resource=tag, outcome="success").inc()
+    return lease
+
+
+def _step(attempt: _Attempt, fn: Any) -> Any:
+    """Run one store step under one bound; on a store failure roll the attempt back (same
+    bound: what it cannot undo is left to reap and repair) and answer LeaseUnavailable."""
+    try:
+        with _bound():
             try:
-                reaped, _ = reaper.reap_idle(resource=definition.resource, now=full.server_now, limit=50)
-            except pymongo.errors.PyMongoError:
-                reaped = 0
-            if reaped:
-                continue
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                metrics.ACQUIRE.labels(resource=tag, outcome="busy").inc()
-                raise _busy(definition, full.spec) from None
-            # Jitter, so waiting pods do not race the counter in lockstep.
-            time.sleep(min(remaining, delay * random.uniform(0.5, 1.5)))
-            delay = min(delay * 2, POLL_MAX_S)
-            continue
-        except LeaseUnavailable:
-            metrics.ACQUIRE.labels(resource=tag, outcome="unavailable").inc()
-            raise
-        except pymongo.errors.PyMongoError as exc:
-            metrics.ACQUIRE.labels(resource=tag, outcome="unavailable").inc()
-            raise LeaseUnavailable(f"lease store unreachable: {exc.__class__.__name__}") from None
-        metrics.ACQUIRE.labels(resource=tag, outcome="success").inc()
+                return fn()
+            except (pymongo.errors.PyMongoError, _Vanished) as exc:
+                try:
+                    attempt.rollback()
+                except pymongo.errors.PyMongoError as again:
+                    log.warning("rollback of %s failed (%s); reap and repair clean up", attempt.token, again)
+                if isinstance(exc, _Vanished):
+                    raise LeaseUnavailable(f"lease attempt on {attempt.definition.resource} was reaped mid-acquire")
+                raise
+    except pymongo.errors.PyMongoError as exc:
+        log.warning("store step failed: %r", exc)
+        raise LeaseUnavailable(f"lease store error mid-acquire: {exc.__class__.__name__}") from None
+
+
+def _acquire(attempt: _Attempt, wait_ms: int, started: float) -> Lease:
+    deadline = started + wait_ms / 1000.0
+
+    def first() -> Lease | _Blocked:
+        attempt.create_holder()
+        try:
+            return attempt.book(privileged=False, allow_queue=wait_ms > 0)
+        except _Blocked as blocked:
+            return blocked
+
+    result = _step(attempt, first)
+    if isinstance(result, Lease):
+        return result
+    if wait_ms <= 0:
+        return _step(attempt, lambda: _fail_fast(attempt, result))
+    return _Waiter(attempt, deadline, started).wait(result)
+
+
+def _fail_fast(attempt: _Attempt, blocked: _Blocked) -> Lease:
+    """No wait allowed: repair a full counter once (a leaked slot must not turn a free
+    resource into Busy) or drop stale tickets at the gate, try again if that freed
+    something, else answer Busy."""
+    counter = blocked.counter
+    if counter is not None:
+        retry = False
+        if blocked.spec is attempt.gate and order.stale_ids(counter, counter["clock"]):
+            counter = waiting.prune(counter)
+            retry = not counter.get("queue") and not waiting.is_full(counter)
+        if waiting.is_full(counter):
+            retry = waiting.repair(counter, counter["clock"])
+        if retry:
+            try:
+                return attempt.book(privileged=False, allow_queue=False)
+            except _Blocked as again:
+                blocked = again
+    attempt.discard()
+    raise _busy(attempt.definition, blocked)
+
+
+class _Waiter:
+    """A request waiting in the gate's queue until granted or out of time."""
+
+    def __init__(self, attempt: _Attempt, deadline: float, started: float):
+        self.attempt = attempt
+        self.deadline = deadline
+        self.started = started
+        self.gate_key = attempt.gate.key
+        self.blocked: _Blocked | None = None
+        self.gate: dict[str, Any] | None = None
+        self.tag = metrics.resource_tag(attempt.definition.resource)
+
+    def _ticket(self) -> dict[str, Any]:
+        request = self.attempt.request
+        caps = {spec.level: spec.cap for spec in self.attempt.specs if spec is not self.attempt.gate}
+        return {"id": self.attempt.token, "t": request.tenant_id, "p": request.project_id, "u": request.user_id,
+                "at": self.attempt.acquired_at, "seen": self.attempt.acquired_at, "ttl": waiting.ticket_ttl_ms(),
+                "caps": caps, "lvl": self.blocked.spec.level if self.blocked else self.attempt.gate.level}
+
+    def wait(self, blocked: _Blocked) -> Lease:
+        self.blocked = blocked
+        event = wakeups.register(self.attempt.token)
+        metrics.WAITING.labels(resource=self.tag).inc()
+        outcome = "error"
+        try:
+            self.gate = _step(self.attempt, self._enqueue)
+            while True:
+                lease = self._decide()
+                if lease is not None:
+                    outcome = "granted"
+                    return lease
+                remaining = self.deadline - time.monotonic()
+                if remaining <= 0:
+                    outcome = "timeout"
+                    raise self._give_up()
+                period = waiting.poll_ms() / 1000.0 * random.uniform(1.0, 1.25)
+                woken = event.wait(min(remaining, period))
+                event.clear()
+                if woken:
+                    lease = self._try(woken=True)
+                    if lease is not None:
+                        outcome = "granted"
+                        return lease
+                self.gate = _step(self.attempt, self._keep_alive)
+        finally:
+            wakeups.unregister(self.attempt.token)
+            metrics.WAITING.labels(resource=self.tag).dec()
+            metrics.WAIT_SECONDS.labels(resource=self.tag).observe(time.monotonic() - self.started)
+            metrics.WAIT_OUTCOME.labels(resource=self.tag, outcome=outcome).inc()
+
+    def _enqueue(self) -> dict[str, Any] | None:
+        gate = waiting.enqueue(self.gate_key, self._ticket())
+        if gate is None:  # first use of the gate: create it, then queue
+            slots.create(self.attempt.gate, self.attempt.definition.resource)
+            gate = waiting.enqueue(self.gate_key, self._ticket())
+        return gate
+
+    def _keep_alive(self) -> dict[str, Any] | None:
+        gate = waiting.keep_alive(self.gate_key, self.attempt.token)
+        if gate is None:
+            # Pruned as stale (this process stalled past the ticket TTL): queue again.
+            gate = self._enqueue()
+        return gate
+
+    def _decide(self) -> Lease | None:
+        """Act on the gate as last seen: prune stale tickets, take our turn, wake whoever's
+        turn it is, or repair a full gate that nobody books."""
+        gate = self.gate
+        if gate is None:
+            return None
+        now = gate["clock"]
+        if order.stale_ids(gate, now):
+            gate = self.gate = _step(self.attempt, lambda: waiting.prune(gate))
+        picked = order.next_grants(gate, now)
+        if self.attempt.token in picked:
+            others = [t for t in picked if t != self.attempt.token]
+            wakeups.publish(others)
+            return self._try(woken=False)
+        if picked:
+            wakeups.publish(picked)  # their waker may have died; cheap to repeat
+        elif waiting.is_full(gate) and _step(self.attempt, lambda: waiting.repair(gate, now)):
+            self.gate = _step(self.attempt, lambda: waiting.read_gate(self.gate_key))
+        return None
+
+    def _try(self, *, woken: bool) -> Lease | None:
+        """Book with the gate privilege (our turn); a narrower level that is full sends us
+        back to wait and passes the turn on."""
+        attempt = self.attempt
+
+        def run() -> Lease | None:
+            # The holder document may have been reaped during a long wait: write it again.
+            if time.monotonic() - attempt.created_at > attempt.definition.ttl_seconds / 2:
+                attempt.create_holder()
+            try:
+                return attempt.book(privileged=True, allow_queue=True)
+            except _Blocked as blocked:
+                self.blocked = blocked
+                if blocked.spec is not attempt.gate:
+                    waiting.mark_blocked(self.gate_key, attempt.token, blocked.spec.level)
+                    if waiting.is_full(blocked.counter):
+                        waiting.repair(blocked.counter, blocked.counter["clock"])
+                return None
+
+        lease = _step(attempt, run)
+        if lease is None and not woken:
+            self.gate = _step(attempt, lambda: waiting.read_gate(self.gate_key))
         return lease
+
+    def _give_up(self) -> LeaseBusy:
+        """Out of time: leave the queue, drop the holder, and say where we stood."""
+        gate = self.gate
+        place = None if gate is None else order.position(gate, self.attempt.token, gate["clock"])
+        blocked = self.blocked or _Blocked(self.attempt.gate, gate)
+        if blocked.spec is self.attempt.gate:
+            blocked = _Blocked(blocked.spec, gate)
+        try:
+            with _bound():
+                waiting.dequeue(self.gate_key, self.attempt.token)
+                self.attempt.discard()
+        except pymongo.errors.PyMongoError as exc:
+            log.info("timeout clean-up of %s failed (%s); the ticket goes stale by itself", self.attempt.token, exc)
+        return _busy(self.attempt.definition, blocked, position=place)

@@ -1,0 +1,183 @@
+"""Slots on a counter: *which* holder books each one, taken and returned by entry.
+
+A counter document lists its bookings in ``holders``: one entry ``tenant/project/user/token``
+per booked slot, never longer than the cap, with ``count`` kept equal to its length by the
+same atomic update. Knowing the holder behind every slot makes repair exact: an entry whose
+holder document is gone can be pulled by value, at most once, without racing anybody else's
+booking — no counter has to go quiet first. The tenant, project and user in the entry let
+the waiting queue tell who holds what at a resource from the one counter it reads anyway.
+
+The widest capped level of a lease is its *gate*: the counter on which waiting tickets
+queue. While tickets wait there, newcomers may not take a gate slot (no barging); a waiter
+the order rule picked takes it ``privileged``, dequeuing itself in the same update.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import pymongo.errors
+from pymongo import ReturnDocument, UpdateOne
+
+from . import store
+from .definitions import LevelSpec
+
+log = logging.getLogger(__name__)
+
+SEPARATOR = "/"
+
+
+def entry(tenant_id: str, project_id: str, user_id: str, token: str) -> str:
+    """The booking entry of one holder (ids never contain the separator: validation)."""
+    return SEPARATOR.join((tenant_id, project_id, user_id, token))
+
+
+def token_of(value: str) -> str:
+    """The holder token inside a booking entry."""
+    return value.rsplit(SEPARATOR, 1)[-1]
+
+
+def parts_of(value: str) -> tuple[str, str, str]:
+    """``(tenant, project, user)`` of a booking entry; empty strings for a malformed one."""
+    bits = value.split(SEPARATOR)
+    return (bits[0], bits[1], bits[2]) if len(bits) == 4 else ("", "", "")
+
+
+def holder_entry(doc: dict[str, Any]) -> str:
+    """The booking entry of a holder document."""
+    return entry(doc.get("tenantId") or "", doc.get("projectId") or "", doc.get("userId") or "", doc["_id"])
+
+
+def holder_keys(doc: dict[str, Any]) -> list[str]:
+    """The counter keys a holder may book: the ones it set out to take (``keys``), else the
+    ones it registered (documents written before bookings had entries)."""
+    return list(doc.get("keys") or doc.get("levels") or ())
+
+
+def take(spec: LevelSpec, booking: str, *, gate: bool = False, privileged: bool = False,
+         ticket: str | None = None) -> bool:
+    """Book one slot of ``spec`` for ``booking``: a conditional push, idempotent per entry.
+
+    ``gate``: this is the lease's widest level; a newcomer (not ``privileged``) may only take
+    it while nobody queues there. A ``privileged`` take also removes ``ticket`` from the queue.
+
+    One command. A miss means full, queued, or no counter yet (the caller reads it and
+    calls :func:`create` on first use).
+
+    Returns:
+        True when the entry is booked now.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed; the slot may or may not be booked
+            (the caller gives it back by entry, which is idempotent).
+    """
+    query: dict[str, Any] = {"_id": spec.key, "count": {"$lt": spec.cap}, "holders": {"$ne": booking}}
+    if gate and not privileged:
+        query["queue.0"] = {"$exists": False}
+    update: dict[str, Any] = {"$push": {"holders": booking}, "$inc": {"count": 1},
+                              "$currentDate": {"updatedAt": True}, "$set": {"cap": spec.cap}}
+    if privileged and ticket is not None:
+        update["$pull"] = {"queue": {"id": ticket}}
+    return bool(store.counters().update_one(query, update).matched_count)
+
+
+def create(spec: LevelSpec, resource: str) -> None:
+    """Create a missing counter with a pure ``_id`` upsert (a no-op when it exists).
+
+    A conditional filter in the upsert would be wrong: with a simultaneous first use the
+    loser's insert would collide on ``_id`` and it would report Busy.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed.
+    """
+    try:
+        store.counters().update_one(
+            {"_id": spec.key},
+            {"$setOnInsert": {"count": 0, "holders": [], "resource": resource, "level": spec.level,
+                              "scope": spec.scope, "tenantId": spec.tenant_id, "cap": spec.cap}},
+            upsert=True,
+        )
+    except pymongo.errors.DuplicateKeyError:
+        pass  # created by another process a moment ago
+
+
+def give_back(keys: Sequence[str], booking: str) -> dict[str, Any] | None:
+    """Return ``booking``'s slot on each counter of ``keys`` (narrow first, the gate last).
+
+    Only a counter that still lists the entry is decremented, so racing releasers, reapers
+    and repairers return a slot at most once. The gate's update returns its document so the
+    caller can hand the slot to the next waiting ticket.
+
+    Returns:
+        The gate counter after the update, or None when it did not list the entry.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed (repair returns what is left).
+    """
+    keys = list(keys)
+    if not keys:
+        return None
+    *narrow, gate = keys
+    if narrow:
+        store.counters().bulk_write(
+            [UpdateOne({"_id": key, "holders": booking}, _pull(booking)) for key in narrow], ordered=False)
+    return store.counters().find_one_and_update(
+        {"_id": gate, "holders": booking}, _pull(booking), return_document=ReturnDocument.AFTER)
+
+
+def _pull(booking: str) -> dict[str, Any]:
+    return {"$pull": {"holders": booking}, "$inc": {"count": -1},
+            "$currentDate": {"updatedAt": True, "clock": True}}
+
+
+def pull_entry(key: str, booking: str) -> dict[str, Any] | None:
+    """Pull one entry from one counter (repair); the counter after, or None if it was gone."""
+    return store.counters().find_one_and_update(
+        {"_id": key, "holders": booking}, _pull(booking), return_document=ReturnDocument.AFTER)
+
+
+def orphans(bookings: Iterable[str], now: datetime) -> tuple[list[str], list[str]]:
+    """Split a counter's entries into those whose holder is gone and those whose holder
+    passed its TTL (on ``now``, MongoDB's clock); one query for all of them.
+
+    A holder document is always written before its first entry, so an entry without one
+    is left by a crash after a delete (release, rollback, reap) and is safe to pull.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store is unreachable.
+    """
+    by_token = {token_of(b): b for b in bookings}
+    if not by_token:
+        return [], []
+    found = {d["_id"]: d for d in store.holders().find({"_id": {"$in": list(by_token)}}, {"expiresAt": 1})}
+    missing = [b for t, b in by_token.items() if t not in found]
+    expired = [t for t, d in found.items() if d.get("expiresAt") is not None and d["expiresAt"] < now]
+    return missing, expired
+
+
+def convert_legacy(doc: dict[str, Any], booked_by: dict[str, list[str]], *, safety: timedelta,
+                   now: datetime) -> bool:
+    """Give a counter written before entries existed its ``holders`` list, from the holders
+    that register it (``booked_by``: key → entries). Guarded by ``count``/``updatedAt`` and the
+    reconcile safety margin, like any counter correction.
+
+    Returns:
+        True when the counter was converted (or deleted, when nobody books it).
+
+    Raises:
+        pymongo.errors.PyMongoError: the store is unreachable.
+    """
+    updated_at = doc.get("updatedAt")
+    if updated_at is not None and updated_at >= now - safety:
+        return False
+    guard: dict[str, Any] = {"_id": doc["_id"], "holders": {"$exists": False}, "count": doc.get("count")}
+    guard["updatedAt"] = updated_at if updated_at is not None else {"$exists": False}
+    entries = booked_by.get(doc["_id"], [])
+    result = store.counters().update_one(
+        guard, {"$set": {"holders": entries, "count": len(entries)}, "$currentDate": {"updatedAt": True}})
+    if result.matched_count and doc.get("count") != len(entries):
+        log.info("counter %s converted: count %s -> %d booked entries", doc["_id"], doc.get("count"), len(entries))
+    return bool(result.matched_count)

@@ -1,0 +1,199 @@
+"""The waiting queue: tickets on the gate counter, hand-off on release, lazy repair.
+
+A ticket lives inside the gate counter's ``queue`` (one document per resource funnel):
+``{id, t, p, u, at, seen, ttl, caps, lvl}`` — the holder token it will be granted as, who
+waits, when it arrived and was last kept alive (MongoDB's clock), its TTL, the narrower
+caps it must also fit and the level that blocked it last. A waiter holds no slot while it
+waits, so a waiter killed with ``kill -9`` leaves nothing booked: its ticket just goes
+stale after ``ttl`` and is ignored, then pruned by whoever reads the gate next.
+
+Reading the gate, keeping a ticket alive and returning a gate slot are each one command
+that returns the gate document, so the order rule (``leases.order``) always runs on what
+that command saw — no extra read per decision.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from typing import Any
+
+import pymongo.errors
+from pymongo import ReturnDocument
+
+from . import order, slots, store, wakeups
+
+log = logging.getLogger(__name__)
+
+
+def _setting(name: str, default: int) -> int:
+    from django.conf import settings
+
+    return int(getattr(settings, name, default))
+
+
+def ticket_ttl_ms() -> int:
+    """How long a ticket survives without a keep-alive (a killed waiter leaves this fast)."""
+    return _setting("LEASES_TICKET_TTL_MS", 3000)
+
+
+def poll_ms() -> int:
+    """A waiter's safety poll and keep-alive period (also when no wake-up arrives)."""
+    return max(100, min(_setting("LEASES_WAIT_POLL_MS", 1000), ticket_ttl_ms() // 2))
+
+
+def repair_interval_ms() -> int:
+    """How often one full counter is checked for slots no live holder books."""
+    return _setting("LEASES_REPAIR_INTERVAL_MS", 1000)
+
+
+def enqueue(gate_key: str, ticket: dict[str, Any]) -> dict[str, Any] | None:
+    """Append ``ticket`` to the gate's queue (idempotent); the gate after, None if missing.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed.
+    """
+    return store.counters().find_one_and_update(
+        {"_id": gate_key, "queue.id": {"$ne": ticket["id"]}},
+        {"$push": {"queue": ticket}, "$currentDate": {"clock": True}},
+        return_document=ReturnDocument.AFTER,
+    ) or keep_alive(gate_key, ticket["id"])
+
+
+def keep_alive(gate_key: str, ticket_id: str) -> dict[str, Any] | None:
+    """Refresh the ticket's ``seen`` on MongoDB's clock; the gate after, or None when the
+    ticket is no longer queued (granted, pruned as stale, or the gate is gone).
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed.
+    """
+    # arrayFilters, not the positional "$": the embedded server's findAndModify does not
+    # resolve "$" (MongoDB takes both).
+    return store.counters().find_one_and_update(
+        {"_id": gate_key, "queue.id": ticket_id},
+        {"$currentDate": {"queue.$[mine].seen": True, "clock": True}},
+        array_filters=[{"mine.id": ticket_id}],
+        return_document=ReturnDocument.AFTER,
+    )
+
+
+def mark_blocked(gate_key: str, ticket_id: str, level: str) -> None:
+    """Record which level blocked the ticket last (for diagnosis and Insights).
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed.
+    """
+    store.counters().update_one({"_id": gate_key, "queue.id": ticket_id},
+                                {"$set": {"queue.$[mine].lvl": level}, "$currentDate": {"queue.$[mine].bat": True}},
+                                array_filters=[{"mine.id": ticket_id}])
+
+
+def dequeue(gate_key: str, ticket_id: str) -> None:
+    """Remove a ticket (timeout, abandon).
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed (the ticket then goes stale by itself).
+    """
+    store.counters().update_one({"_id": gate_key}, {"$pull": {"queue": {"id": ticket_id}}})
+
+
+def read_gate(gate_key: str) -> dict[str, Any] | None:
+    """The gate counter with ``clock`` stamped to MongoDB's time now.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed.
+    """
+    return store.counters().find_one_and_update(
+        {"_id": gate_key}, {"$currentDate": {"clock": True}}, return_document=ReturnDocument.AFTER)
+
+
+def prune(gate: dict[str, Any]) -> dict[str, Any]:
+    """Drop the gate's stale tickets (their waiters are gone); returns the gate as it is now.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed.
+    """
+    stale = order.stale_ids(gate, gate["clock"])
+    if not stale:
+        return gate
+    after = store.counters().find_one_and_update(
+        {"_id": gate["_id"]}, {"$pull": {"queue": {"id": {"$in": stale}}}, "$currentDate": {"clock": True}},
+        return_document=ReturnDocument.AFTER)
+    log.info("queue %s: pruned %d stale tickets", gate["_id"], len(stale))
+    return after or gate
+
+
+def hand_off(gate: dict[str, Any] | None, *, skip: str | None = None) -> list[str]:
+    """Wake the tickets the order rule picks for the gate's free slots. Never raises.
+
+    Returns:
+        The ids picked (``skip``, the caller's own ticket, is not woken).
+    """
+    if not gate or not gate.get("queue") or gate.get("clock") is None:
+        return []
+    picked = order.next_grants(gate, gate["clock"])
+    wakeups.publish([t for t in picked if t != skip])
+    return picked
+
+
+def give_back(keys: list[str], booking: str) -> dict[str, Any] | None:
+    """Return a holder's slots and hand the freed gate slot to the next ticket.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed part-way (repair returns the rest).
+    """
+    gate = slots.give_back(keys, booking)
+    hand_off(gate)
+    return gate
+
+
+def repair(counter: dict[str, Any], now: datetime) -> bool:
+    """Return the slots of a full counter that no live holder books; at most one process
+    checks a counter per ``repair_interval_ms`` (a conditional claim on ``checkedAt``).
+
+    Entries whose holder document is gone are pulled by value (a crash between the delete
+    and the decrement of a release, rollback or reap); holders past their TTL (a crash
+    mid-acquire, or an idle holder) are reaped like the idle sweep does, handlers included.
+
+    Returns:
+        True when at least one slot came back.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed.
+    """
+    from . import listener, reaper
+
+    checked = counter.get("checkedAt")
+    if checked is not None and checked > now - timedelta(milliseconds=repair_interval_ms()):
+        return False
+    claim = store.counters().update_one({"_id": counter["_id"], "checkedAt": checked},
+                                        {"$currentDate": {"checkedAt": True}})
+    if not claim.matched_count:
+        return False  # another process is checking it right now
+    missing, expired = slots.orphans(counter.get("holders") or (), now)
+    freed = False
+    for booking in missing:
+        after = slots.pull_entry(counter["_id"], booking)
+        if after is not None:
+            freed = True
+            log.warning("repair: %s held a slot for %s, whose holder is gone; returned",
+                        counter["_id"], slots.token_of(booking))
+            hand_off(after)
+    for token in expired:
+        doc, revoked = reaper.reap({"_id": token, "expiresAt": {"$lt": now}}, "idle")
+        freed = freed or doc is not None
+        if revoked is not None:
+            listener.notify([revoked])
+    return freed
+
+
+def is_full(counter: dict[str, Any] | None) -> bool:
+    return counter is not None and int(counter.get("count", 0)) >= int(counter.get("cap", 0))
+
+
+def safe_dequeue(gate_key: str, ticket_id: str) -> None:
+    """Best effort: a ticket that cannot be removed goes stale within its TTL anyway."""
+    try:
+        dequeue(gate_key, ticket_id)
+    except pymongo.errors.PyMongoError as exc:
+        log.info("dequeue of %s failed (%s); it goes stale by itself", ticket_id, exc)
