@@ -21,7 +21,7 @@ import secrets
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import pymongo
@@ -374,8 +374,12 @@ class _Attempt:
                     # Read it: a full level is diagnosed (and repaired) from this document;
                     # no document means first use, so create it and try once more.
                     counter = waiting.read_gate(spec.key)
-                    if counter is None:
-                        slots.create(spec, self.definition.resource)
+                    if counter is None or "holders" not in counter:
+                        if counter is None:
+                            slots.create(spec, self.definition.resource)
+                        else:  # written before entries existed: give it its list first
+                            slots.convert_legacy(counter, slots.entries_by_key([spec.key]),
+                                                 safety=timedelta(0), now=counter["clock"] + timedelta(days=1))
                         if slots.take(spec, self.booking, gate=is_gate, privileged=privileged and is_gate,
                                       ticket=self.token):
                             taken.append(spec.key)

@@ -74,7 +74,10 @@ def take(spec: LevelSpec, booking: str, *, gate: bool = False, privileged: bool 
         pymongo.errors.PyMongoError: the store failed; the slot may or may not be booked
             (the caller gives it back by entry, which is idempotent).
     """
-    query: dict[str, Any] = {"_id": spec.key, "count": {"$lt": spec.cap}, "holders": {"$ne": booking}}
+    # "$exists": a counter written before entries existed must be converted first, or its
+    # count would stop matching the entries it lists.
+    query: dict[str, Any] = {"_id": spec.key, "count": {"$lt": spec.cap},
+                             "holders": {"$ne": booking, "$exists": True}}
     if gate and not privileged:
         query["queue.0"] = {"$exists": False}
     update: dict[str, Any] = {"$push": {"holders": booking}, "$inc": {"count": 1},
@@ -181,3 +184,18 @@ def convert_legacy(doc: dict[str, Any], booked_by: dict[str, list[str]], *, safe
     if result.matched_count and doc.get("count") != len(entries):
         log.info("counter %s converted: count %s -> %d booked entries", doc["_id"], doc.get("count"), len(entries))
     return bool(result.matched_count)
+
+
+def entries_by_key(keys: list[str]) -> dict[str, list[str]]:
+    """Booking entries per counter key, from the holders that register the keys.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store is unreachable.
+    """
+    out: dict[str, list[str]] = {}
+    for doc in store.holders().find({"levels": {"$in": keys}},
+                                    {"levels": 1, "tenantId": 1, "projectId": 1, "userId": 1}):
+        for key in doc.get("levels") or ():
+            if key in keys:
+                out.setdefault(key, []).append(holder_entry(doc))
+    return out

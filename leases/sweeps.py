@@ -13,7 +13,7 @@ from collections import Counter as Tally
 from datetime import datetime, timedelta
 from typing import Any
 
-from . import listener, metrics, reaper, store
+from . import listener, metrics, reaper, slots, store, waiting
 from .handlers import RevokedHolder
 from .pods import LeasePodLiveness, liveness as default_liveness
 
@@ -63,7 +63,7 @@ def reap_dead_pods(*, now: datetime | None = None, limit: int = POD_REAP_BATCH,
 
 
 def booked_counts() -> Tally:
-    """How many holders book each counter key (the value reconcile corrects to).
+    """How many held holders register each counter key (the BOOKED column).
 
     Raises:
         pymongo.errors.PyMongoError: the store is unreachable.
@@ -78,61 +78,92 @@ def booked_counts() -> Tally:
     return booked
 
 
+def convert_legacy_counters(*, limit: int = 10000) -> int:
+    """Give every counter written before bookings had entries its list, now (no safety
+    margin: for the migration, with the old code stopped). Returns how many changed.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store is unreachable.
+    """
+    changed = 0
+    while True:
+        legacy = list(store.counters().find({"holders": {"$exists": False}}, {"count": 1, "updatedAt": 1})
+                      .limit(limit))
+        if not legacy:
+            return changed
+        booked_by = slots.entries_by_key([d["_id"] for d in legacy])
+        now = store.server_now() + timedelta(days=1)
+        changed += sum(slots.convert_legacy(doc, booked_by, safety=timedelta(0), now=now) for doc in legacy)
+        if len(legacy) < limit:
+            return changed
+
+
 def reconcile(*, now: datetime | None = None, safety_ms: int | None = None,
               limit: int = RECONCILE_BATCH) -> tuple[int, bool]:
-    """Recompute counters from holder ``levels`` and correct drift from crash windows.
+    """Make every counter book exactly its live holders; the safety net behind lazy repair.
 
-    Only counters whose ``updatedAt`` is older than the safety margin are touched, and only
-    if ``count``/``updatedAt`` are still what was read (compare-and-set), so an acquisition
-    in flight (counter incremented, level not yet pushed) is never "corrected". Counters no
-    holder books are deleted instead of zeroed. A counter without ``updatedAt`` (created by
-    the ``_id`` upsert, never incremented) is first stamped, so it ages like any other.
+    * A booking entry whose holder document is gone is pulled by value (exact: a holder is
+      always written before its first entry, and pulling an entry twice is impossible), so
+      no counter has to go quiet first.
+    * A ``count`` that differs from its list of entries (a hand edit) is set to the list's
+      length, guarded by ``count``/``updatedAt`` as read.
+    * A counter written before entries existed gets its list from the holders that register
+      it, once it is older than the safety margin (``LEASES_RECONCILE_SAFETY_MS``).
+    * A counter nobody books or queues on, untouched for the safety margin, is deleted
+      (the next acquisition creates it again).
+    * Stale tickets (their waiters are gone) are pruned from the queues.
 
     Returns:
-        ``(corrected, has_more)``; ``corrected`` counts updates and deletions.
+        ``(corrected, has_more)``; ``corrected`` counts pulled entries, count corrections,
+        conversions that changed a count, and deletions of counters that still counted.
 
     Raises:
         pymongo.errors.PyMongoError: the store is unreachable.
     """
     counters = store.counters()
     now = now if now is not None else store.server_now()
-    safety_ms = _safety_ms() if safety_ms is None else int(safety_ms)
-    cutoff = now - timedelta(milliseconds=safety_ms)
-    # Counters first, then holders: anything that moves a counter in between also moves its
-    # updatedAt, which the compare-and-set below then refuses.
-    candidates = list(counters.find(
-        {"$or": [{"updatedAt": {"$lt": cutoff}}, {"updatedAt": {"$exists": False}}]},
-        {"count": 1, "updatedAt": 1},
-    ))
-    if not candidates:
-        return 0, False
-    booked = booked_counts()
+    safety = timedelta(milliseconds=_safety_ms() if safety_ms is None else int(safety_ms))
     corrected = 0
-    examined = 0
     has_more = False
-    for doc in candidates:
-        if corrected >= limit:
-            has_more = True
-            break
-        examined += 1
-        key, count, updated_at = doc["_id"], doc.get("count"), doc.get("updatedAt")
-        want = booked.get(key, 0)
-        if updated_at is None:
-            counters.update_one({"_id": key, "count": count, "updatedAt": {"$exists": False}},
-                                {"$currentDate": {"updatedAt": True}})
-            continue
-        guard: dict[str, Any] = {"_id": key, "count": count, "updatedAt": updated_at}
-        if want == 0:
-            if counters.delete_one(guard).deleted_count:
-                corrected += 1
-                if count:
-                    metrics.RECONCILE.labels(outcome="corrected").inc()
-                    log.info("reconcile: deleted counter %s (count %s, no holder books it)", key, count)
-        elif count != want:
-            if counters.update_one(guard, {"$set": {"count": want}, "$currentDate": {"updatedAt": True}}).matched_count:
+
+    legacy = list(counters.find({"holders": {"$exists": False}}, {"count": 1, "updatedAt": 1}).limit(limit + 1))
+    if legacy:
+        has_more = len(legacy) > limit
+        legacy = legacy[:limit]
+        booked_by = slots.entries_by_key([d["_id"] for d in legacy])
+        for doc in legacy:
+            if slots.convert_legacy(doc, booked_by, safety=safety, now=now) and \
+                    doc.get("count") != len(booked_by.get(doc["_id"], [])):
                 corrected += 1
                 metrics.RECONCILE.labels(outcome="corrected").inc()
-                log.info("reconcile: counter %s corrected %s -> %s", key, count, want)
+
+    booked = list(counters.find({"holders.0": {"$exists": True}}, {"holders": 1}).limit(limit + 1))
+    has_more = has_more or len(booked) > limit
+    for doc in booked[:limit]:
+        missing, _ = slots.orphans(doc["holders"], now)
+        for booking in missing:
+            after = slots.pull_entry(doc["_id"], booking)
+            if after is not None:
+                corrected += 1
+                metrics.RECONCILE.labels(outcome="corrected").inc()
+                log.info("reconcile: %s booked %s, whose holder is gone; returned", doc["_id"],
+                         slots.token_of(booking))
+                waiting.hand_off(after)
+
+    for doc in counters.find({"holders": {"$exists": True}}, {"count": 1, "holders": 1, "updatedAt": 1,
+                                                            "queue": 1, "clock": 1}).limit(limit):
+        entries = doc.get("holders") or []
+        guard = {"_id": doc["_id"], "count": doc.get("count"), "updatedAt": doc.get("updatedAt")}
+        if doc.get("count") != len(entries):
+            if counters.update_one(guard, {"$set": {"count": len(entries)},
+                                           "$currentDate": {"updatedAt": True}}).matched_count:
+                corrected += 1
+                metrics.RECONCILE.labels(outcome="corrected").inc()
+                log.info("reconcile: counter %s corrected %s -> %d", doc["_id"], doc.get("count"), len(entries))
+        elif not entries and not doc.get("queue") and (doc.get("updatedAt") is None or doc["updatedAt"] < now - safety):
+            counters.delete_one({**guard, "holders.0": {"$exists": False}, "queue.0": {"$exists": False}})
+        if doc.get("queue"):
+            waiting.prune({**doc, "clock": now})
     return corrected, has_more
 
 
