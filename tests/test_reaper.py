@@ -72,84 +72,97 @@ def reap_value(reason):
     return metrics.REAP.labels(reason=reason)._value.get()
 
 
-def test_given_crash_between_counter_inc_and_level_push_then_reconcile_corrects_only_after_the_safety_margin(recorder):
-    # Given: a holder whose last counter increment never got its level push (crash window).
+def test_given_crash_after_the_holder_delete_then_reconcile_pulls_its_entries_at_once(recorder):
+    # Given: a release that deleted its holder and died before returning the slots.
     lease = acquire()
-    global_key = lease.levels[-1]
-    store.holders().update_one({"_id": lease.token}, {"$pull": {"levels": global_key}})
-    lease.release()  # returns only the registered levels; the global counter drifts by one
-    drifted = counter(global_key)
-    assert drifted["count"] == 1
+    store.holders().delete_one({"_id": lease.token})
+    assert all(counter(k)["count"] == 1 for k in lease.levels)
     corrected_before = metrics.RECONCILE.labels(outcome="corrected")._value.get()
-    # When: reconcile runs before the margin has passed (server time) — then: untouched.
-    just_before = drifted["updatedAt"] + timedelta(milliseconds=SAFETY_MS - 1)
-    assert sweeps.reconcile(now=just_before) == (0, False)
-    assert counter(global_key) == drifted
-    # When: past the margin — then: no holder books it, so the counter is deleted.
-    past = drifted["updatedAt"] + timedelta(milliseconds=SAFETY_MS + 1)
-    corrected, has_more = sweeps.reconcile(now=past)
-    assert corrected >= 1 and has_more is False
-    assert counter(global_key) is None
-    assert metrics.RECONCILE.labels(outcome="corrected")._value.get() == corrected_before + 1
+    # When: reconcile runs right away (no safety margin: the entry names its holder).
+    corrected, has_more = sweeps.reconcile()
+    # Then: every level's entry is pulled, exactly once.
+    assert (corrected, has_more) == (4, False)
+    assert all(counter(k)["count"] == 0 and counter(k)["holders"] == [] for k in lease.levels)
+    assert metrics.RECONCILE.labels(outcome="corrected")._value.get() == corrected_before + 4
+    assert sweeps.reconcile() == (0, False)
 
 
-def test_given_fresh_drifted_counter_then_reconcile_never_touches_it(recorder):
+def test_given_an_acquisition_in_flight_then_reconcile_leaves_its_entries(recorder):
+    # Given: a holder (PENDING) that booked its first level and has not finished (alive).
     lease = acquire()
-    key = lease.levels[0]
-    store.counters().update_one({"_id": key}, {"$inc": {"count": 1}, "$currentDate": {"updatedAt": True}})
-    fresh = counter(key)
-    assert sweeps.reconcile() == (0, False)  # real server now: updatedAt is milliseconds old
-    assert counter(key) == fresh
-    lease.release()
+    store.holders().update_one({"_id": lease.token}, {"$set": {"state": "PENDING", "levels": []}})
+    # When: reconcile runs long after any margin.
+    sweeps.reconcile(now=store.server_now() + timedelta(milliseconds=SAFETY_MS * 10))
+    # Then: its holder document exists, so its bookings stand.
+    assert all(counter(k)["count"] == 1 for k in lease.levels)
 
 
-def test_given_old_counter_higher_than_its_holders_then_reconcile_sets_it_to_the_booked_count(recorder):
+def test_given_a_count_that_differs_from_its_entries_then_reconcile_sets_it_to_the_list(recorder):
     held = [acquire(user="u1"), acquire(user="u2")]
     tenant_key = held[0].levels[2]
-    store.counters().update_one({"_id": tenant_key}, {"$inc": {"count": 2}})  # delete-then-crash, twice
-    doc = counter(tenant_key)
-    assert doc["count"] == 4
-    sweeps.reconcile(now=doc["updatedAt"] + timedelta(milliseconds=SAFETY_MS + 1))
-    assert counter(tenant_key)["count"] == 2
+    store.counters().update_one({"_id": tenant_key}, {"$inc": {"count": 2}})  # a hand edit
+    assert counter(tenant_key)["count"] == 4
+    sweeps.reconcile()
+    assert counter(tenant_key)["count"] == 2 and len(counter(tenant_key)["holders"]) == 2
     for lease in held:
         lease.release()
+    assert counter(tenant_key)["count"] == 0
 
 
-def test_given_counter_changes_between_read_and_write_then_reconcile_leaves_it(recorder, monkeypatch):
+def test_given_reconcile_and_lazy_repair_racing_then_a_slot_comes_back_once(recorder):
+    from leases import waiting
+
+    # Given: two holders; one vanished after its delete (its entries left behind).
+    alive, dead = acquire(user="u1"), acquire(user="u2")
+    store.holders().delete_one({"_id": dead.token})
+    key = dead.levels[-1]
+    before = counter(key)
+    # When: the lazy repair of a full counter and the sweep both return the dead entry.
+    assert waiting.repair({**before, "count": before["cap"]}, store.server_now()) is True
+    sweeps.reconcile()
+    # Then: only the dead holder's slot came back, once; the live one still books its slot.
+    after = counter(key)
+    assert after["count"] == 1 and after["holders"] == [e for e in before["holders"] if alive.token in e]
+    alive.release()
+    assert counter(key)["count"] == 0
+
+
+def test_given_a_counter_written_before_entries_then_it_is_converted_without_losing_a_slot(recorder):
+    # Given: the old shape: a count and holders that register the key in ``levels`` only.
     lease = acquire()
     key = lease.levels[-1]
-    store.counters().update_one({"_id": key}, {"$inc": {"count": 1}})
+    store.counters().update_one({"_id": key}, {"$unset": {"holders": ""}, "$inc": {"count": 1}})
+    store.holders().update_one({"_id": lease.token}, {"$unset": {"keys": ""}})
     old = counter(key)
-    real_booked = sweeps.booked_counts
-    late = []
-
-    def booked_then_acquire():
-        booked = real_booked()
-        late.append(acquire(user="u2"))  # an acquisition lands after reconcile read the counters
-        return booked
-
-    monkeypatch.setattr(sweeps, "booked_counts", booked_then_acquire)
-    sweeps.reconcile(now=old["updatedAt"] + timedelta(milliseconds=SAFETY_MS + 1))
-    after = counter(key)
-    assert after["count"] == old["count"] + 1  # the in-flight acquisition's increment survives
-    lease.release()
-    late[0].release()
+    # When: the migration's conversion runs.
+    assert sweeps.convert_legacy_counters() == 1
+    # Then: the count is what the holders book, each by entry, and release returns it.
+    converted = counter(key)
+    assert converted["count"] == 1 and len(converted["holders"]) == 1 and lease.token in converted["holders"][0]
+    assert old["count"] == 2
+    assert lease.release() is True
+    assert counter(key)["count"] == 0
 
 
-def test_given_dormant_counters_then_reconcile_deletes_them_and_stamps_unstamped_ones_first(recorder):
+def test_given_an_acquire_on_a_counter_written_before_entries_then_it_converts_it_first(recorder):
+    lease = acquire()
+    key = lease.levels[-1]
+    store.counters().update_one({"_id": key}, {"$unset": {"holders": ""}})
+    second = acquire(user="u2")
+    doc = counter(key)
+    assert doc["count"] == 2 and sorted(e.rsplit("/", 1)[1] for e in doc["holders"]) == sorted(
+        [lease.token, second.token])
+
+
+def test_given_dormant_counters_then_reconcile_deletes_them_after_the_margin(recorder):
     lease = acquire()
     keys = list(lease.levels)
     lease.release()
     assert all(counter(k)["count"] == 0 for k in keys)
-    store.counters().insert_one({"_id": "res|user|t9/u9", "resource": "res", "level": "user", "scope": "t9/u9",
-                                 "tenantId": "t9", "count": 0, "cap": 2})  # created by the _id upsert only
-    now = store.server_now() + timedelta(milliseconds=SAFETY_MS + 1000)
-    sweeps.reconcile(now=now)
+    sweeps.reconcile()
+    assert all(counter(k) is not None for k in keys)  # fresh: kept
+    sweeps.reconcile(now=store.server_now() + timedelta(milliseconds=SAFETY_MS + 1000))
     assert all(counter(k) is None for k in keys)
-    stamped = counter("res|user|t9/u9")
-    assert stamped is not None and "updatedAt" in stamped  # not deleted yet: it only now starts to age
-    sweeps.reconcile(now=stamped["updatedAt"] + timedelta(milliseconds=SAFETY_MS + 1))
-    assert counter("res|user|t9/u9") is None
 
 
 def test_given_holders_of_dead_alive_and_detached_pods_then_pod_reap_takes_only_the_dead_pods_leases(recorder, collected):

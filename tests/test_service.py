@@ -44,6 +44,11 @@ def counter(key):
     return None if doc is None else doc["count"]
 
 
+def expire_now(token):
+    """Age a holder past its TTL on MongoDB's clock (no sleeping, no client clock)."""
+    store.holders().update_one({"_id": token}, [{"$set": {"expiresAt": {"$subtract": ["$$NOW", 1000]}}}])
+
+
 def test_given_caps_on_all_levels_when_acquiring_then_each_level_is_booked_narrow_to_wide():
     put("res", "levels: {global: 5, tenant: 4, project: 3, user: 2}\nttlSeconds: 30")
     lease = leases.acquire(req())
@@ -113,37 +118,34 @@ def test_given_a_wait_when_it_stays_full_then_busy_after_wait_and_not_forever():
 
 
 def test_given_store_error_mid_funnel_then_rollback_leaves_no_residue(monkeypatch):
+    from leases import slots
+
     put("res", "levels: {global: 5, tenant: 5, project: 5, user: 5}")
-    calls = {"n": 0}
-    real = service._take_level
+    real = slots.take
 
-    def failing(spec, resource):
-        calls["n"] += 1
-        if calls["n"] == 3:  # user and project taken, tenant fails
+    def failing(spec, booking, **kw):
+        if spec.level == "tenant":  # user and project taken, tenant fails
             raise pymongo.errors.AutoReconnect("injected")
-        return real(spec, resource)
+        return real(spec, booking, **kw)
 
-    monkeypatch.setattr(service, "_take_level", failing)
+    monkeypatch.setattr(slots, "take", failing)
     with pytest.raises(leases.LeaseUnavailable):
         leases.acquire(req())
     assert store.holders().count_documents({}) == 0
     assert counter("res|user|acme/u1") == 0 and counter("res|project|acme/p1") == 0
 
 
-def test_given_store_error_after_inc_before_push_then_rollback_returns_that_level_too(monkeypatch):
+def test_given_store_error_after_the_last_booking_then_rollback_returns_every_level(monkeypatch):
     put("res", "levels: {tenant: 5, project: 5}")
     holders = store.holders()
-    real_update = type(holders).update_one
-    state = {"n": 0}
+    real = type(holders).find_one_and_update
 
     def failing(self, flt, update, *a, **kw):
-        if self.name == store.HOLDERS and isinstance(update, dict) and "$push" in update:
-            state["n"] += 1
-            if state["n"] == 2:
-                raise pymongo.errors.NetworkTimeout("injected after inc")
-        return real_update(self, flt, update, *a, **kw)
+        if self.name == store.HOLDERS and isinstance(update, list) and update[0]["$set"].get("state") == "HELD":
+            raise pymongo.errors.NetworkTimeout("injected after the bookings")
+        return real(self, flt, update, *a, **kw)
 
-    monkeypatch.setattr(type(holders), "update_one", failing)
+    monkeypatch.setattr(type(holders), "find_one_and_update", failing)
     with pytest.raises(leases.LeaseUnavailable):
         leases.acquire(req())
     monkeypatch.undo()
@@ -178,7 +180,7 @@ def test_check_extends_the_ttl_on_server_time():
 def test_given_an_idle_holder_when_its_ttl_passes_then_it_is_reaped_and_check_raises_lost(handler):
     put("res", "levels: {project: 1}\nttlSeconds: 1\nwaitMs: 0")
     stale = leases.acquire(req(holder_ref="crashed"))
-    time.sleep(1.2)
+    expire_now(stale.token)
     # The next acquisition's lazy reap returns the slot without any scheduled sweep.
     fresh = leases.acquire(req(user="u2"))
     assert counter("res|project|acme/p1") == 1
@@ -204,7 +206,7 @@ def test_given_a_reaped_holder_with_listener_then_listener_gets_it():
     try:
         lease = leases.acquire(req(holder_ref="job-1"))
         lease.update_payload({"jobId": "J1"})
-        time.sleep(1.2)
+        expire_now(lease.token)
         assert reaper.reap_idle() == (1, False)
     finally:
         listener.set_listener(previous)
@@ -269,9 +271,21 @@ def test_uncontended_command_budget():
         counted.commands.clear()
         lease.release()
         release_cmds = list(counted.commands)
-    assert len(acquire_cmds) == 2 * 4 + 1, acquire_cmds  # budget 2L+2
+    # Holder, one conditional push per level, HELD: L + 2 (the old funnel took 2L + 1).
+    assert acquire_cmds == ["findAndModify"] + ["update"] * 4 + ["findAndModify"], acquire_cmds
     assert check_cmds == ["update"]
-    assert release_cmds == ["findAndModify", "update"]
+    # Delete, the narrower levels in one bulk, the gate (which returns its queue).
+    assert release_cmds == ["findAndModify", "update", "findAndModify"]
+
+
+def test_uncontended_command_budget_of_one_level():
+    put("one", "levels: {global: 9}")
+    from leases import invalidation
+    assert invalidation.wait_listening()
+    leases.acquire(req(lease="one")).release()
+    with counted_commands() as counted:
+        leases.acquire(req(lease="one")).release()
+    assert counted.commands == ["findAndModify", "update", "findAndModify", "findAndModify", "findAndModify"]
 
 
 def test_given_unregistered_type_then_refused_and_nothing_written():
