@@ -1,0 +1,268 @@
+"""The waiting queue: no barging, tenant-fair order, no head-of-line blocking, wake-ups,
+dead waiters leave, outages end in LeaseUnavailable, budgets per grant."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+import leases
+from leases import config, handlers, order, store, waiting, wakeups
+from leases.definitions import document_path
+from tests.helpers import PYTHON, REPO, child_env, counted_commands
+
+
+class Quiet(handlers.LeaseHandler):
+    type = "test"
+
+    def on_revoked(self, holder):
+        pass
+
+
+@pytest.fixture(autouse=True)
+def handler():
+    handlers.register_handler(Quiet())
+    yield
+    handlers.unregister_handler("test")
+
+
+def put(name, text):
+    config.put_document("_vance", "_tenant", document_path(name), text)
+
+
+def req(tenant="acme", project="p1", user="u1", lease="res", **kw):
+    return leases.LeaseRequest(type="test", lease=lease, tenant_id=tenant, project_id=project, user_id=user, pod="", **kw)
+
+
+def gate_doc(key="res|global|*"):
+    return store.counters().find_one({"_id": key}) or {}
+
+
+def queued_ids(key="res|global|*"):
+    return [t["id"] for t in gate_doc(key).get("queue") or ()]
+
+
+def until(predicate, timeout=10.0, step=0.01):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    raise AssertionError("condition not reached in time")
+
+
+class Waiter(threading.Thread):
+    """An acquire in a thread of this process; ``lease`` or ``error`` once it ends."""
+
+    def __init__(self, request):
+        super().__init__(daemon=True)
+        self.request, self.lease, self.error = request, None, None
+
+    def run(self):
+        try:
+            self.lease = leases.acquire(self.request)
+        except leases.LeaseError as exc:
+            self.error = exc
+
+
+def queue_up(request, key="res|global|*"):
+    """Start a waiter and return once its ticket is in the queue (arrival order is fixed)."""
+    before = len(queued_ids(key))
+    w = Waiter(request)
+    w.start()
+    until(lambda: len(queued_ids(key)) > before)
+    return w
+
+
+def test_given_a_queue_when_a_slot_frees_then_a_newcomer_cannot_barge():
+    put("res", "levels: {global: 1}\nwaitMs: 10000")
+    holder = leases.acquire(req(user="h"))
+    waiter = queue_up(req(user="w"))
+    holder.release()
+    # Then: the freed slot belongs to the queued waiter, whatever the newcomer does.
+    with pytest.raises(leases.LeaseBusy):
+        leases.acquire(req(user="newcomer", wait_ms=0))
+    waiter.join(10)
+    assert waiter.lease is not None and waiter.lease.request.user_id == "w"
+    waiter.lease.release()
+
+
+def test_given_tenants_waiting_then_the_tenant_holding_fewest_goes_first_and_then_the_oldest():
+    put("res", "levels: {global: 2}\nwaitMs: 10000")
+    a_held = leases.acquire(req(tenant="a", user="a0"))
+    c_held = leases.acquire(req(tenant="c", user="c0"))
+    a1 = queue_up(req(tenant="a", user="a1"))
+    a2 = queue_up(req(tenant="a", user="a2"))
+    b1 = queue_up(req(tenant="b", user="b1"))  # newest, but tenant b holds nothing
+    c_held.release()
+    b1.join(10)
+    assert b1.lease is not None and a1.lease is None and a2.lease is None
+    a_held.release()  # a now holds 0, b holds 1: a's oldest goes next
+    a1.join(10)
+    assert a1.lease is not None and a2.lease is None
+    for w in (a1, b1):
+        w.lease.release()
+    a2.join(10)
+    assert a2.lease is not None
+    a2.lease.release()
+
+
+def test_given_a_ticket_its_own_tenant_cap_blocks_then_it_does_not_hold_back_other_tenants():
+    put("res", "levels: {global: 3, tenant: 1}\nwaitMs: 10000")
+    a_held = leases.acquire(req(tenant="a", user="a0"))
+    x_held = leases.acquire(req(tenant="x", user="x0"))
+    y_held = leases.acquire(req(tenant="y", user="y0"))
+    blocked = queue_up(req(tenant="a", user="a1"))  # oldest, blocked by its tenant cap
+    b1 = queue_up(req(tenant="b", user="b1"))
+    x_held.release()
+    b1.join(10)
+    assert b1.lease is not None and blocked.lease is None
+    a_held.release()
+    blocked.join(10)
+    assert blocked.lease is not None
+    for lease in (blocked.lease, b1.lease, y_held):
+        lease.release()
+
+
+def test_given_wait_timeout_then_busy_names_the_level_and_the_place_and_the_ticket_is_gone():
+    put("res", "levels: {global: 1}\nwaitMs: 10000")
+    held = leases.acquire(req(user="h"))
+    first = queue_up(req(user="w1", wait_ms=3000))
+    with pytest.raises(leases.LeaseBusy) as busy:
+        leases.acquire(req(user="w2", wait_ms=300))
+    assert busy.value.level == "global" and busy.value.count == 1 and busy.value.cap == 1
+    assert busy.value.position == 2
+    assert queued_ids() == [first.request and queued_ids()[0]] and len(queued_ids()) == 1
+    first.join(10)
+    assert first.error is not None and first.error.position == 1
+    assert queued_ids() == []
+    assert store.holders().count_documents({}) == 1  # only the holder: no waiter left a document
+    held.release()
+
+
+def test_given_wakeups_are_lost_then_waiters_are_still_granted_by_their_own_poll(monkeypatch, settings):
+    settings.LEASES_WAIT_POLL_MS = 200
+    monkeypatch.setattr(wakeups, "publish", lambda ids: None)  # as if Redis were down
+    put("res", "levels: {global: 1}\nwaitMs: 10000")
+    held = leases.acquire(req(user="h"))
+    waiter = queue_up(req(user="w"))
+    held.release()
+    waiter.join(10)
+    assert waiter.lease is not None
+    waiter.lease.release()
+
+
+def test_given_a_release_then_only_the_picked_waiter_is_woken():
+    put("res", "levels: {global: 1}\nwaitMs: 10000")
+    held = leases.acquire(req(user="h"))
+    waiters = [queue_up(req(user=f"w{i}")) for i in range(3)]
+    woken = []
+    real = wakeups._deliver
+
+    def spy(ids):
+        ids = list(ids)
+        woken.extend(ids)
+        return real(ids)
+
+    wakeups._deliver, saved = spy, real
+    try:
+        held.release()
+        until(lambda: waiters[0].lease is not None)
+    finally:
+        wakeups._deliver = saved
+    assert woken == [waiters[0].lease.token]
+    for i, w in enumerate(waiters):
+        until(lambda: w.lease is not None)
+        w.lease.release()
+
+
+def test_contended_grant_command_budget(settings):
+    # Given: a full cap-1 resource. When: a waiter queues, the holder releases, the waiter
+    # is granted and releases. Then: queueing 3 (holder, the refused push, the ticket),
+    # release 2 (which hands the slot over), the privileged booking 2, its release 2 —
+    # uncontended acquire + release is 5, so the queue costs 4 per grant (a keep-alive
+    # more if the machine is slow enough for a poll to fall due).
+    put("res", "levels: {global: 1}\nwaitMs: 10000")
+    from leases import invalidation
+    from tests.helpers import CommandCounter
+
+    class AllThreads(CommandCounter):
+        def started(self, event):
+            if event.command_name != "endSessions":
+                self.commands.append(event.command_name)
+
+    assert invalidation.wait_listening()
+    leases.acquire(req(user="warm")).release()
+    held = leases.acquire(req(user="h"))
+    # The repair check of a full counter (a claim and a read, once per interval for all
+    # processes) is not part of a grant: stamp it done for this test.
+    settings.LEASES_REPAIR_INTERVAL_MS = 600000
+    assert waiting.repair(gate_doc(), store.server_now()) is False
+    import pymongo
+    from django.conf import settings as dj
+    counter = AllThreads()
+    client = pymongo.MongoClient(dj.MONGODB_URI, event_listeners=[counter])
+    store.set_client(client)
+    try:
+        store.ensure_indexes(client[store.database_name()])
+        counter.commands.clear()
+        waiter = queue_up(req(user="w"))
+        queued = len([c for c in counter.commands if c != "find"])  # queue_up's own reads
+        held.release()
+        waiter.join(10)
+        assert waiter.lease is not None
+        waiter.lease.release()
+        work = [c for c in counter.commands if c != "find"]
+    finally:
+        store.set_client(None)
+        client.close()
+    assert queued == 3, counter.commands
+    assert 9 <= len(work) <= 10, work
+
+
+def _child(code, **env):
+    return subprocess.Popen([PYTHON, "-c", code], cwd=REPO, env=child_env(**env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+WAIT_CHILD = """
+import django; django.setup()
+import leases
+from leases import handlers
+class Q(handlers.LeaseHandler):
+    type = "test"
+    def on_revoked(self, holder): pass
+handlers.register_handler(Q())
+print("ready", flush=True)
+leases.acquire(leases.LeaseRequest(type="test", lease="res", tenant_id="acme", project_id="p1",
+                                   user_id="child", pod=""))
+print("granted", flush=True)
+"""
+
+
+def test_given_a_waiter_killed_with_sigkill_then_its_ticket_leaves_within_the_ticket_ttl(settings):
+    put("res", "levels: {global: 1}\nwaitMs: 60000")
+    held = leases.acquire(req(user="h"))
+    child = _child(WAIT_CHILD)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        dead = until(lambda: queued_ids() and queued_ids()[0])
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(10)
+        # The dead ticket is first in line; once it is stale the next waiter gets the slot.
+        follower = queue_up(req(user="follower"))
+        held.release()
+        follower.join(waiting.ticket_ttl_ms() / 1000 + 5)
+        assert follower.lease is not None
+        assert dead not in queued_ids()
+        assert store.counters().find_one({"_id": "res|global|*"})["count"] == 1
+        follower.lease.release()
+    finally:
+        if child.poll() is None:
+            child.kill()
