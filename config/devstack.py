@@ -55,7 +55,7 @@ def write_record(record: DevstackRecord, path: Path | None = None) -> Path:
     path = path or record_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     body = {"mongodbUri": record.mongodb_uri, "mongodbDb": record.mongodb_db,
-            "webUrls": list(record.web_urls), "pid": record.pid}
+            "webUrls": list(record.web_urls), "pid": record.pid, "pidStartTicks": _start_ticks(record.pid)}
     # The URI may carry credentials of an external server.
     fd, tmp = tempfile.mkstemp(prefix=".devstack-", suffix=".json", dir=path.parent)
     try:
@@ -80,14 +80,25 @@ def remove_record(pid: int, path: Path | None = None) -> None:
         pass
 
 
-def _pid_alive(pid: int) -> bool:
+def _start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot, Linux), ``None`` where unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        # The command name (field 2) may hold spaces and parentheses; fields after it are plain.
+        return int(stat[stat.rindex(")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _pid_alive(pid: int, start_ticks: int | None) -> bool:
+    """Whether ``pid`` runs and is still the process that wrote the record (not a reused pid)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    return start_ticks is None or _start_ticks(pid) in (None, start_ticks)
 
 
 def _read_raw(path: Path) -> dict | None:
@@ -122,14 +133,16 @@ def _read_raw(path: Path) -> dict | None:
 def recorded_server(path: Path | None = None) -> DevstackRecord | None:
     """The running dev stack's record, or ``None`` if there is none or its stack has exited.
 
-    A stack killed with SIGKILL leaves its record behind; its pid no longer runs, so the
-    record is ignored rather than pointing commands at a server that died with it.
+    A stack killed with SIGKILL leaves its record behind; its pid no longer runs (or now
+    names another process, told apart by its start time), so the record is ignored rather
+    than pointing commands at a server that died with it.
 
     Raises:
         django.core.exceptions.ImproperlyConfigured: the record file is unreadable or malformed.
     """
     body = _read_raw(path or record_path())
-    if body is None or not _pid_alive(body["pid"]):
+    ticks = body.get("pidStartTicks") if body is not None else None
+    if body is None or not _pid_alive(body["pid"], ticks if type(ticks) is int else None):
         return None
     return DevstackRecord(mongodb_uri=body["mongodbUri"].strip(), mongodb_db=body["mongodbDb"].strip(),
                           web_urls=tuple(str(url) for url in body.get("webUrls", [])), pid=body["pid"])
@@ -159,10 +172,45 @@ def _run(env: dict[str, str], *args: str) -> None:
     subprocess.run([sys.executable, "manage.py", *args], cwd=REPO, env=env, check=True)
 
 
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _startup_problem() -> str | None:
+    """Why the stack cannot start here (bad DEV_WEB_PORT, port taken, already running), or None."""
+    raw = os.environ.get("DEV_WEB_PORT", "8000").strip()
+    if not raw.isdigit() or not 1 <= int(raw) <= 65534:
+        return f"DEV_WEB_PORT must be a port number (the second web pod takes the next one), got {raw!r}"
+    from django.core.exceptions import ImproperlyConfigured
+
+    try:
+        running = recorded_server()
+    except ImproperlyConfigured:
+        running = None  # a broken record is overwritten once the stack is up
+    if running is not None:
+        return (f"a dev stack of this checkout is already running (pid {running.pid}, "
+                f"{', '.join(running.web_urls)}; recorded in {record_path()})")
+    for port in (int(raw), int(raw) + 1):
+        if not _port_free(port):
+            return f"port {port} on 127.0.0.1 is in use; set DEV_WEB_PORT to a free pair of ports"
+    return None
+
+
 def main() -> int:
     """Run the stack until interrupted; returns the exit code."""
     VAR.mkdir(exist_ok=True)
     sys.path.insert(0, str(REPO))
+    problem = _startup_problem()
+    if problem:
+        print(f"dev stack not started: {problem}", file=sys.stderr, flush=True)
+        return 1
     server = None
     if not os.environ.get("MONGODB_URI"):
         from leases.embedded import start_server

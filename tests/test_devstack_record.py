@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+from pathlib import Path
 
 import pytest
 from django.conf import settings
@@ -119,7 +121,7 @@ def test_given_a_broken_record_then_manage_fails_closed_naming_the_file(tmp_path
 
 def test_record_path_defaults_to_var_and_is_overridable(monkeypatch, tmp_path):
     monkeypatch.delenv("LEASES_DEVSTACK_RECORD", raising=False)
-    assert record_path() == __import__("pathlib").Path(REPO) / "var" / "devstack.json"
+    assert record_path() == Path(REPO) / "var" / "devstack.json"
     monkeypatch.setenv("LEASES_DEVSTACK_RECORD", str(tmp_path / "x.json"))
     assert record_path() == tmp_path / "x.json"
 
@@ -135,3 +137,73 @@ def test_a_stopping_stack_removes_only_its_own_record(tmp_path):
     remove_record(os.getpid(), path)
     assert not path.exists()
     assert recorded_server(path) is None
+
+
+def test_given_a_record_whose_pid_now_names_another_process_then_it_is_ignored(tmp_path):
+    # The stack died and its pid was handed to an unrelated process (here: this one, with a
+    # start time that differs from the recorded one).
+    path = write_record(DevstackRecord(settings.MONGODB_URI, store.database_name(), (), os.getpid()),
+                        tmp_path / "devstack.json")
+    body = json.loads(path.read_text())
+    assert isinstance(body["pidStartTicks"], int)
+    assert recorded_server(path) is not None
+    body["pidStartTicks"] += 1
+    path.write_text(json.dumps(body))
+
+    assert recorded_server(path) is None
+    result = manage(path, "lease", "list")
+    assert result.returncode == 2 and "is no longer running" in result.stderr
+
+
+def start_stack(record: os.PathLike, **env: str) -> subprocess.CompletedProcess:
+    """``python -m config.devstack`` as dev.sh runs it; only start-up refusals are exercised here.
+
+    Own process group: should the refusal regress, the whole stack it started is killed at
+    the timeout instead of outliving the test.
+    """
+    proc = subprocess.Popen([PYTHON, "-m", "config.devstack"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**second_terminal_env(record), **env})
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def test_given_a_running_stack_of_this_checkout_when_another_starts_then_it_refuses(tmp_path):
+    record = write_record(DevstackRecord("mongodb://127.0.0.1:1/", "leases", ("http://127.0.0.1:8000",),
+                                         os.getpid()), tmp_path / "devstack.json")
+    before = record.read_text()
+
+    result = start_stack(record)
+
+    assert result.returncode == 1
+    assert f"a dev stack of this checkout is already running (pid {os.getpid()}" in result.stderr
+    assert "embedded MongoDB-compatible server" not in result.stdout  # nothing was started
+    assert record.read_text() == before
+
+
+@pytest.mark.parametrize("port", ["abc", "0", "65535"])
+def test_given_a_bad_dev_web_port_then_the_stack_refuses_before_starting_anything(tmp_path, port):
+    result = start_stack(tmp_path / "devstack.json", DEV_WEB_PORT=port)
+
+    assert result.returncode == 1
+    assert "DEV_WEB_PORT must be a port number" in result.stderr and repr(port) in result.stderr
+    assert result.stdout == "" and not (tmp_path / "devstack.json").exists()
+
+
+def test_given_a_web_port_in_use_then_the_stack_refuses_and_names_dev_web_port(tmp_path):
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        result = start_stack(tmp_path / "devstack.json", DEV_WEB_PORT=str(taken))
+
+    assert result.returncode == 1
+    assert f"port {taken} on 127.0.0.1 is in use; set DEV_WEB_PORT" in result.stderr
+    assert result.stdout == ""
