@@ -7,8 +7,9 @@ Environment variables
 
 | Variable                        | Setting                         | Default                        | Meaning                                                                 |
 |---------------------------------|---------------------------------|--------------------------------|-------------------------------------------------------------------------|
-| MONGODB_URI                     | MONGODB_URI                     | (required)                     | MongoDB connection string. Unset: use the embedded dev command / tests. |
+| MONGODB_URI                     | MONGODB_URI                     | (dev stack's)                  | MongoDB connection string. Unset: the running dev stack's (var/devstack.json). |
 | MONGODB_DB                      | MONGODB_DB                      | leases                         | Database name (tests use test_<MONGODB_DB>).                            |
+| LEASES_DEVSTACK_RECORD          | (read by config.devstack)       | var/devstack.json              | Where the dev stack records its server for commands without MONGODB_URI. |
 | DJANGO_SECRET_KEY               | SECRET_KEY                      | insecure dev key               | Django secret key. Must be set in production.                           |
 | DJANGO_DEBUG                    | DEBUG                           | 1                              | "1"/"true"/"yes"/"on" enable debug mode; anything else disables it.     |
 | DJANGO_ALLOWED_HOSTS            | ALLOWED_HOSTS                   | localhost,127.0.0.1,[::1]      | Comma-separated host names.                                             |
@@ -133,16 +134,20 @@ TEMPLATES = [
 # --- Database: MongoDB only ---------------------------------------------------------------
 
 MONGODB_URI = os.environ.get("MONGODB_URI", "").strip()
-MONGODB_DB = os.environ.get("MONGODB_DB", "leases").strip() or "leases"
+MONGODB_DB = os.environ.get("MONGODB_DB", "").strip()
 LEASES_MONGO_TIMEOUT_MS = _env_int("LEASES_MONGO_TIMEOUT_MS", 2000)
 
 if not MONGODB_URI:
-    raise ImproperlyConfigured(
-        "MONGODB_URI is not set. Either set MONGODB_URI to a MongoDB connection string "
-        "(e.g. mongodb://127.0.0.1:27017/?directConnection=true), or run the development "
-        "server with the embedded SecantusDB server: `python manage.py devserver_embedded` "
-        "(tests start their own embedded server automatically)."
-    )
+    # A second terminal next to `bash scripts/dev.sh` has no MONGODB_URI: use the server the
+    # running dev stack recorded (its embedded server listens on a port chosen at start-up).
+    from config.devstack import no_server_message, recorded_server
+
+    _devstack = recorded_server()
+    if _devstack is None:
+        raise ImproperlyConfigured(no_server_message())
+    MONGODB_URI = _devstack.mongodb_uri
+    MONGODB_DB = MONGODB_DB or _devstack.mongodb_db
+MONGODB_DB = MONGODB_DB or "leases"
 
 # parse_uri is deprecated in django-mongodb-backend 5.2 (Django 6 moves to HOST=<uri>),
 # but it is what the 5.2.x docs/template use; silence its warning here only.

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Main job: install, then run web pods + Celery worker + beat + demo consumers on the
-# embedded MongoDB-compatible server with demo tenants and data.
+# embedded MongoDB-compatible server with demo tenants and data. While it runs, var/devstack.json
+# says where its server is, so `.venv/bin/python manage.py …` in another terminal finds it.
+# DEV_WEB_PORT (default 8000) moves the two web pods (that port and the next).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SKIP_BROWSER=1 bash scripts/bootstrap.sh
