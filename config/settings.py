@@ -28,6 +28,7 @@ Environment variables
 | LEASES_POD_INTERVAL_MAX         | LEASES_POD_INTERVAL_MAX         | 60                             | Maximum pod heartbeat interval (s).                                     |
 | LEASES_POD_EXPIRY_FACTOR        | LEASES_POD_EXPIRY_FACTOR        | 3                              | Pod expires after interval * factor without a heartbeat.                |
 | LEASES_DEFINITION_CACHE_SECONDS | LEASES_DEFINITION_CACHE_SECONDS | 300                            | Max age of the in-process lease-definition cache (s).                   |
+| LEASES_INVALIDATION_LIVENESS_MS | LEASES_INVALIDATION_LIVENESS_MS | 2000                           | Cache hits need a Redis ping answered this recently (100-2000 ms).      |
 | LEASES_POD_AUTOSTART            | LEASES_POD_AUTOSTART            | 1                              | Web processes register as pods on their first request (tests: off).    |
 | LEASES_WORKER_INTERNAL_BIND     | LEASES_WORKER_INTERNAL_BIND     | 127.0.0.1:0                    | host:port a Celery worker serves /internal/lease/ on (0 = free port).  |
 | LEASES_SESSION_TOOLS            | LEASES_SESSION_TOOLS            | {}                             | JSON {tool: {endpoint, auth}} for leases.contrib.sessions.             |
@@ -215,6 +216,12 @@ LEASES_POD_INTERVAL_MIN = _env_int("LEASES_POD_INTERVAL_MIN", 2)
 LEASES_POD_INTERVAL_MAX = _env_int("LEASES_POD_INTERVAL_MAX", 60)
 LEASES_POD_EXPIRY_FACTOR = _env_int("LEASES_POD_EXPIRY_FACTOR", 3)
 LEASES_DEFINITION_CACHE_SECONDS = _env_int("LEASES_DEFINITION_CACHE_SECONDS", 300)
+LEASES_INVALIDATION_LIVENESS_MS = _env_int("LEASES_INVALIDATION_LIVENESS_MS", 2000)
+if not 100 <= LEASES_INVALIDATION_LIVENESS_MS <= 2000:
+    # Longer would let a frozen Redis keep stale caps in force for longer.
+    raise ImproperlyConfigured(
+        f"LEASES_INVALIDATION_LIVENESS_MS must be between 100 and 2000, got {LEASES_INVALIDATION_LIVENESS_MS}"
+    )
 LEASES_POD_AUTOSTART = _env_bool("LEASES_POD_AUTOSTART", "1")
 LEASES_WORKER_INTERNAL_BIND = os.environ.get("LEASES_WORKER_INTERNAL_BIND", "127.0.0.1:0").strip() or "127.0.0.1:0"
 try:

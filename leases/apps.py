@@ -12,9 +12,11 @@ class LeasesConfig(AppConfig):
         from django.conf import settings
         from django.core.signals import request_started
 
-        from . import dispatch, pods, tasks  # noqa: F401 - tasks wires the Celery worker signals
+        from . import definitions, dispatch, invalidation, pods, tasks  # noqa: F401 - tasks wires the Celery worker signals
         from .contrib import register_handlers
 
+        # The cache asks the subscription whether it may serve; without this it never caches.
+        definitions.cache.attach(invalidation.liveness)
         dispatch.install()
         register_handlers()
         if getattr(settings, "LEASES_POD_AUTOSTART", True):

@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 import pymongo.errors
 import yaml
@@ -298,41 +298,56 @@ def inline_definition(spec: Any, tenant_id: str, project_id: str) -> LeaseDefini
     )
 
 
+class _Entry(NamedTuple):
+    definition: LeaseDefinition
+    cached_at: float
+    epoch: int
+
+
 class DefinitionCache:
     """Merged definitions per (tenant, project, name), invalidated by config changes.
 
-    A load that raced with an invalidation is not stored (generation check), so a change
-    published while a load was in flight can never leave a stale entry behind.
+    The cache only serves while it is told that changes from other processes reach this
+    one: ``liveness`` (wired by the app to :func:`leases.invalidation.liveness`) answers the
+    current live epoch, or ``None`` when the subscription has not proven itself within its
+    bound; then every read loads the layers. An entry is served only in the epoch it was
+    loaded in. A load that raced with an invalidation is not stored (generation check),
+    so a change published while a load was in flight can never leave a stale entry behind.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, liveness: Callable[[], int | None] | None = None) -> None:
         self._lock = threading.Lock()
-        self._entries: dict[tuple[str, str, str], tuple[LeaseDefinition, float]] = {}
+        self._entries: dict[tuple[str, str, str], _Entry] = {}
         self._generation = 0
+        self._liveness: Callable[[], int | None] = liveness or (lambda: None)
+
+    def attach(self, liveness: Callable[[], int | None]) -> None:
+        """Tell the cache how to ask whether cross-process invalidation is live."""
+        self._liveness = liveness
 
     def get(self, name: str, tenant_id: str, project_id: str) -> LeaseDefinition:
-        """Cached merged definition, loading on a miss.
+        """Cached merged definition, loading on a miss or while invalidation is not live.
 
         Raises:
             LeaseUnavailable: the load failed; nothing is cached.
         """
         from django.conf import settings
 
-        from . import invalidation
-
         key = (tenant_id, project_id, name)
         max_age = float(getattr(settings, "LEASES_DEFINITION_CACHE_SECONDS", 300))
+        epoch = self._liveness()
         entry = self._entries.get(key)
-        if entry is not None and time.monotonic() - entry[1] < max_age:
-            return entry[0]
+        started = time.monotonic()
+        if entry is not None and epoch is not None and entry.epoch == epoch and started - entry.cached_at < max_age:
+            return entry.definition
         generation = self._generation
         definition = load(name, tenant_id, project_id)
-        # Only cache while cross-process invalidation is live; otherwise another pod's
-        # write could go unnoticed here.
-        if invalidation.listening():
+        # Store only if invalidation was live for the whole load: otherwise another
+        # process's write could go unnoticed here.
+        if epoch is not None and self._liveness() == epoch:
             with self._lock:
                 if generation == self._generation:
-                    self._entries[key] = (definition, time.monotonic())
+                    self._entries[key] = _Entry(definition, started, epoch)
         return definition
 
     def invalidate(self, tenant_id: str | None, project_id: str | None, name: str | None) -> None:

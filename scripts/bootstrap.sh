@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install everything the project needs on a fresh machine: a venv with the project and its
-# test/serve/embedded extras, Redis running on 127.0.0.1:6379, Debian's Chromium.
+# test/serve/embedded extras, Redis running on 127.0.0.1:6379, Debian's Chromium and faketime.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -17,8 +17,11 @@ apt_install() {
   fi
 }
 
+# The tests also start private redis-server processes (to freeze one), so the binary is
+# needed even where a Redis already answers; faketime runs a pod with a skewed clock.
+command -v redis-server >/dev/null || apt_install redis-server
+command -v faketime >/dev/null || apt_install faketime
 if ! (command -v redis-cli >/dev/null && redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null | grep -q PONG); then
-  command -v redis-server >/dev/null || apt_install redis-server
   mkdir -p /var/lib/redis /var/log/redis
   redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
     --dir /var/lib/redis --logfile /var/log/redis/ci.log

@@ -69,3 +69,44 @@ def child_env(**extra: str) -> dict[str, str]:
 
 
 PYTHON = sys.executable
+
+
+@contextmanager
+def private_redis():
+    """A redis-server of this test alone on a free port (no persistence); yields (url, process).
+
+    The test may SIGSTOP it; it is continued and terminated on the way out.
+    """
+    import signal
+    import socket
+    import subprocess
+    import time
+
+    import redis
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                redis.Redis.from_url(url, socket_timeout=1).ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise
+                time.sleep(0.02)  # redis-server gives no readiness event but its port
+        yield url, process
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGCONT)
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)

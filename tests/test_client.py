@@ -136,11 +136,17 @@ def test_given_no_renewal_when_the_ttl_passes_then_the_lease_expires(client):
 
 def test_given_keepalive_when_longer_than_the_ttl_passes_then_the_lease_stays_held(client):
     lease = take(client, inline=inline(ttl=2))
+    first_deadline = store.holders().find_one({"_id": lease.token})["expiresAt"]
     with lease.keepalive() as keeper:
-        time.sleep(3.3)
+        # Wait (bounded) until the server's clock has passed the deadline the lease was
+        # acquired with and the keeper has renewed at least twice, however slow the machine.
+        give_up = time.monotonic() + 30
+        while (keeper.renewals < 2 or store.server_now() <= first_deadline) and time.monotonic() < give_up:
+            time.sleep(0.1)
         assert keeper.renewals >= 2 and keeper.error is None
-    deadline = store.holders().find_one({"_id": lease.token})["expiresAt"]
-    assert deadline > store.server_now()
+        assert store.server_now() > first_deadline
+        doc = store.holders().find_one({"_id": lease.token})
+        assert doc is not None and doc["expiresAt"] > store.server_now()
     assert lease.release() is True
     assert not keeper.running
 

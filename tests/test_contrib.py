@@ -108,13 +108,34 @@ def test_given_running_loop_when_revoked_then_handler_aborts_it_and_nothing_is_l
 
 
 def test_given_loop_already_ended_when_revocation_arrives_then_nothing_happens(remote):
+    # given: a job whose loop has ended (its real token) and another loop still running
+    # in the same tracker
+    loops = jobs.JobTracker()
     submit, poll = http_job(remote)
-    jobs.run_job(submit=submit, poll=poll, tenant_id="t1", project_id="p1", user_id="u1", poll_interval=0.05)
-    late = reaper.RevokedHolder(token="tok" * 8, type="tex", resource="tex2pdf", lease_name="tex", tenant_id="t1",
-                                project_id="p1", user_id="u1", holder_ref="", pod="x", pod_bound=True)
-    assert jobs.tracker.abort(late.token) is False
-    jobs.JobHandler().on_revoked(late)
-    assert jobs.tracker.running() == []
+    tokens = []
+
+    def watching_poll(job_id):
+        tokens.append(store.holders().find_one({"payload.jobId": job_id})["_id"])
+        return poll(job_id)
+
+    jobs.run_job(submit=submit, poll=watching_poll, tenant_id="t1", project_id="p1", user_id="u1", poll_interval=0.05,
+                 job_tracker=loops)
+    other = loops.register("other-token")
+    handler = jobs.JobHandler(loops)
+
+    def revoked(token):
+        return reaper.RevokedHolder(token=token, type="tex", resource="tex2pdf", lease_name="tex", tenant_id="t1",
+                                    project_id="p1", user_id="u1", holder_ref="", pod="x", pod_bound=True)
+
+    # when: the ended loop's revocation arrives late
+    handler.on_revoked(revoked(tokens[0]))
+    # then: it touches no other loop and registers nothing for the ended one
+    assert not other.aborted.is_set()
+    assert loops.running() == ["other-token"]
+    assert loops.abort(tokens[0]) is False
+    # while the same handler does abort a loop that still runs
+    handler.on_revoked(revoked("other-token"))
+    assert other.aborted.is_set()
 
 
 def test_given_bad_poll_interval_then_typed_error_and_nothing_acquired():

@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 import leases
-from leases import config, definitions, dispatch, handlers, listener, operations, store
+from leases import config, definitions, dispatch, handlers, invalidation, listener, operations, store
 from leases.definitions import document_path
 from leases.errors import HolderNotFound, InvalidLeaseRequest, LeaseLost
 from leases.identity import self_pod_id
@@ -131,7 +131,8 @@ def test_definition_view_names_the_layer_of_each_field_and_discards_the_cache_fi
     config.put_document("acme", "docs", document_path("oplease"), "levels: {project: 3, tenant: 99}")
     # Plant a stale cache entry, as a process off the change-event chain could hold one.
     stale = definitions.merge("oplease", {"classpath": {"levels.user": 1}})
-    definitions.cache._entries[("acme", "docs", "oplease")] = (stale, 10**12)
+    assert invalidation.wait_listening()
+    definitions.cache._entries[("acme", "docs", "oplease")] = definitions._Entry(stale, 10**12, invalidation.liveness())
 
     view = operations.definition_view("oplease", "acme", "docs")
 

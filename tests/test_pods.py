@@ -6,14 +6,18 @@ process's clock.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import textwrap
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pymongo
 import pytest
 
 from leases import pods, store
 from leases.pods import LeasePodLiveness, Outcome, PodLeaseError, PodRenewer
+from tests.helpers import PYTHON, REPO, child_env
 
 
 @pytest.fixture(autouse=True)
@@ -158,17 +162,52 @@ def test_given_pods_without_endpoint_stopped_or_unregistered_then_dead_but_own_p
     assert pods.renew("stopping", stopping.lease_id).outcome is Outcome.STALE_LEASE
 
 
-def test_given_pod_clock_skewed_by_an_hour_then_deadlines_still_follow_server_time(monkeypatch):
-    real_time = time.time
-    monkeypatch.setattr(time, "time", lambda: real_time() + 3600)
-    before = store.server_now()
+# A pod process whose own clock is hours off (libfaketime, as `faketime` runs it): it
+# registers, renews and judges liveness, and reports what its own clock says.
+SKEWED_POD = textwrap.dedent("""
+    import json
+    from datetime import datetime, timezone
+    import django
+    django.setup()
+    from leases import pods
+    from leases.pods import LeasePodLiveness
     granted = pods.register("pod-skew", "http://x:1", proposed_interval=2)
     renewed = pods.renew("pod-skew", granted.lease_id)
+    observer = LeasePodLiveness(self_pod="observer")
+    print(json.dumps({"ownClock": datetime.now(timezone.utc).replace(tzinfo=None).isoformat(),
+                      "renewed": renewed.outcome.value, "freshAlive": observer.is_alive("pod-skew"),
+                      "expiredAlive": observer.is_alive("pod-expired"), "alivePods": sorted(observer.alive_pods())}))
+""")
+
+
+@pytest.mark.parametrize("skew_hours", [3, -3])
+def test_given_pod_clock_skewed_by_hours_then_deadlines_and_liveness_still_follow_server_time(skew_hours):
+    # given: a pod whose deadline passed a minute ago by the server's clock
+    expired = pods.register("pod-expired", "http://x:1", proposed_interval=2)
+    assert expired.ok
+    store.pods().update_one({"_id": "pod-expired"}, {"$set": {"expiryDeadline": store.server_now() - timedelta(minutes=1)}})
+    before = store.server_now()
+    # when: a pod process with its clock hours off registers, renews and judges liveness
+    result = subprocess.run(
+        ["faketime", "-f", f"{skew_hours:+d}h", PYTHON, "-c", SKEWED_POD], cwd=REPO, capture_output=True, text=True,
+        timeout=120, env=child_env(FAKETIME_DONT_FAKE_MONOTONIC="1", LEASES_POD_INTERVAL_MIN="2",
+                                   LEASES_POD_INTERVAL_MAX="60", LEASES_POD_EXPIRY_FACTOR="3"))
     after = store.server_now()
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    # the skew is real: the pod's own clock is hours away from the server's
+    own_offset = datetime.fromisoformat(seen["ownClock"]) - after
+    assert abs(own_offset - timedelta(hours=skew_hours)) < timedelta(minutes=10)
+    # then: receipt and deadline are server times
     doc = stored("pod-skew")
-    assert renewed.outcome is Outcome.RENEWED
+    assert seen["renewed"] == Outcome.RENEWED.value
     assert before <= doc["lastReceiptAt"] <= after
     assert doc["expiryDeadline"] == doc["lastReceiptAt"] + timedelta(seconds=6)
+    # and liveness is judged by the server's clock: by the pod's own clock the fresh pod
+    # would be dead (+3 h) and the expired one alive (-3 h)
+    assert seen["freshAlive"] is True
+    assert seen["expiredAlive"] is False
+    assert seen["alivePods"] == ["observer", "pod-skew"]
 
 
 def test_given_stopped_pod_when_reregistering_then_fresh_lease():
