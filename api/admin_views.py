@@ -58,21 +58,29 @@ def _actor(data: dict[str, Any]) -> str:
     return f"internal-admin:{actor}"
 
 
-def _answer(revoked: list, status: int = 200) -> JsonResponse:
-    settled = get_dispatcher().drain(timeout=SETTLE_SECONDS) if revoked else True
+def _answer(holders: list, settled: list[tuple[Any, dispatch.Outcome]], status: int = 200) -> JsonResponse:
+    # Settled from this request's own dispatches, not from everything the pod has pending;
+    # a holder whose dispatch was not seen counts as not settled.
+    outcomes = {h.token: o for h, o in settled}
+    revoked = [outcome_wire(h, outcomes.get(h.token, dispatch.Outcome(dispatch.PENDING))) for h in holders]
     return JsonResponse({
         "pod": self_pod_id(),
-        "revoked": [h.to_wire() for h in revoked],
+        "revoked": revoked,
         "handlersDispatched": True,
-        "dispatchSettled": settled,
+        "dispatchSettled": all(h["outcome"] != dispatch.PENDING for h in revoked),
+        "unhandled": [h["token"] for h in revoked if h["outcome"] in (dispatch.NO_HANDLER, dispatch.FAILED)],
     }, status=status)
 
 
 def _guarded(request: HttpRequest, act) -> JsonResponse:
     if not authorized(request):
         return error(403, "FORBIDDEN", f"missing or wrong {SECRET_HEADER}")
+    dispatcher = get_dispatcher()
     try:
-        return _answer(act(_body(request)))
+        data = _body(request)
+        with dispatcher.collecting() as collected:
+            holders = act(data)
+        return _answer(holders, dispatcher.settle(collected, timeout=SETTLE_SECONDS))
     except HolderNotFound as exc:
         return error(404, exc.code, str(exc))
     except InvalidLeaseRequest as exc:

@@ -166,3 +166,15 @@ def test_given_the_secret_when_sweeping_then_each_reaped_holder_comes_with_its_d
 
 def test_given_get_when_sweeping_then_405():
     assert Client().get("/internal/lease/admin/sweep", HTTP_X_LEASE_SECRET=SECRET).status_code == 405
+
+
+def test_given_a_pod_bound_holder_of_a_dead_pod_when_revoking_then_the_answer_says_release_only(handler):
+    # The answer reports what the dispatcher did, not just that it was asked to.
+    bound = hold(pod="gone-pod")
+    store.holders().update_one({"_id": bound.token}, {"$set": {"podBound": True}})
+
+    data = post(Client(), f"/internal/lease/admin/revoke/{bound.token}", SECRET).json()
+
+    [row] = data["revoked"]
+    assert (row["outcome"], row["ranOn"], row["handlerRan"]) == ("release-only", None, False)
+    assert data["dispatchSettled"] is True and data["unhandled"] == [] and handler.revoked == []
