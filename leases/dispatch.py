@@ -117,7 +117,7 @@ def dispatch_note(handler_type: str, pod: str, pod_bound: bool, pod_alive: bool)
     handler ran where the matrix only releases.
     """
     if pod and pod_alive:
-        return f"the {handler_type} handler is dispatched to pod {pod}, where the resource lives"
+        return f"the {handler_type} handler is dispatched to pod {pod}, where the holder runs"
     if releases_only(pod, pod_bound, pod_alive):
         return (f"no handler runs: the holder was pod-bound to the dead pod {pod}, "
                 "so its resource died with it (release only)")
