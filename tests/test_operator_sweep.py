@@ -15,10 +15,8 @@ import signal
 import subprocess
 import tempfile
 import time
-from io import StringIO
 
 import pytest
-from django.core.management import CommandError, call_command
 
 import leases
 from leases import config, dispatch, handlers, pods, reaper, store
@@ -160,10 +158,17 @@ def test_given_no_live_pod_when_operator_sweeps_with_force_then_reaped_and_outpu
     assert _runs(a["token"]) == []
 
 
+class _AcquireOnly(handlers.LeaseHandler):
+    type = "podonly"
+
+    def on_revoked(self, holder):
+        raise AssertionError("unregistered before any revocation")
+
+
 def test_given_no_handler_here_when_dispatching_then_a_live_peer_with_the_handler_runs_it(spawn):
     # A reaper pod whose code lacks the type (this test process) hands the revocation on.
     _, b = spawn("pod-b")
-    handlers.register_handler(type("Temp", (handlers.LeaseHandler,), {"type": "podonly", "on_revoked": lambda s, h: None})())
+    handlers.register_handler(_AcquireOnly())  # only to acquire: a type needs a handler
     try:
         lease = leases.acquire(leases.LeaseRequest(type="podonly", lease="podonly", tenant_id="t1", project_id="p1",
                                                    user_id="u1", pod="gone-pod"))

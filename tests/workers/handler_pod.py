@@ -18,9 +18,8 @@ import django
 
 django.setup()
 
-from leases import handlers, pods, store  # noqa: E402
+from leases import LeaseRequest, acquire, handlers, pods, store  # noqa: E402
 from leases.identity import self_pod_id  # noqa: E402
-from leases import LeaseRequest, acquire  # noqa: E402
 
 TYPE = "podonly"
 RUNS = "test_handler_runs"
