@@ -9,4 +9,5 @@ app_name = "internal_lease_admin"
 urlpatterns = [
     path("revoke/<str:token>", admin_views.revoke_token, name="revoke"),
     path("revoke-pod/<str:pod>", admin_views.revoke_pod, name="revoke-pod"),
+    path("sweep", admin_views.sweep, name="sweep"),
 ]

@@ -1,7 +1,7 @@
-"""Internal admin API (``/internal/lease/admin/…``): operator revocations executed by a pod.
+"""Internal admin API (``/internal/lease/admin/…``): operator revocations and sweeps run by a pod.
 
-The ``lease`` CLI reads MongoDB directly but revokes through a pod, because only pods run
-handlers and know the pod routing (§9). Machine-to-machine: the shared secret in
+The ``lease`` CLI reads MongoDB directly but revokes and sweeps through a pod, because only
+pods hold the handler registry (types their code registers) and know the pod routing. Machine-to-machine: the shared secret in
 ``X-Lease-Secret`` (``LEASES_INTERNAL_SECRET``, constant-time comparison) is the only
 credential — a tenant UI session cookie authorizes nothing here — hence ``csrf_exempt``.
 Views only parse and authenticate; :mod:`leases.operations` acts.
@@ -19,7 +19,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from api.internal_auth import authorized, error
-from leases import operations
+from leases import dispatch, operations, tasks
 from leases.dispatch import SECRET_HEADER, get_dispatcher
 from leases.errors import HolderNotFound, InvalidLeaseRequest
 from leases.identity import self_pod_id
@@ -30,6 +30,9 @@ MAX_BODY_BYTES = 8 * 1024
 # How long the answer waits for the dispatched handlers, so the CLI can say whether they
 # finished; the revocation itself is complete before this wait starts.
 SETTLE_SECONDS = 5.0
+# The sweep's answer waits longer: a dispatch may offer a revocation to a few peer pods,
+# each POST bounded (dispatch.MAX_PEER_OFFERS x dispatch.POST_TIMEOUT_SECONDS).
+SWEEP_SETTLE_SECONDS = 12.0
 
 
 
@@ -55,21 +58,29 @@ def _actor(data: dict[str, Any]) -> str:
     return f"internal-admin:{actor}"
 
 
-def _answer(revoked: list, status: int = 200) -> JsonResponse:
-    settled = get_dispatcher().drain(timeout=SETTLE_SECONDS) if revoked else True
+def _answer(holders: list, settled: list[tuple[Any, dispatch.Outcome]], status: int = 200) -> JsonResponse:
+    # Settled from this request's own dispatches, not from everything the pod has pending;
+    # a holder whose dispatch was not seen counts as not settled.
+    outcomes = {h.token: o for h, o in settled}
+    revoked = [outcome_wire(h, outcomes.get(h.token, dispatch.Outcome(dispatch.PENDING))) for h in holders]
     return JsonResponse({
         "pod": self_pod_id(),
-        "revoked": [h.to_wire() for h in revoked],
+        "revoked": revoked,
         "handlersDispatched": True,
-        "dispatchSettled": settled,
+        "dispatchSettled": all(h["outcome"] != dispatch.PENDING for h in revoked),
+        "unhandled": [h["token"] for h in revoked if h["outcome"] in (dispatch.NO_HANDLER, dispatch.FAILED)],
     }, status=status)
 
 
 def _guarded(request: HttpRequest, act) -> JsonResponse:
     if not authorized(request):
         return error(403, "FORBIDDEN", f"missing or wrong {SECRET_HEADER}")
+    dispatcher = get_dispatcher()
     try:
-        return _answer(act(_body(request)))
+        data = _body(request)
+        with dispatcher.collecting() as collected:
+            holders = act(data)
+        return _answer(holders, dispatcher.settle(collected, timeout=SETTLE_SECONDS))
     except HolderNotFound as exc:
         return error(404, exc.code, str(exc))
     except InvalidLeaseRequest as exc:
@@ -92,3 +103,40 @@ def revoke_pod(request: HttpRequest, pod: str) -> JsonResponse:
     """Revoke every holder of ``pod`` and dispatch their handlers from this pod."""
     return _guarded(request, lambda data: operations.revoke_pod(
         pod, acting_user=_actor(data), reason=data.get("reason") or "pod revoked by operator (CLI)"))
+
+
+def outcome_wire(holder, outcome: dispatch.Outcome) -> dict[str, Any]:
+    """One reaped holder of a sweep with what its dispatch did (``outcome``, ``ranOn``)."""
+    return {**holder.to_wire(), "outcome": outcome.path, "ranOn": outcome.ran_on,
+            "handlerRan": outcome.handler_ran}
+
+
+@csrf_exempt
+@require_POST
+def sweep(request: HttpRequest) -> JsonResponse:
+    """Run one operator sweep (idle, dead pods, reconcile) here, with this pod's handlers.
+
+    The answer lists every holder the round reaped with its dispatch outcome, so the CLI
+    can say where each handler ran, and which ran nowhere.
+    """
+    if not authorized(request):
+        return error(403, "FORBIDDEN", f"missing or wrong {SECRET_HEADER}")
+    try:
+        actor = _actor(_body(request))
+    except InvalidLeaseRequest as exc:
+        return error(400, exc.code, str(exc))
+    dispatcher = get_dispatcher()
+    try:
+        with dispatcher.collecting() as collected:
+            result = tasks.sweep()
+    except pymongo.errors.PyMongoError:
+        # Holders reaped before the outage are still dispatched; only the report is lost.
+        return error(503, "LEASE_UNAVAILABLE", "lease store unreachable")
+    settled = dispatcher.settle(collected, timeout=SWEEP_SETTLE_SECONDS)
+    holders = [outcome_wire(h, o) for h, o in settled]
+    log.info("operator sweep by %s: %d done, %d holder(s) dispatched", actor, result["done"], len(holders))
+    return JsonResponse({
+        "pod": self_pod_id(), **result, "holders": holders,
+        "dispatchSettled": all(h["outcome"] != dispatch.PENDING for h in holders),
+        "unhandled": [h["token"] for h in holders if h["outcome"] in (dispatch.NO_HANDLER, dispatch.FAILED)],
+    })

@@ -121,7 +121,10 @@ _SCHEMAS: dict[str, Any] = {
                           "description": "The project; a project-bound key only accepts its own project (else 403)."},
             "userId": {"type": "string", "pattern": ID_PATTERN},
             "holderRef": {"type": ["string", "null"], "maxLength": HOLDER_REF_MAX, "pattern": "^[^\\u0000]*$"},
-            "podBound": {"type": "boolean", "default": False},
+            "podBound": {"type": "boolean", "default": False,
+                         "description": "Stored as given. HTTP holders are detached (no pod), so no pod's death "
+                                        "can take the resource along: a revocation runs the type's handler on the "
+                                        "reaping pod with the payload whatever this says."},
             "proposedIntervalSeconds": {"type": "integer", "minimum": 1, "maximum": MAX_INTERVAL_SECONDS},
             "waitMs": {"type": "integer", "minimum": 0, "maximum": MAX_WAIT_MS,
                        "description": "Shortens the server's bounded wait for a slot."},

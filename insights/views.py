@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from urllib.parse import urlencode
 
+import pymongo.errors
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
@@ -157,12 +158,31 @@ def revoke(request: HttpRequest, tenant: Tenant, token: str) -> HttpResponse:
             messages.success(
                 request,
                 f"Lease {holder.token[:10]}… on {holder.resource} revoked; its slots are free "
-                f"and the {holder.type} handler was dispatched.",
+                f"and {_dispatch_note(holder.type, holder.pod, holder.pod_bound)}.",
             )
             return redirect(reverse("insights:holders", args=[tenant.slug]))
         holder = _tenant_holder(tenant, token)
         return render(request, "insights/revoke_confirm.html",
-                      {"tenant": tenant, "holder": holder, "form": form, "section": "holders"}, status=400)
+                      {"tenant": tenant, "holder": holder, "form": form, "section": "holders",
+                       "dispatch_note": _holder_dispatch_note(holder)}, status=400)
     holder = _tenant_holder(tenant, token)
     return render(request, "insights/revoke_confirm.html",
-                  {"tenant": tenant, "holder": holder, "form": RevokeForm(), "section": "holders"})
+                  {"tenant": tenant, "holder": holder, "form": RevokeForm(), "section": "holders",
+                   "dispatch_note": _holder_dispatch_note(holder)})
+
+
+def _dispatch_note(handler_type: str, pod: str, pod_bound: bool) -> str:
+    # Liveness read now: the dispatcher decides on the same definition right after the reap.
+    from leases import dispatch, pods
+
+    try:
+        alive = pods.liveness.is_alive(pod)
+    except pymongo.errors.PyMongoError:
+        alive = False  # the dispatcher treats an unknown liveness as dead too
+    return dispatch.dispatch_note(handler_type, pod, pod_bound, alive)
+
+
+def _holder_dispatch_note(holder: operations.HolderView) -> str:
+    from leases import dispatch
+
+    return dispatch.dispatch_note(holder.type, holder.pod, holder.pod_bound, holder.pod_state == "alive")

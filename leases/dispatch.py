@@ -1,4 +1,4 @@
-"""``LeaseRevocationDispatcher``: runs revocation handlers through the §6 matrix.
+"""``LeaseRevocationDispatcher``: runs revocation handlers through the dispatch matrix.
 
 =====================================  =============================================
 Holder pod                             Behaviour
@@ -7,9 +7,20 @@ alive, this pod                        handler runs here
 alive, foreign                         ``POST {endpoint}/internal/lease/revoked`` with
                                        ``X-Lease-Secret``; a failed POST counts as
                                        unreachable and falls to the rows below
-dead (or detached ``""``), pod_bound   release only: the resource died with the pod
-dead (or detached ``""``), not bound   handler runs here with the stored payload
+dead, pod_bound                        release only: the resource died with the pod
+dead, not pod_bound                    handler runs here with the stored payload
+detached ``""`` (HTTP clients)         handler runs here with the stored payload,
+                                       whatever pod_bound says
 =====================================  =============================================
+
+A detached holder has no pod whose death could have taken its resource along, so
+"release only" would leave that resource running with nobody to stop it; pod_bound
+cannot apply to it and it takes the not-pod-bound row (:func:`releases_only`).
+
+When the row says "runs here" but this process has no handler for the type (a type only
+some pods' code registers), the revocation is offered to the other live pods over the
+same POST; the first that has the handler runs it. If none has it, nothing runs and the
+outcome says so (``no-handler``) instead of passing for done.
 
 Dispatch is asynchronous (a small thread pool): the reaping or acquiring thread waits
 neither for a handler nor for an HTTP call. A handler runs at most once per revocation,
@@ -20,13 +31,16 @@ A lost notification is still covered by ``check()``: the holder gets ``LEASE_LOS
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import threading
 import urllib.error
 import urllib.request
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
 
 import pymongo.errors
 
@@ -72,33 +86,95 @@ def claim(token: str) -> bool:
     return result.matched_count == 1 or result.upserted_id is not None
 
 
+# Outcomes of one dispatch (logs, tests, the operator's sweep report).
+LOCAL = "local"                    # holder of this pod: its handler ran here
+FORWARDED = "forwarded"            # holder of an alive foreign pod: it accepted the POST
+RELEASE_ONLY = "release-only"      # dead holder pod and pod-bound: nothing to stop
+LOCAL_PAYLOAD = "local-payload"    # no live holder pod: the handler ran here with the payload
+PEER = "peer"                      # as local-payload, but on another live pod that has the handler
+ALREADY_HANDLED = "already-handled"
+NO_HANDLER = "no-handler"          # the handler should have run, but no reachable pod has it
+FAILED = "failed"                  # the handler raised
+PENDING = "pending"                # still running when the caller stopped waiting
+
+# Peers asked, at most, when this process lacks a handler: bounds the time one dispatch
+# spends (each POST is bounded by POST_TIMEOUT_SECONDS).
+MAX_PEER_OFFERS = 3
+
+
+def releases_only(pod: str, pod_bound: bool, pod_alive: bool) -> bool:
+    """Whether the matrix only releases a holder whose pod is not reachable: pod-bound with a
+    pod. A detached holder (``pod == ""``) never qualifies: no pod's death can have taken its
+    resource, so its handler must run.
+    """
+    return bool(pod) and pod_bound and not pod_alive
+
+
+def dispatch_note(handler_type: str, pod: str, pod_bound: bool, pod_alive: bool) -> str:
+    """What a revocation of this holder does, in words for operators ("…, and <note>").
+
+    The same rows as :meth:`LeaseRevocationDispatcher.dispatch`, so the UI never claims a
+    handler ran where the matrix only releases.
+    """
+    if pod and pod_alive:
+        return f"the {handler_type} handler is dispatched to pod {pod}, where the holder runs"
+    if releases_only(pod, pod_bound, pod_alive):
+        return (f"no handler runs: the holder was pod-bound to the dead pod {pod}, "
+                "so its resource died with it (release only)")
+    if not pod:
+        why = "a detached holder has no pod, so pod-bound does not apply" if pod_bound else "detached holder"
+        return f"the {handler_type} handler is dispatched with the stored payload ({why})"
+    return f"the {handler_type} handler is dispatched with the stored payload (pod {pod} is dead)"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one dispatch did: ``path`` (one of the constants above) and the pod that ran or
+    accepted the handler (``None`` when none did)."""
+
+    path: str
+    ran_on: str | None = None
+
+    @property
+    def handler_ran(self) -> bool:
+        """True when a handler ran (or a live pod accepted to run it)."""
+        return self.path in (LOCAL, FORWARDED, LOCAL_PAYLOAD, PEER)
+
+
 class LeaseRevocationDispatcher:
-    """Implements :class:`leases.listener.LeaseRevocationListener` with the §6 matrix."""
+    """Implements :class:`leases.listener.LeaseRevocationListener` with the matrix above."""
 
     def __init__(self, *, max_workers: int = 4, liveness: LeasePodLiveness | None = None,
-                 post: Callable[[str, RevokedHolder], bool] | None = None):
+                 post: Callable[[str, RevokedHolder], bool] | None = None,
+                 peers: Callable[[], list[tuple[str, str]]] | None = None):
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="lease-dispatch")
         self._liveness = liveness or default_liveness
         self._post = post or self.post_revoked
+        self._peers = peers or self.live_peers
         self._pending: set[Future] = set()
         self._lock = threading.Lock()
+        self._local = threading.local()
 
     # --- listener interface ---------------------------------------------------------
 
     def on_revoked(self, holders: list[RevokedHolder]) -> None:
         """Schedule each holder's dispatch; returns at once."""
         for holder in holders:
-            self._submit(self.dispatch, holder)
+            future = self._submit(self._outcome, holder)
+            collected = getattr(self._local, "collected", None)
+            if collected is not None:
+                collected.append((holder, future))
 
     def run_local_async(self, holder: RevokedHolder) -> None:
         """Run the local handler of ``holder`` in the pool (the internal POST endpoint)."""
         self._submit(self.run_local, holder)
 
-    def _submit(self, fn: Callable[[RevokedHolder], object], holder: RevokedHolder) -> None:
+    def _submit(self, fn: Callable[[RevokedHolder], object], holder: RevokedHolder) -> Future:
         future = self._pool.submit(self._guarded, fn, holder)
         with self._lock:
             self._pending.add(future)
         future.add_done_callback(self._done)
+        return future
 
     def _done(self, future: Future) -> None:
         with self._lock:
@@ -110,15 +186,13 @@ class LeaseRevocationDispatcher:
             return fn(holder)
         except Exception:  # a failing handler must not kill the pool thread
             log.exception("revocation dispatch of %s (%s) failed", holder.token, holder.type)
-            return None
+            return Outcome(FAILED)
 
     def drain(self, timeout: float = 10.0) -> bool:
         """Wait until every scheduled dispatch has finished (tests, shutdown).
 
         Returns True when nothing is pending any more.
         """
-        import concurrent.futures
-
         with self._lock:
             pending = list(self._pending)
         if not pending:
@@ -129,24 +203,97 @@ class LeaseRevocationDispatcher:
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True)
 
+    # --- the operator's round ---------------------------------------------------------
+
+    @contextmanager
+    def collecting(self) -> Iterator[list[tuple[RevokedHolder, Future]]]:
+        """Collect the dispatches this thread schedules inside the block (the operator's
+        sweep), so their outcomes can be reported; other threads' dispatches are not mixed in.
+        """
+        previous = getattr(self._local, "collected", None)
+        self._local.collected = collected = []
+        try:
+            yield collected
+        finally:
+            self._local.collected = previous
+
+    @staticmethod
+    def settle(collected: list[tuple[RevokedHolder, Future]], timeout: float) -> list[tuple[RevokedHolder, Outcome]]:
+        """Wait up to ``timeout`` seconds for ``collected``; each holder with its outcome
+        (``pending`` for what is still running)."""
+        if collected:
+            concurrent.futures.wait([f for _, f in collected], timeout=timeout)
+        results = []
+        for holder, future in collected:
+            outcome = future.result() if future.done() else None
+            results.append((holder, outcome if isinstance(outcome, Outcome) else Outcome(PENDING)))
+        return results
+
     # --- the matrix -------------------------------------------------------------------
 
     def dispatch(self, holder: RevokedHolder) -> str:
         """Apply the matrix to one holder; returns the path taken (for logs and tests)."""
+        return self._outcome(holder).path
+
+    def _outcome(self, holder: RevokedHolder) -> Outcome:
         me = self._liveness.self_pod
         if holder.pod and holder.pod == me:
-            return "local" if self.run_local(holder) else "already-handled"
+            return self._here(holder, LOCAL)
         if holder.pod:
             endpoint = self._safe_endpoint(holder.pod)
             if endpoint:
                 if self._post(endpoint, holder):
-                    return "forwarded"
+                    return Outcome(FORWARDED, holder.pod)
                 log.warning("revocation POST for %s to pod %s (%s) failed; treating it as unreachable",
                             holder.token, holder.pod, endpoint)
-        if holder.pod_bound and holder.pod:
+        if releases_only(holder.pod, holder.pod_bound, pod_alive=False):
             log.info("lease %s (%s) of dead pod %s is pod-bound: release only", holder.token, holder.type, holder.pod)
-            return "release-only"
-        return "local-payload" if self.run_local(holder) else "already-handled"
+            return Outcome(RELEASE_ONLY)
+        outcome = self._here(holder, LOCAL_PAYLOAD)
+        if outcome.path != NO_HANDLER:
+            return outcome
+        return self._offer_to_peers(holder)
+
+    def _here(self, holder: RevokedHolder, path: str) -> Outcome:
+        result = self._run_here(holder)
+        if result == "ran":
+            return Outcome(path, self._liveness.self_pod)
+        return Outcome(result, self._handled_by(holder.token) if result == ALREADY_HANDLED else None)
+
+    @staticmethod
+    def _handled_by(token: str) -> str | None:
+        try:
+            return (store.tombstones().find_one({"_id": token}, {"handledBy": 1}) or {}).get("handledBy")
+        except pymongo.errors.PyMongoError:
+            return None
+
+    def _offer_to_peers(self, holder: RevokedHolder) -> Outcome:
+        """No handler here: the first live peer that has one runs it (its endpoint refuses
+        types it does not know)."""
+        try:
+            peers = [(pod, url) for pod, url in self._peers() if pod != holder.pod]
+        except pymongo.errors.PyMongoError as exc:
+            log.warning("no handler for %r here and the pod registry is unreadable (%s)", holder.type,
+                        exc.__class__.__name__)
+            peers = []
+        for pod, endpoint in peers[:MAX_PEER_OFFERS]:
+            if self._post(endpoint, holder):
+                log.info("revocation of %s (%s) handed to pod %s, which has its handler", holder.token, holder.type, pod)
+                return Outcome(PEER, pod)
+        log.error("revoked lease %s has type %r without a handler on this pod or %d live peer(s): no handler ran",
+                  holder.token, holder.type, len(peers[:MAX_PEER_OFFERS]))
+        return Outcome(NO_HANDLER)
+
+    def live_peers(self) -> list[tuple[str, str]]:
+        """``(pod_id, endpoint)`` of every alive foreign pod.
+
+        Raises:
+            pymongo.errors.PyMongoError: the store is unreachable.
+        """
+        from .pods import pod_view
+
+        return [(row["podId"], row["endpoint"]) for row in pod_view()
+                if row["alive"] and not row["self"] and row.get("endpoint")]
 
     def _safe_endpoint(self, pod: str) -> str | None:
         try:
@@ -160,21 +307,25 @@ class LeaseRevocationDispatcher:
 
         Returns True if the handler ran.
         """
+        return self._run_here(holder) == "ran"
+
+    def _run_here(self, holder: RevokedHolder) -> str:
+        """``"ran"``, ``already-handled`` or ``no-handler``; a raising handler propagates."""
         try:
             handler = handlers.get_handler(holder.type)
         except LeaseError:
-            log.error("revoked lease %s has type %r without a handler here", holder.token, holder.type)
-            return False
+            log.warning("revoked lease %s has type %r without a handler here", holder.token, holder.type)
+            return NO_HANDLER
         try:
             if not claim(holder.token):
                 log.info("revocation of %s was already handled elsewhere", holder.token)
-                return False
+                return ALREADY_HANDLED
         except pymongo.errors.PyMongoError as exc:
             # Unclaimable: running risks a second run, skipping risks a leaked resource.
             # Cleanup handlers are idempotent by contract (close/DELETE), so run.
             log.warning("could not claim revocation %s (%s); running the handler anyway", holder.token, exc)
         handler.on_revoked(holder)
-        return True
+        return "ran"
 
     @staticmethod
     def post_revoked(endpoint: str, holder: RevokedHolder) -> bool:

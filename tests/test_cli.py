@@ -162,6 +162,22 @@ def test_given_no_live_pod_when_revoking_then_error_suggests_force_and_nothing_c
     held.check()
 
 
+def test_sweep_without_a_live_pod_refuses_and_force_says_no_handler_ran(handler):
+    # Runs before the module's app process starts: no pod can (re-)register meanwhile.
+    assert operations.live_pod_endpoints() == []
+    orphan = hold(user="carol", pod="gone-pod")
+    with pytest.raises(CommandError, match="no live pod.*--force to sweep"):
+        lease("sweep")
+    orphan.check()
+
+    text = lease("sweep", "--force")
+
+    assert "NO handler ran" in text and orphan.token in text and "left to its own expiration" in text
+    with pytest.raises(LeaseLost):
+        orphan.check()
+    assert handler.revoked == [] and "handledBy" not in store.tombstones().find_one({"_id": orphan.token})
+
+
 def test_given_an_unreachable_endpoint_then_error_and_nothing_changes():
     held = hold()
     with pytest.raises(CommandError, match="no pod reachable"):
@@ -242,19 +258,31 @@ def test_given_force_for_a_pod_then_json_says_no_handler_ran():
 
 # --- sweep and reconcile ------------------------------------------------------------------------
 
-def test_sweep_reaps_idle_holders_now_and_runs_their_handlers(handler):
-    config.put_document("_vance", "_tenant", document_path("clishort"), "levels: {tenant: 5}\nttlSeconds: 1")
-    idle = hold(lease="clishort")
-    busy = hold(user="bob")
-    time.sleep(1.3)
+def test_sweep_runs_on_a_live_pod_and_says_where_each_handler_ran_and_which_ran_nowhere(live_pod, handler):
+    # Given: an idle tex holder of the app's pod, a busy detached holder, and a holder of a
+    # dead pod whose type ("clitest") only this test process registers, not the app.
+    idle = hold(pod=APP_POD, lease="tex", type_="tex")
+    store.holders().update_one({"_id": idle.token}, {"$set": {"expiresAt": store.server_now() - timedelta(seconds=1)}})
+    busy = hold(user="bob", pod="")
+    orphan = hold(user="carol", pod="gone-pod")
 
+    # When
     text = lease("sweep")
 
-    assert "Sweep: 1 holder(s)" in text and "handlers finished" in text
-    assert handler.revoked == [idle.token]
-    with pytest.raises(LeaseLost):
-        idle.check()
+    # Then: the app's pod ran the round; its own tex handler ran there; nothing could run
+    # the clitest handler, and the output says so instead of passing for done.
+    assert f"Sweep via pod {APP_POD}: 2 holder(s) reaped" in text
+    assert _tombstone_handled_by(idle.token) == APP_POD
+    [idle_row] = [line for line in text.splitlines() if line.startswith(idle.token)]
+    assert idle_row.split()[-2:] == ["local", APP_POD]
+    assert f"NO handler ran for {orphan.token} (clitest): no live pod has a handler for this type" in text
+    assert handler.revoked == []  # the test process is no pod: the round never ran here
+    for gone in (idle, orphan):
+        with pytest.raises(LeaseLost):
+            gone.check()
     busy.check()
+    data = json.loads(lease("sweep", "--json"))
+    assert data["via"] == f"pod {APP_POD}" and data["holders"] == [] and data["dispatchSettled"] is True
 
 
 def test_reconcile_corrects_drift_without_a_pod():

@@ -106,6 +106,9 @@ def test_given_alive_foreign_pod_unreachable_then_post_failure_falls_to_the_dead
     ("dead-pod", False, "local-payload", 1),
     ("never-registered", False, "local-payload", 1),
     ("", False, "local-payload", 1),  # detached (HTTP client): no pod, the reaper cleans up
+    # Detached and pod-bound: no pod can have taken the resource along, so release only
+    # would leave it running; the not-pod-bound row applies.
+    ("", True, "local-payload", 1),
 ])
 def test_given_dead_or_detached_pod_then_matrix_row_applies(recorder, dispatcher, pod, pod_bound, path, runs):
     granted = pods.register("dead-pod", "http://127.0.0.1:9")
@@ -114,6 +117,54 @@ def test_given_dead_or_detached_pod_then_matrix_row_applies(recorder, dispatcher
     holder = revoke(take(pod=pod, pod_bound=pod_bound))
     assert dispatcher.dispatch(holder) == path
     assert len(recorder.seen) == runs
+    if runs:
+        assert recorder.seen[0].payload == {"jobId": "j-1"}
+
+
+def test_given_no_handler_here_and_no_peer_then_outcome_says_no_handler_ran(recorder):
+    holder = revoke(take(pod="gone-pod"))
+    handlers.unregister_handler("rec")  # a type only other pods' code registers
+    lonely = LeaseRevocationDispatcher(max_workers=1, peers=lambda: [])
+    try:
+        outcome = lonely._outcome(holder)
+    finally:
+        lonely.shutdown()
+    assert (outcome.path, outcome.ran_on, outcome.handler_ran) == (dispatch.NO_HANDLER, None, False)
+    assert "handledBy" not in store.tombstones().find_one({"_id": holder.token})  # nobody claimed it
+
+
+def test_given_no_handler_here_then_peers_are_offered_it_until_one_accepts(recorder):
+    holder = revoke(take(pod="gone-pod"))
+    handlers.unregister_handler("rec")
+    offered = []
+
+    def post(endpoint, revoked):
+        offered.append(endpoint)
+        return endpoint == "http://second"
+
+    relay = LeaseRevocationDispatcher(max_workers=1, post=post,
+                                      peers=lambda: [("gone-pod", "http://holder"), ("p1", "http://first"),
+                                                     ("p2", "http://second"), ("p3", "http://third")])
+    try:
+        outcome = relay._outcome(holder)
+    finally:
+        relay.shutdown()
+    # The holder's own (dead) pod is never offered; the first peer that accepts takes it.
+    assert offered == ["http://first", "http://second"]
+    assert (outcome.path, outcome.ran_on) == (dispatch.PEER, "p2")
+
+
+@pytest.mark.parametrize("pod, pod_bound, alive, expected", [
+    ("pod-a", True, True, "the tex handler is dispatched to pod pod-a"),
+    ("pod-a", True, False, "no handler runs: the holder was pod-bound to the dead pod pod-a"),
+    ("pod-a", False, False, "the tex handler is dispatched with the stored payload (pod pod-a is dead)"),
+    ("", True, False, "the tex handler is dispatched with the stored payload (a detached holder has no pod, "
+                      "so pod-bound does not apply)"),
+    ("", False, False, "the tex handler is dispatched with the stored payload (detached holder)"),
+])
+def test_dispatch_note_follows_the_matrix_rows(pod, pod_bound, alive, expected):
+    assert dispatch.dispatch_note("tex", pod, pod_bound, alive).startswith(expected)
+    assert dispatch.releases_only(pod, pod_bound, alive) is expected.startswith("no handler runs")
 
 
 def test_given_same_revocation_dispatched_twice_then_handler_runs_at_most_once(recorder, dispatcher):
@@ -124,33 +175,32 @@ def test_given_same_revocation_dispatched_twice_then_handler_runs_at_most_once(r
     assert len(recorder.seen) == 1
 
 
-class Gated(Recording):
-    """Runs only once the test opens the gate (or gives up after a bound, so a synchronous
-    dispatcher fails the test instead of hanging it)."""
+class Blocking(Recording):
+    """Blocks in ``on_revoked`` until released: proves the notifier returned while it ran."""
 
     def __init__(self):
         super().__init__()
-        self.gate = threading.Event()
-        self.opened = None
+        self.entered = threading.Event()
+        self.release = threading.Event()
 
     def on_revoked(self, holder):
-        self.opened = self.gate.wait(10)
+        self.entered.set()
+        assert self.release.wait(10)
         super().on_revoked(holder)
 
 
 def test_given_slow_handler_when_notified_then_the_caller_does_not_wait(dispatcher):
-    slow = handlers.register_handler(Gated())
+    slow = handlers.register_handler(Blocking())
     try:
         holder = revoke(take())
-        dispatcher.on_revoked([holder])
-        # on_revoked has returned while the handler is still held at its gate
-        assert not slow.ran.is_set()
-        slow.gate.set()
+        dispatcher.on_revoked([holder])  # returns although the handler cannot finish yet
+        assert slow.entered.wait(5) and slow.seen == []
+        slow.release.set()
         assert dispatcher.drain(5)
-        assert slow.opened is True
         assert [h.token for h in slow.seen] == [holder.token]
         assert slow.threads[0].startswith("lease-dispatch")
     finally:
+        slow.release.set()
         handlers.unregister_handler("rec")
 
 
@@ -234,3 +284,41 @@ def test_given_token_still_held_then_409_and_no_handler(recorder, csrf_client):
 
 def test_given_get_then_method_not_allowed(csrf_client):
     assert csrf_client.get("/internal/lease/revoked", HTTP_X_LEASE_SECRET="test-internal-secret").status_code == 405
+
+
+# --- what operators are told (Insights) follows the same rows ---------------------------------
+
+
+@pytest.fixture
+def acme_admin():
+    from django.contrib.auth import get_user_model
+
+    from insights.models import Membership, Tenant
+
+    tenant = Tenant.objects.create(slug="t1", name="T1")
+    user = get_user_model().objects.create_user("t1-admin", password="pw-123456")
+    Membership.objects.create(user=user, tenant=tenant, role=Membership.Role.ADMIN)
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.mark.parametrize("pod, pod_bound, note, runs", [
+    # Detached (HTTP clients) with podBound: true: the handler runs with the payload.
+    ("", True, "the rec handler is dispatched with the stored payload (a detached holder has no pod, "
+               "so pod-bound does not apply)", 1),
+    ("gone-pod", True, "no handler runs: the holder was pod-bound to the dead pod gone-pod, "
+                       "so its resource died with it (release only)", 0),
+])
+def test_given_insights_revoke_then_the_page_and_message_say_what_the_dispatcher_does(
+        recorder, acme_admin, pod, pod_bound, note, runs):
+    lease = take(pod=pod, pod_bound=pod_bound)
+    url = f"/t/t1/insights/leases/holders/{lease.token}/revoke"
+
+    confirm = acme_admin.get(url).content.decode()
+    done = acme_admin.post(url, {"confirm": "on", "reason": "stuck"}, follow=True)
+
+    assert f"and {note}." in " ".join(confirm.split())
+    assert f"and {note}." in [str(m) for m in done.context["messages"]][0]
+    assert dispatch.get_dispatcher().drain(5)
+    assert [(h.token, h.payload) for h in recorder.seen] == [(lease.token, {"jobId": "j-1"})] * runs

@@ -119,3 +119,62 @@ def test_given_get_then_405():
     lease = hold()
     assert Client().get(f"/internal/lease/admin/revoke/{lease.token}", HTTP_X_LEASE_SECRET=SECRET).status_code == 405
     lease.check()
+
+
+# --- the operator sweep ----------------------------------------------------------------------
+
+def _dead_pod_holder(pod="gone-pod"):
+    return hold(pod=pod)
+
+
+@pytest.mark.parametrize("secret", [None, "", "wrong", SECRET + "x"])
+def test_given_no_or_wrong_secret_when_sweeping_then_403_and_nothing_reaped(secret):
+    lease = _dead_pod_holder()
+    response = post(Client(), "/internal/lease/admin/sweep", secret)
+    assert response.status_code == 403 and response.json()["code"] == "FORBIDDEN"
+    lease.check()
+
+
+@pytest.mark.parametrize("body", [b"not json", b"[1]", json.dumps({"actor": {"$ne": 1}}).encode()])
+def test_given_a_bad_body_when_sweeping_then_400_and_nothing_reaped(body):
+    lease = _dead_pod_holder()
+    response = Client().post("/internal/lease/admin/sweep", data=body, content_type="application/json",
+                             HTTP_X_LEASE_SECRET=SECRET)
+    assert response.status_code == 400 and response.json()["code"] == "INVALID_REQUEST"
+    lease.check()
+
+
+def test_given_the_secret_when_sweeping_then_each_reaped_holder_comes_with_its_dispatch_outcome(handler):
+    ran = hold(pod="gone-pod")
+    store.holders().update_one({"_id": ran.token}, {"$set": {"podBound": False}})
+    released = hold(tenant="globex", pod="gone-pod")
+    store.holders().update_one({"_id": released.token}, {"$set": {"podBound": True}})
+    orphan = hold(pod="gone-pod")
+    store.holders().update_one({"_id": orphan.token}, {"$set": {"type": "nosuchtype"}})
+
+    response = post(Client(enforce_csrf_checks=True), "/internal/lease/admin/sweep", SECRET)
+
+    assert response.status_code == 200
+    data = response.json()
+    outcomes = {h["token"]: (h["outcome"], h["ranOn"], h["handlerRan"]) for h in data["holders"]}
+    me = data["pod"]
+    assert outcomes == {ran.token: ("local-payload", me, True), released.token: ("release-only", None, False),
+                        orphan.token: ("no-handler", None, False)}
+    assert data["unhandled"] == [orphan.token] and data["dispatchSettled"] is True and data["done"] == 3
+    assert handler.revoked == [ran.token]
+
+
+def test_given_get_when_sweeping_then_405():
+    assert Client().get("/internal/lease/admin/sweep", HTTP_X_LEASE_SECRET=SECRET).status_code == 405
+
+
+def test_given_a_pod_bound_holder_of_a_dead_pod_when_revoking_then_the_answer_says_release_only(handler):
+    # The answer reports what the dispatcher did, not just that it was asked to.
+    bound = hold(pod="gone-pod")
+    store.holders().update_one({"_id": bound.token}, {"$set": {"podBound": True}})
+
+    data = post(Client(), f"/internal/lease/admin/revoke/{bound.token}", SECRET).json()
+
+    [row] = data["revoked"]
+    assert (row["outcome"], row["ranOn"], row["handlerRan"]) == ("release-only", None, False)
+    assert data["dispatchSettled"] is True and data["unhandled"] == [] and handler.revoked == []

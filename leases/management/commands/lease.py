@@ -3,7 +3,8 @@
 Reads go straight to MongoDB. Revocations go through a live pod's internal admin API
 (``/internal/lease/admin/…``, shared secret), because only pods run handlers and know
 the pod routing; ``--force`` revokes directly in MongoDB when no pod is reachable, and says
-what that leaves behind. ``sweep`` and ``reconcile`` run here.
+what that leaves behind. ``sweep`` runs on a live pod too (its handlers), ``--force`` runs it
+here without any handler; ``reconcile`` runs here (it needs no handler).
 
 Exit status: 0 on success, 1 with a one-line ``CommandError`` on bad input, an unknown
 token, an unreachable store or no reachable pod; 2 for unknown options (argparse).
@@ -123,7 +124,10 @@ class Command(BaseCommand):
             p.add_argument("--reason", default=None, help="Recorded in the audit log.")
             p.add_argument("--json", action="store_true")
 
-        p = sub.add_parser("sweep", help="One reaper round now (idle, dead pods, reconcile), with handlers.")
+        p = sub.add_parser("sweep", help="One reaper round now (idle, dead pods, reconcile), run by a live pod with its handlers.")
+        p.add_argument("--force", action="store_true",
+                       help="Run the round here, directly in MongoDB, without a pod: NO handler runs.")
+        p.add_argument("--endpoint", help="Use this pod URL instead of the pod registry.")
         p.add_argument("--json", action="store_true")
 
         p = sub.add_parser("reconcile", help="Correct counter drift from holder levels (no pod, no handler).")
@@ -252,11 +256,12 @@ class Command(BaseCommand):
             return [("(--endpoint)", url.rstrip("/"))]
         return operations.live_pod_endpoints()
 
-    def _call_pod(self, o: dict[str, Any], path: str, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    def _call_pod(self, o: dict[str, Any], path: str, body: dict[str, Any], *, timeout: float = POD_TIMEOUT_SECONDS,
+                  force_hint: str = "rerun with --force to revoke directly in MongoDB (no handler runs)") -> tuple[str, dict[str, Any]]:
         """POST ``body`` to the first live pod that answers; returns (pod, answer)."""
         endpoints = self._pod_endpoints(o)
         if not endpoints:
-            raise PodCallError("no live pod is registered; rerun with --force to revoke directly in MongoDB (no handler runs)")
+            raise PodCallError(f"no live pod is registered; {force_hint}")
         data = json.dumps(body).encode()
         tried = []
         for pod, endpoint in endpoints:
@@ -265,7 +270,7 @@ class Command(BaseCommand):
                 headers={"Content-Type": "application/json", "X-Lease-Secret": settings.LEASES_INTERNAL_SECRET},
             )
             try:
-                with urllib.request.urlopen(request, timeout=POD_TIMEOUT_SECONDS) as response:
+                with urllib.request.urlopen(request, timeout=timeout) as response:
                     return pod, json.loads(response.read() or b"{}")
             except urllib.error.HTTPError as exc:
                 try:
@@ -281,7 +286,7 @@ class Command(BaseCommand):
                 tried.append(f"{pod} ({endpoint}): HTTP {exc.code}")
             except (urllib.error.URLError, OSError, ValueError) as exc:
                 tried.append(f"{pod} ({endpoint}): {getattr(exc, 'reason', exc)}")
-        raise PodCallError("no pod reachable (" + "; ".join(tried) + "); rerun with --force to revoke directly in MongoDB (no handler runs)")
+        raise PodCallError("no pod reachable (" + "; ".join(tried) + f"); {force_hint}")
 
     def _force_note(self, holders: list[Any]) -> str:
         lines = ["--force: revoked directly in MongoDB. NO handler ran."]
@@ -342,16 +347,81 @@ class Command(BaseCommand):
     def do_revoke_pod(self, o: dict[str, Any]) -> None:
         self._revoke(o, pod=o["pod"])
 
-    def do_sweep(self, o: dict[str, Any]) -> None:
-        from leases import dispatch, tasks
+    # The pod answers after its round (bounded by tasks.SWEEP_BUDGET_SECONDS) and the wait
+    # for its dispatches (admin_views.SWEEP_SETTLE_SECONDS); this bounds the call above both.
+    SWEEP_TIMEOUT_SECONDS = 40.0
+    SWEEP_FORCE_HINT = "rerun with --force to sweep directly in MongoDB (no handler runs)"
 
-        dispatch.install()  # handlers of this round run through the same dispatcher
-        result = tasks.sweep()  # synchronous call of the Celery task body
-        result["dispatchSettled"] = dispatch.get_dispatcher().drain(timeout=30.0)
-        self.emit(o, result, lambda: (
-            f"Sweep: {result['done']} holder(s) reaped or counter(s) corrected in {result['rounds']} round(s)"
-            f"{'; more remain' if result['hasMore'] else ''}; handlers "
-            f"{'finished' if result['dispatchSettled'] else 'still running'}."))
+    def do_sweep(self, o: dict[str, Any]) -> None:
+        # Only pods hold the handler registry (types their own code registers): a round run in
+        # this process would reap holders whose handlers then run nowhere.
+        if o["force"]:
+            self._sweep_forced(o)
+            return
+        via_pod, answer = self._call_pod(o, "/sweep", {"actor": _operator()}, timeout=self.SWEEP_TIMEOUT_SECONDS,
+                                         force_hint=self.SWEEP_FORCE_HINT)
+        via = f"pod {answer.get('pod') or via_pod}"
+        self.emit(o, {"via": via, **answer}, lambda: self._sweep_text(answer, via))
+
+    @staticmethod
+    def _sweep_text(answer: dict[str, Any], via: str) -> str:
+        holders = answer.get("holders") or []
+        lines = []
+        if holders:
+            rows = [(h["token"], h["tenantId"], h["type"], h["pod"] or "(detached)", "yes" if h["podBound"] else "no",
+                     h["reason"], h["outcome"], h.get("ranOn") or "-") for h in holders]
+            lines += [table(["TOKEN", "TENANT", "TYPE", "POD", "BOUND", "REASON", "OUTCOME", "RAN-ON"], rows), ""]
+        lines.append(f"Sweep via {via}: {answer['done']} holder(s) reaped or counter(s) corrected in "
+                     f"{answer['rounds']} round(s){'; more remain' if answer['hasMore'] else ''}.")
+        ran = [h for h in holders if h.get("handlerRan")]
+        if ran:
+            lines.append(f"Handlers ran (or were accepted by the holder's pod) for {len(ran)} holder(s).")
+        released = [h for h in holders if h["outcome"] == "release-only"]
+        if released:
+            lines.append(f"{len(released)} pod-bound holder(s) of dead pods: release only, their resources died with the pod.")
+        unhandled = [h for h in holders if h["outcome"] in ("no-handler", "failed")]
+        for h in unhandled:
+            why = ("no live pod has a handler for this type" if h["outcome"] == "no-handler"
+                   else "its handler raised (see the pod's log)")
+            lines.append(f"NO handler ran for {h['token']} ({h['type']}): {why}; payload "
+                         f"{json.dumps(h.get('payload') or {}, sort_keys=True)}")
+        pending = [h for h in holders if h["outcome"] == "pending"]
+        if pending:
+            lines.append(f"{len(pending)} handler(s) still running on {via}.")
+        return "\n".join(lines)
+
+    def _sweep_forced(self, o: dict[str, Any]) -> None:
+        from leases import listener, tasks
+
+        reaped: list[Any] = []
+
+        class _Recorder:
+            """Receives the round's revocations and runs nothing (``--force``)."""
+
+            def on_revoked(self, holders: list[Any]) -> None:
+                reaped.extend(holders)
+
+        previous = listener.get_listener()
+        listener.set_listener(_Recorder())
+        try:
+            result = tasks.sweep()
+        finally:
+            listener.set_listener(previous)
+        lines = [f"--force: swept directly in MongoDB: {result['done']} holder(s) reaped or counter(s) corrected in "
+                 f"{result['rounds']} round(s){'; more remain' if result['hasMore'] else ''}. NO handler ran."]
+        for h in reaped:
+            if h.pod and h.pod_bound:
+                what = f"pod-bound to dead pod {h.pod}: the resource died with it, nothing to stop"
+            else:
+                what = "its resource was NOT stopped and is left to its own expiration"
+            payload = json.dumps(h.payload, sort_keys=True, default=str) if h.payload else "{}"
+            lines.append(f"  - {h.token} ({h.type} on {h.resource}, tenant {h.tenant_id}, reason {h.reason}): "
+                         f"{what}; payload {payload}")
+        note = "\n".join(lines)
+        self.emit(o, {"via": "mongodb --force", "handlersRan": False, **result,
+                      "holders": [{**h.to_wire(), "outcome": "not-run", "ranOn": None, "handlerRan": False}
+                                  for h in reaped],
+                      "note": note}, lambda: note)
 
     def do_reconcile(self, o: dict[str, Any]) -> None:
         from leases import sweeps
