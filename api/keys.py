@@ -123,15 +123,15 @@ def create_key(*, tenant_id: str, project_id: str | None = None, name: str, acti
         ``(key, plaintext)``; the plaintext is not stored anywhere and cannot be shown again.
 
     Raises:
-        InvalidLeaseRequest: malformed tenant or project id.
+        InvalidLeaseRequest: malformed or reserved (``_vance``, ``_tenant``) tenant or project id.
         UnknownTenant: no such tenant; nothing was written.
         UnknownProject: the tenant has no such project; nothing was written.
         InvalidApiKeyRequest: bad name or missing ``acting_user``; nothing was written.
         LeaseUnavailable: the store is unreachable.
     """
-    validation.entity_id(tenant_id, "tenant id")
+    validation.request_id(tenant_id, "tenant id")
     if project_id is not None and project_id != "":
-        validation.entity_id(project_id, "project id")
+        validation.request_id(project_id, "project id")
     else:
         project_id = None
     clean_name = _name(name)

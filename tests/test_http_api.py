@@ -329,6 +329,15 @@ def test_given_a_project_bound_key_whose_project_was_deleted_when_acquiring_then
     assert store.holders().count_documents({}) == 0 and store.counters().count_documents({}) == 0
 
 
+@pytest.mark.parametrize("project", ["_tenant", "_vance"])
+def test_given_a_reserved_layer_id_as_project_when_acquiring_then_400_and_nothing_written(api, key, project):
+    # Given a tenant document with a cap: it must count once, as the tenant layer
+    config.put_document("acme", "_tenant", document_path("tex2pdf"), "levels: {tenant: 5, project: 1}\n")
+    body = assert_problem(acquire(api, key, project=project, lease="tex2pdf"), 400, "INVALID_REQUEST")
+    assert "reserved" in body["detail"]
+    assert store.holders().count_documents({}) == 0 and store.counters().count_documents({}) == 0
+
+
 def test_given_a_project_bound_key_when_acting_then_it_is_limited_to_its_project(api, key):
     bound = keys.create_key(tenant_id="acme", project_id="p1", name="p1 only", acting_user="test")[1]
     assert_problem(acquire(api, bound, project="p2"), 403, "PROJECT_FORBIDDEN")
