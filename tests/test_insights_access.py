@@ -233,3 +233,26 @@ def test_django_admin_edits_tenants_projects_memberships_and_refuses_bad_slugs(w
     assert Membership.objects.get(tenant_id=initech.pk, user_id=users["outsider"].pk).is_admin
     # The new admin now passes the access check for that tenant.
     assert logged_in(users["outsider"]).get("/t/initech/insights/leases").status_code == 200
+
+
+def revocations_section(client, tenant="acme"):
+    page = client.get(f"/t/{tenant}/insights/leases").content.decode()
+    return page.split("<h2>Recent revocations</h2>", 1)[1]
+
+
+def test_given_api_key_changes_after_a_revocation_then_recent_revocations_shows_only_the_revocation(world):
+    from api import keys
+    from leases import operations
+
+    users, holders = world
+    # Given one revocation, then more API-key creations and a key revocation than the list holds
+    operations.revoke_holder(holders["acme"].token, tenant_id="acme", acting_user="acme-admin", reason="stuck")
+    for number in range(6):
+        key, _ = keys.create_key(tenant_id="acme", name=f"k{number}", acting_user="cli:root")
+    keys.revoke_key(tenant_id="acme", prefix=key.prefix, acting_user="cli:root")
+    # When the admin opens the holders page
+    section = revocations_section(logged_in(users["acme-admin"]))
+    # Then the revocation is listed and no key management is
+    assert holders["acme"].token[:13] in section and "stuck" in section
+    assert "cli:root" not in section and "None" not in section
+    assert section.count("<tr><td>") == 1
