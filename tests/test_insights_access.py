@@ -317,3 +317,11 @@ def test_given_debug_on_when_django_logs_a_warning_then_it_is_printed_once():
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert (result.stdout + result.stderr).count("Forbidden: /probe") == 1
+
+
+def test_given_only_a_tenant_document_when_viewing_the_definition_tenant_wide_then_ttl_is_from_the_tenant_layer(world):
+    users, _ = world
+    config.put_document("acme", "_tenant", document_path("browser"), "ttlSeconds: 45")
+    body = logged_in(users["acme-admin"]).get("/t/acme/insights/leases/definition?name=browser&project=_tenant").content.decode()
+    row = re.search(r"ttlSeconds.*?</tr>", body, re.S).group(0)
+    assert "45" in row and "layer-tenant" in row and "layer-project" not in row
