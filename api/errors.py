@@ -11,6 +11,16 @@ class Unauthenticated(LeaseError):
     code = "UNAUTHENTICATED"
 
 
+class ApiKeyScopeGone(Unauthenticated):
+    """A genuine key whose tenant (or bound project) no longer exists (HTTP 401).
+
+    Such a key must not book counters any more: nobody administers that scope, so its
+    holders would consume the global cap where no tenant admin can see them.
+    """
+
+    code = "API_KEY_SCOPE_GONE"
+
+
 class ProjectForbidden(LeaseError):
     """A project-bound key asked for another project (HTTP 403)."""
 
@@ -39,3 +49,15 @@ class InvalidApiKeyRequest(InvalidLeaseRequest):
     """Bad input to key management (name, tenant or project id); nothing was written."""
 
     code = "INVALID_API_KEY_REQUEST"
+
+
+class UnknownTenant(InvalidApiKeyRequest):
+    """Key management named a tenant that does not exist; nothing was written."""
+
+    code = "UNKNOWN_TENANT"
+
+
+class UnknownProject(InvalidApiKeyRequest):
+    """Key management named a project the tenant does not have; nothing was written."""
+
+    code = "UNKNOWN_PROJECT"

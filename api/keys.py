@@ -4,6 +4,11 @@ A key is ``vlk_<prefix>_<secret>``: ``prefix`` (12 lowercase letters/digits) is 
 id used in lists and as the lookup value; ``secret`` is 32 random bytes, url-safe base64.
 Only the SHA-256 of the whole key is stored and compared with ``hmac.compare_digest``.
 Every create and revoke writes an audit record (``lease_audit``, MongoDB time).
+
+A key names an existing tenant (``insights.Tenant``) and, when bound, one of its projects:
+a key for a made-up tenant would book counters that share the global cap while no tenant
+admin can see them. The scope is checked again on every authentication, so a key whose
+tenant or project was deleted stops working.
 """
 
 from __future__ import annotations
@@ -24,7 +29,14 @@ from django.utils import timezone
 from leases import store, validation
 from leases.errors import LeaseUnavailable
 
-from .errors import ApiKeyNotFound, InvalidApiKeyRequest, Unauthenticated
+from .errors import (
+    ApiKeyNotFound,
+    ApiKeyScopeGone,
+    InvalidApiKeyRequest,
+    Unauthenticated,
+    UnknownProject,
+    UnknownTenant,
+)
 from .models import ApiKey
 
 log = logging.getLogger(__name__)
@@ -70,6 +82,27 @@ def _unavailable(exc: Exception) -> LeaseUnavailable:
     return LeaseUnavailable(f"key store unreachable: {exc.__class__.__name__}")
 
 
+def _missing_scope(tenant_id: str, project_id: str | None) -> type[InvalidApiKeyRequest] | None:
+    """Which part of (tenant, project) does not exist: ``UnknownTenant``, ``UnknownProject`` or None.
+
+    Raises:
+        DatabaseError: the store is unreachable (callers turn it into LeaseUnavailable).
+    """
+    from insights.models import Project, Tenant
+
+    # Two plain lookups (no join): the ids were validated, so they are plain values here.
+    tenant_pk = Tenant.objects.filter(slug=tenant_id).values_list("pk", flat=True).first()
+    if tenant_pk is None:
+        return UnknownTenant
+    if project_id and not Project.objects.filter(tenant_id=tenant_pk, slug=project_id).exists():
+        return UnknownProject
+    return None
+
+
+def _scope_text(missing: type[InvalidApiKeyRequest], tenant_id: str, project_id: str | None) -> str:
+    return f"no tenant {tenant_id!r}" if missing is UnknownTenant else f"tenant {tenant_id!r} has no project {project_id!r}"
+
+
 def _audit(action: str, key: ApiKey, actor: str) -> None:
     # Same collection and shape as the lease operator actions; $$NOW makes "when" MongoDB's clock.
     record = {
@@ -90,19 +123,27 @@ def create_key(*, tenant_id: str, project_id: str | None = None, name: str, acti
         ``(key, plaintext)``; the plaintext is not stored anywhere and cannot be shown again.
 
     Raises:
-        InvalidLeaseRequest: malformed tenant or project id.
+        InvalidLeaseRequest: malformed or reserved (``_vance``, ``_tenant``) tenant or project id.
+        UnknownTenant: no such tenant; nothing was written.
+        UnknownProject: the tenant has no such project; nothing was written.
         InvalidApiKeyRequest: bad name or missing ``acting_user``; nothing was written.
         LeaseUnavailable: the store is unreachable.
     """
-    validation.entity_id(tenant_id, "tenant id")
+    validation.request_id(tenant_id, "tenant id")
     if project_id is not None and project_id != "":
-        validation.entity_id(project_id, "project id")
+        validation.request_id(project_id, "project id")
     else:
         project_id = None
     clean_name = _name(name)
     actor = _actor(acting_user)
     prefix = "".join(secrets.choice(_PREFIX_ALPHABET) for _ in range(PREFIX_LENGTH))
     plaintext = f"{KEY_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
+    try:
+        missing = _missing_scope(tenant_id, project_id)
+    except (DatabaseError, pymongo.errors.PyMongoError) as exc:
+        raise _unavailable(exc) from None
+    if missing is not None:
+        raise missing(f"cannot create an API key: {_scope_text(missing, tenant_id, project_id)}")
     try:
         key = ApiKey.objects.create(
             tenant_id=tenant_id, project_id=project_id, name=clean_name, prefix=prefix,
@@ -173,6 +214,7 @@ def authenticate(bearer: Any) -> ApiKey:
     Raises:
         Unauthenticated: missing, malformed, unknown, wrong or revoked key (one message for
             all, so an answer tells nothing about which keys exist).
+        ApiKeyScopeGone: a genuine key whose tenant or bound project was deleted.
         LeaseUnavailable: the store is unreachable (fail-closed).
     """
     if not isinstance(bearer, str) or not bearer:
@@ -188,4 +230,11 @@ def authenticate(bearer: Any) -> ApiKey:
     ok = hmac.compare_digest(presented, key.secret_hash if key is not None else _DUMMY_HASH)
     if key is None or not ok or key.revoked_at is not None:
         raise Unauthenticated("invalid API key")
+    try:
+        missing = _missing_scope(key.tenant_id, key.project_id)
+    except (DatabaseError, pymongo.errors.PyMongoError) as exc:
+        raise _unavailable(exc) from None
+    if missing is not None:
+        # Only the key's holder gets here (the secret matched), so naming the scope is safe.
+        raise ApiKeyScopeGone(f"this API key can no longer be used: {_scope_text(missing, key.tenant_id, key.project_id)}")
     return key

@@ -19,6 +19,8 @@ from .problems import BUSY_RETRY_AFTER_SECONDS
 
 NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
 ID_PATTERN = "^[A-Za-z0-9_][A-Za-z0-9_-]{0,63}$"
+# Tenant and project ids of requests: a leading "_" marks the reserved config-layer ids.
+REQUEST_ID_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
 TOKEN_PATTERN = "^[A-Za-z0-9_-]{16,64}$"
 
 _DESCRIPTION = f"""\
@@ -30,7 +32,9 @@ release.
 **Authentication.** Every lease operation needs `Authorization: Bearer <API key>`. The
 key's tenant (and project, for a project-bound key) binds the lease: tokens of other
 tenants answer exactly like unknown tokens (`410 STALE_LEASE`). Missing, wrong or
-revoked keys answer `401 UNAUTHENTICATED`.
+revoked keys answer `401 UNAUTHENTICATED`; a key whose tenant (or bound project) was
+deleted answers `401 API_KEY_SCOPE_GONE`. Project ids starting with `_` (the reserved
+`_tenant` / `_vance` of the config layers) answer `400 INVALID_REQUEST`.
 
 **Server-issued lease.** The acquire answer carries `token`, `ttlSeconds`, `expiryDeadline`
 (MongoDB server time) and `intervalSeconds`: the server clamps a proposed interval into
@@ -117,8 +121,9 @@ _SCHEMAS: dict[str, Any] = {
             "lease": {"type": ["string", "null"], "pattern": NAME_PATTERN,
                       "description": "Name reference of a lease definition (or give `inline`)."},
             "inline": {"oneOf": [{"$ref": "#/components/schemas/InlineDefinition"}, {"type": "null"}]},
-            "projectId": {"type": "string", "pattern": ID_PATTERN,
-                          "description": "The project; a project-bound key only accepts its own project (else 403)."},
+            "projectId": {"type": "string", "pattern": REQUEST_ID_PATTERN,
+                          "description": "The project; a project-bound key only accepts its own project (else 403). "
+                                         "Ids starting with `_` are reserved for the config layers (400)."},
             "userId": {"type": "string", "pattern": ID_PATTERN},
             "holderRef": {"type": ["string", "null"], "maxLength": HOLDER_REF_MAX, "pattern": "^[^\\u0000]*$"},
             "podBound": {"type": "boolean", "default": False,
@@ -246,7 +251,8 @@ _TOKEN_PARAMETER = {
 
 _COMMON = {
     "400": _problem("Bad input (body, token or ids); nothing was written."),
-    "401": _problem("Missing, wrong or revoked API key.", headers={
+    "401": _problem("UNAUTHENTICATED (missing, wrong or revoked API key) or API_KEY_SCOPE_GONE "
+                    "(the key's tenant or project was deleted).", headers={
         "WWW-Authenticate": {"schema": {"type": "string"}}}),
     "503": _problem("LEASE_UNAVAILABLE: the lease store is unreachable or the configuration is broken."),
 }

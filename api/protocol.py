@@ -145,10 +145,14 @@ def acquire(*, key: ApiKey, type: str, user_id: str, project_id: str, lease: str
 
     Raises:
         ProjectForbidden: a project-bound key named another project.
-        InvalidLeaseRequest: bad ids, names, inline definition or unknown type.
+        InvalidLeaseRequest: bad ids (also the reserved ``_tenant`` / ``_vance``), names,
+            inline definition or unknown type.
         LeaseBusy: a level stayed full for the bounded wait.
         LeaseUnavailable: the store is unreachable or the configuration is broken.
     """
+    # A reserved layer id is refused here, at the request boundary: the layer code itself
+    # uses them to address the System and Tenant documents.
+    validation.request_id(project_id, "project id")
     if key.project_id and project_id != key.project_id:
         raise ProjectForbidden(f"this API key is bound to project {key.project_id!r}")
     bound = int(getattr(settings, "LEASES_HTTP_MAX_WAIT_MS", 5000))

@@ -148,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
         database = store.db()
         for name in (store.HOLDERS, store.COUNTERS, store.TOMBSTONES, "api_keys"):
             database[name].delete_many({})
+        from insights.models import Tenant
+
+        Tenant.objects.get_or_create(slug="bench", defaults={"name": "Bench"})  # keys name existing tenants
         _, api_key = keys.create_key(tenant_id="bench", name="bench", acting_user="bench")
         base_url = stack.enter_context(running_server(workers=args.workers))
 

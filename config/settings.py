@@ -253,4 +253,7 @@ LOGGING = {
         "console": {"class": "logging.StreamHandler", "formatter": "default"},
     },
     "root": {"handlers": ["console"], "level": os.environ.get("DJANGO_LOG_LEVEL", "INFO")},
+    # Django's own console handler (DEBUG only) would print every django.* record a second
+    # time next to the root handler: its records go to the root handler alone.
+    "loggers": {"django": {"handlers": [], "propagate": True}},
 }

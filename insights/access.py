@@ -14,6 +14,7 @@ from typing import Callable
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
+from django.views.defaults import permission_denied
 
 from leases.validation import ID_RE
 
@@ -49,7 +50,13 @@ def tenant_admin_required(view: Callable[..., HttpResponse]) -> Callable[..., Ht
     def wrapper(request: HttpRequest, tenant: str, *args, **kwargs) -> HttpResponse:
         if not request.user.is_authenticated:
             return redirect_to_login(request.get_full_path())
-        return view(request, resolve_admin_tenant(request, tenant), *args, **kwargs)
+        try:
+            admin_tenant = resolve_admin_tenant(request, tenant)
+        except PermissionDenied as exc:
+            # An expected answer, not a failure: rendered here, Django logs it as one
+            # "Forbidden" line instead of a traceback of the raised exception.
+            return permission_denied(request, exc)
+        return view(request, admin_tenant, *args, **kwargs)
 
     return wrapper
 

@@ -15,9 +15,12 @@ from leases.definitions import TENANT_PROJECT
 from leases.errors import InvalidLeaseRequest
 
 
-def _engine_validator(check: Callable[..., str], *args: Any) -> Callable[[str], None]:
+def _engine_validator(check: Callable[..., str], *args: Any, max_length: int | None = None) -> Callable[[str], None]:
     def validate(value: str) -> None:
         if value in (None, ""):
+            return
+        if max_length is not None and len(value) > max_length:
+            # The length error says it; the engine's message would echo the whole value.
             return
         try:
             check(value, *args)
@@ -27,10 +30,13 @@ def _engine_validator(check: Callable[..., str], *args: Any) -> Callable[[str], 
     return validate
 
 
-def _filter_field(label: str, check: Callable[..., str], *args: Any) -> forms.CharField:
+def _filter_field(label: str, check: Callable[..., str], *args: Any, max_length: int) -> forms.CharField:
+    # ``max_length`` is the engine's own limit for the id, so a longer value is refused
+    # with a short message instead of being echoed back into the page.
     return forms.CharField(
-        label=label, required=False, max_length=128, strip=True,
-        validators=[_engine_validator(check, *args)],
+        label=label, required=False, max_length=max_length, strip=True,
+        validators=[_engine_validator(check, *args, max_length=max_length)],
+        error_messages={"max_length": f"{label} is too long: at most {max_length} characters."},
         widget=forms.TextInput(attrs={"placeholder": "any", "autocomplete": "off"}),
     )
 
@@ -38,12 +44,15 @@ def _filter_field(label: str, check: Callable[..., str], *args: Any) -> forms.Ch
 class HolderFilterForm(forms.Form):
     """Filters of the holder table (all optional) and the page number."""
 
-    resource = _filter_field("Resource", validation.resource_name)
-    type = _filter_field("Type", validation.lease_name)
-    pod = _filter_field("Pod", validation.pod_id)
-    project = _filter_field("Project", validation.entity_id, "project id")
-    user = _filter_field("User", validation.entity_id, "user id")
-    page = forms.IntegerField(required=False, min_value=1, max_value=1_000_000, widget=forms.HiddenInput)
+    resource = _filter_field("Resource", validation.resource_name, max_length=128)
+    type = _filter_field("Type", validation.lease_name, max_length=64)
+    pod = _filter_field("Pod", validation.pod_id, max_length=128)
+    project = _filter_field("Project", validation.entity_id, "project id", max_length=64)
+    user = _filter_field("User", validation.entity_id, "user id", max_length=64)
+    page = forms.IntegerField(
+        label="Page", required=False, min_value=1, max_value=1_000_000, widget=forms.HiddenInput,
+        error_messages={key: "Page must be a whole number from 1 to 1000000." for key in ("invalid", "min_value", "max_value")},
+    )
 
     FILTERS = ("resource", "type", "pod", "project", "user")
 

@@ -79,7 +79,7 @@ def holders(request: HttpRequest, tenant: Tenant) -> HttpResponse:
     context = {
         "tenant": tenant, "form": form, "page": page, "active_filters": active,
         "projects": _project_slugs(tenant), "section": "holders",
-        "audit": operations.list_audit(tenant.slug, limit=5),
+        "audit": operations.list_audit(tenant.slug, limit=5, actions=operations.REVOCATION_ACTIONS),
         "previous_url": page_url(page.page - 1) if page and page.has_previous else None,
         "next_url": page_url(page.page + 1) if page and page.has_next else None,
         **_refresh_context(request),

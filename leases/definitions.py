@@ -200,12 +200,16 @@ def _read_layers(name: str, tenant_id: str, project_id: str) -> dict[str, str]:
         "$or": [{"tenantId": t, "projectId": p} for (t, p), _ in wanted],
     }
     for doc in store.config_documents().find(query, {"tenantId": 1, "projectId": 1, "text": 1}):
-        # When the holder's tenant is ``_vance`` itself one document is several layers.
+        # A merge seen from the tenant-wide project ``_tenant`` (or from ``_vance`` itself)
+        # asks for the same (tenant, project) under several layers. One stored document is
+        # one layer, the least specific it matches (what it was validated as on write), so
+        # its fields are explained by the layer that really holds them and counted once.
         for key, layer in wanted:
             if key == (doc.get("tenantId"), doc.get("projectId")):
                 if not isinstance(doc.get("text"), str):
                     raise _BrokenLayer(f"layer {layer} document has no text")
                 texts[layer] = doc["text"]
+                break
     return texts
 
 

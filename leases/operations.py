@@ -391,15 +391,28 @@ def known_lease_names(tenant_id: str | None = None) -> list[str]:
     return sorted(names)
 
 
-def list_audit(tenant_id: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
-    """The latest operator actions, newest first (of one tenant when given).
+# Audit kinds of lease revocations; the same collection also records API-key management
+# (``apikey-create``, ``apikey-revoke``), which a list of revocations must not show.
+REVOCATION_ACTIONS = ("revoke", "revoke-pod")
+
+
+def list_audit(tenant_id: str | None = None, limit: int = 20,
+               actions: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+    """The latest operator actions, newest first (of one tenant and of ``actions`` when given).
+
+    The kinds are filtered in the query, so other kinds never push the wanted ones past
+    ``limit``.
 
     Raises:
-        InvalidLeaseRequest: malformed tenant id or limit.
+        InvalidLeaseRequest: malformed tenant id, limit or actions.
     """
     query: dict[str, Any] = {}
     if tenant_id is not None:
         query["tenantId"] = validation.entity_id(tenant_id, "tenant id")
+    if actions is not None:
+        if isinstance(actions, str) or not all(isinstance(a, str) for a in actions):
+            raise InvalidLeaseRequest("actions must be a tuple of audit kinds")
+        query["action"] = {"$in": list(actions)}
     limit = _positive_int(limit, "limit", 1000)
     return list(store.audit().find(query, {"_id": 0}).sort([("at", -1)]).limit(limit))
 

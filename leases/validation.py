@@ -19,6 +19,8 @@ LEASE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", re.ASCII)
 # ``resource|level|tenant/user``), no ``$``; a leading underscore marks the reserved
 # ``_vance`` / ``_tenant`` ids of the config layers.
 ID_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}", re.ASCII)
+# Insights refuses tenant and project slugs with this prefix for the same reason.
+RESERVED_ID_PREFIX = "_"
 # Pod ids come from host names, so dots are allowed; they are only ever values.
 POD_ID_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}", re.ASCII)
 RESOURCE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}", re.ASCII)
@@ -49,6 +51,25 @@ def entity_id(value: Any, what: str) -> str:
         InvalidLeaseRequest: empty, too long, or containing characters outside ``[A-Za-z0-9_-]``.
     """
     return _check(ID_RE, value, what)
+
+
+def request_id(value: Any, what: str) -> str:
+    """Return ``value`` if it may name the tenant or project of a request (acquire, API key).
+
+    The config layers address their documents with the reserved ids ``_vance`` (System
+    tenant) and ``_tenant`` (tenant-wide project); a request carrying one would make the
+    System or Tenant document count again as a deeper layer of its own merge. The layer code
+    keeps using :func:`entity_id` for those paths; requests are checked here.
+
+    Raises:
+        InvalidLeaseRequest: not a valid :func:`entity_id`, or starting with the reserved ``_``.
+    """
+    _check(ID_RE, value, what)
+    if value.startswith(RESERVED_ID_PREFIX):
+        raise InvalidLeaseRequest(
+            f"invalid {what}: {value!r} is reserved for the config layers (ids starting with "
+            f"{RESERVED_ID_PREFIX!r}, such as _vance and _tenant, name no tenant or project)")
+    return value
 
 
 def pod_id(value: Any) -> str:

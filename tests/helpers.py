@@ -110,3 +110,13 @@ def private_redis():
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(timeout=10)
+
+
+def ensure_tenant(slug: str, *projects: str):
+    """The Insights tenant ``slug`` with ``projects`` (API keys must name an existing scope)."""
+    from insights.models import Project, Tenant
+
+    tenant, _ = Tenant.objects.get_or_create(slug=slug, defaults={"name": slug.title()})
+    for project in projects:
+        Project.objects.get_or_create(tenant=tenant, slug=project, defaults={"name": project})
+    return tenant

@@ -12,11 +12,20 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 
 from api import keys
-from api.errors import ApiKeyNotFound, Unauthenticated
+from api.errors import ApiKeyNotFound, ApiKeyScopeGone, Unauthenticated, UnknownProject, UnknownTenant
 from api.models import ApiKey
 from insights.models import Membership, Project, Tenant
 from leases import store
 from leases.errors import InvalidLeaseRequest
+
+
+@pytest.fixture(autouse=True)
+def scopes():
+    """The tenants (and project) the keys below name: a key must name an existing scope."""
+    acme = Tenant.objects.create(slug="acme", name="Acme")
+    Project.objects.create(tenant=acme, slug="docs", name="Docs")
+    Tenant.objects.create(slug="globex", name="Globex")
+    return acme
 
 
 def prefix_of(plaintext):
@@ -74,10 +83,8 @@ def test_given_a_malformed_bearer_when_authenticating_then_unauthenticated(beare
 # --- pages ---------------------------------------------------------------------------------
 
 @pytest.fixture
-def tenant():
-    acme = Tenant.objects.create(slug="acme", name="Acme")
-    Project.objects.create(tenant=acme, slug="docs", name="Docs")
-    return acme
+def tenant(scopes):
+    return scopes
 
 
 def user_with(tenant, role, name):
@@ -161,3 +168,50 @@ def test_given_the_cli_when_creating_listing_and_revoking_then_the_key_lifecycle
         call_command("apikey", "revoke", key.prefix, "--tenant", "globex")
     with pytest.raises(CommandError, match="INVALID_REQUEST"):
         call_command("apikey", "create", "--tenant", "$bad", "--name", "x")
+
+
+# --- keys name existing scopes -------------------------------------------------------------
+
+@pytest.mark.parametrize("tenant_id, project_id, error", [
+    ("nosuch", None, UnknownTenant),
+    ("acme", "nosuch", UnknownProject),
+    ("globex", "docs", UnknownProject),  # acme's project, not globex's
+])
+def test_given_a_scope_that_does_not_exist_when_creating_a_key_then_a_typed_error_and_nothing_written(
+        tenant_id, project_id, error):
+    with pytest.raises(error, match="nosuch|docs"):
+        keys.create_key(tenant_id=tenant_id, project_id=project_id, name="k", acting_user="a")
+    assert ApiKey.objects.count() == 0 and store.audit().count_documents({}) == 0
+
+
+@pytest.mark.parametrize("args, code", [
+    (["--tenant", "nosuch"], "UNKNOWN_TENANT"),
+    (["--tenant", "acme", "--project", "nosuch"], "UNKNOWN_PROJECT"),
+])
+def test_given_the_cli_and_an_unknown_scope_when_creating_a_key_then_it_exits_non_zero_with_the_code(args, code):
+    out = io.StringIO()
+    with pytest.raises(CommandError, match=code) as raised:
+        call_command("apikey", "create", *args, "--name", "x", stdout=out, stderr=io.StringIO())
+    assert raised.value.returncode != 0 and "vlk_" not in out.getvalue()
+    assert ApiKey.objects.count() == 0
+
+
+def test_given_a_project_deleted_after_the_form_was_shown_when_creating_then_400_with_the_reason(tenant):
+    admin = user_with(tenant, Membership.Role.ADMIN, "ada")
+    page = admin.get("/t/acme/insights/api-keys")
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.content.decode()).group(1)
+    Project.objects.filter(slug="docs").delete()
+    response = admin.post("/t/acme/insights/api-keys", {"name": "x", "project": "docs", "csrfmiddlewaretoken": token})
+    assert response.status_code == 400 and ApiKey.objects.count() == 0
+
+
+@pytest.mark.parametrize("delete", ["tenant", "project"])
+def test_given_a_key_whose_scope_was_deleted_when_authenticating_then_refused(delete):
+    key, plaintext = keys.create_key(tenant_id="acme", project_id="docs", name="k", acting_user="a")
+    assert keys.authenticate(plaintext).pk == key.pk
+    if delete == "tenant":
+        Tenant.objects.filter(slug="acme").delete()
+    else:
+        Project.objects.filter(slug="docs").delete()
+    with pytest.raises(ApiKeyScopeGone, match="acme"):
+        keys.authenticate(plaintext)

@@ -199,3 +199,21 @@ def test_admin_sees_holders_counters_definition_revokes_and_other_tenant_sees_no
         acme[1].check()
     finally:
         context.close()
+
+
+def test_given_an_over_long_filter_value_then_the_page_keeps_its_width_and_names_the_field(app, browser):
+    _tenant("acme", "Acme Corp", ["docs"])
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    try:
+        _login(page, f"{app.url}/t/acme/insights/leases", "acme-admin")
+        response = page.goto(f"{app.url}/t/acme/insights/leases?resource={'x' * 500}&page=abc")
+        assert response.status == 400
+        # Nothing wider than the window: no horizontal scrolling from an echoed value.
+        assert page.evaluate("document.documentElement.scrollWidth") <= 1280
+        errors = page.locator(".errorlist").all_inner_texts()
+        assert any("Resource is too long: at most 128 characters." in e for e in errors)
+        assert any("Page must be a whole number" in e for e in errors)
+        _shot(page, "holders-bad-filters")
+    finally:
+        context.close()

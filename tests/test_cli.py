@@ -146,7 +146,7 @@ def test_given_bad_input_from_a_shell_then_non_zero_exit_and_one_line_message():
     assert "CommandError: INVALID_REQUEST: invalid lease token" in result.stderr
     assert result.stdout == ""
     # A token that starts with "-" is a token, not an unknown option.
-    dashed = subprocess.run([PYTHON, "manage.py", "lease", "revoke", "-" + "A" * 31, "--force", "--json"],
+    dashed = subprocess.run([PYTHON, "manage.py", "lease", "revoke", "-" + "A" * 31, "--force"],
                             cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=60)
     assert dashed.returncode == 1 and "CommandError: HOLDER_NOT_FOUND: no holder -AAAA" in dashed.stderr
 
@@ -296,3 +296,77 @@ def test_reconcile_corrects_drift_without_a_pod():
     assert "Reconcile: 1 counter(s)" in text
     assert store.counters().find_one({"_id": "clires|tenant|acme"})["count"] == 1
     assert lease("counters", "--drift-only").strip() == "No drift."
+
+
+# --- errors say what was not found; --json errors are JSON ------------------------------------
+
+def lease_fails(*args):
+    """Run a failing command; returns (CommandError message, stdout)."""
+    out = StringIO()
+    with pytest.raises(CommandError) as raised:
+        call_command("lease", *args, stdout=out)
+    return str(raised.value), out.getvalue()
+
+
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_given_an_unknown_pod_when_revoking_it_then_pod_not_found_and_nothing_changes(json_flag):
+    held = hold(pod="real-pod")
+    for force in ([], ["--force"]):
+        message, out = lease_fails("revoke-pod", "nosuchpod", *force, *json_flag)
+        assert message.startswith("POD_NOT_FOUND") and "nosuchpod" in message
+        assert "Nothing to revoke" not in out
+    held.check()
+
+
+def test_given_an_unknown_pod_from_a_shell_then_exit_1_and_the_pod_is_named():
+    result = subprocess.run([PYTHON, "manage.py", "lease", "revoke-pod", "nosuchpod"], cwd=REPO, env=child_env(),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "POD_NOT_FOUND: unknown pod 'nosuchpod'" in result.stderr
+
+
+def test_given_an_unknown_tenant_or_project_when_showing_a_definition_then_it_says_what_was_not_found():
+    from insights.models import Project, Tenant
+
+    message, out = lease_fails("definition", "tex", "--tenant", "nosuchtenant")
+    assert message.startswith("TENANT_NOT_FOUND") and "nosuchtenant" in message and out == ""
+    Project.objects.create(tenant=Tenant.objects.create(slug="acme", name="Acme"), slug="docs")
+    message, _ = lease_fails("definition", "tex", "--tenant", "acme", "--project", "nosuch")
+    assert message.startswith("PROJECT_NOT_FOUND") and "nosuch" in message
+    assert "ttlSeconds" in lease("definition", "tex", "--tenant", "acme", "--project", "docs")
+    assert "_vance/_tenant" in lease("definition", "tex", "--tenant", "_vance")  # the System layer itself
+    assert "not defined in any layer" in lease("definition", "nosuchlease", "--tenant", "acme")
+
+
+def test_given_only_a_tenant_document_when_showing_it_tenant_wide_then_ttl_comes_from_the_tenant_layer():
+    config.put_document("acme", "_tenant", document_path("browser"), "ttlSeconds: 45")
+    data = json.loads(lease("definition", "browser", "--tenant", "acme", "--json"))
+    assert {f["field"]: (f["value"], f["layer"]) for f in data["fields"]}["ttlSeconds"] == (45, "tenant")
+
+
+@pytest.mark.parametrize("args, code", [
+    (["show", "A" * 32, "--json"], "HOLDER_NOT_FOUND"),
+    (["list", "--tenant", "$ne", "--json"], "INVALID_REQUEST"),
+    (["revoke-pod", "nosuchpod", "--json"], "POD_NOT_FOUND"),
+    (["definition", "tex", "--tenant", "nosuchtenant", "--json"], "TENANT_NOT_FOUND"),
+    (["reconcile", "--safety-ms", "-1", "--json"], "INVALID_REQUEST"),
+    (["revoke", "--endpoint", "ftp://x", "--json", "--", "A" * 32], "INVALID_REQUEST"),
+])
+def test_given_json_output_when_a_command_fails_then_the_error_is_a_json_object(args, code):
+    message, out = lease_fails(*args)
+    error = json.loads(out)["error"]
+    assert error["code"] == code and error["message"] and message.startswith(code)
+
+
+def test_given_json_output_from_a_shell_when_failing_then_stdout_is_the_json_error_and_exit_is_1():
+    result = subprocess.run([PYTHON, "manage.py", "lease", "show", "A" * 32, "--json"], cwd=REPO, env=child_env(),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and result.stderr == ""
+    assert json.loads(result.stdout) == {"error": {"code": "HOLDER_NOT_FOUND", "message": f"no holder {'A' * 32}"}}
+
+
+def test_given_force_on_a_detached_pod_bound_holder_then_it_says_detached_and_no_handler():
+    held = leases.acquire(leases.LeaseRequest(type="clitest", lease="clilease", tenant_id="acme", project_id="docs",
+                                              user_id="alice", pod="", pod_bound=True))
+    text = lease("revoke", "--force", "--", held.token)
+    assert "is detached (no pod" in text and "no pod runs its handler" in text and "NO handler ran" in text
+    assert "(none)" not in text and "keeps running there" not in text

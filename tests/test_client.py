@@ -13,6 +13,7 @@ from leases import LeaseBusy, LeaseLost, LeaseUnavailable, operations, store
 from leases.client import ApiKeyRejected, HttpLease, HttpLeaseClient
 from leases.embedded import free_port
 from leases.errors import LeaseExpired, StaleLease
+from tests.helpers import ensure_tenant
 from tests.http_server import running_server
 
 TYPE = "tex"
@@ -26,6 +27,7 @@ def server(django_db_setup):
 
 @pytest.fixture
 def client(server):
+    ensure_tenant("acme")
     key = keys.create_key(tenant_id="acme", name="client tests", acting_user="test")[1]
     with HttpLeaseClient(server, key, timeout=10) as http:
         yield http
@@ -115,6 +117,7 @@ def test_given_a_revoked_lease_when_renewing_then_lease_expired_and_later_checks
 
 def test_given_another_tenants_key_when_renewing_a_token_then_stale_lease(client, server):
     lease = take(client)
+    ensure_tenant("globex")
     other = keys.create_key(tenant_id="globex", name="other", acting_user="test")[1]
     with HttpLeaseClient(server, other) as foreign:
         borrowed = HttpLease(foreign, {"token": lease.token, "ttlSeconds": 30, "intervalSeconds": 10})

@@ -192,3 +192,35 @@ def test_local_invalidation_on_change_and_system_write_drops_name_everywhere():
     assert definitions.resolve("tex", "globex", "q1").levels["global"] == 2
     assert config.delete_document("_vance", "_tenant", document_path("tex")) is True
     assert definitions.resolve("tex", "globex", "q1").levels["global"] == 6
+
+
+# --- reserved layer ids and field attribution -----------------------------------------------
+
+def test_given_only_a_tenant_document_when_merged_tenant_wide_then_its_fields_are_the_tenant_layers():
+    # Given the bundled browser default and only acme/_tenant/browser.yaml stored
+    config.put_document("acme", "_tenant", document_path("browser"), "levels: {tenant: 2, user: 1}\nttlSeconds: 45")
+    # When the merge is seen tenant-wide (project _tenant: no project layer)
+    merged = load("browser", "acme", "_tenant")
+    # Then the stored fields are explained by the tenant layer, none by a project layer
+    assert (merged.ttl_seconds, merged.levels) == (45, {"global": 20, "tenant": 2, "user": 1})
+    assert merged.sources == {"ttlSeconds": "tenant", "levels.tenant": "tenant", "levels.user": "tenant",
+                              "levels.global": "classpath", "resource": "classpath", "waitMs": "classpath"}
+
+
+def test_given_the_system_document_when_merged_as_the_system_tenant_then_it_is_the_system_layer_only():
+    config.put_document("_vance", "_tenant", document_path("browser"), "levels: {global: 3, user: 1}\nttlSeconds: 9")
+    merged = load("browser", "_vance", "_tenant")
+    assert merged.levels == {"global": 3, "tenant": 5, "user": 1}  # tenant 5: bundled
+    assert {merged.sources[f] for f in ("levels.global", "levels.user", "ttlSeconds")} == {"system"}
+
+
+@pytest.mark.parametrize("field, reserved", [("tenant_id", "_vance"), ("project_id", "_tenant"),
+                                             ("tenant_id", "_tenant"), ("project_id", "_vance")])
+def test_given_a_reserved_layer_id_when_checked_as_a_request_id_then_refused(field, reserved):
+    from leases import validation
+
+    with pytest.raises(leases.InvalidLeaseRequest, match="reserved"):
+        validation.request_id(reserved, field)
+    # The layer code keeps addressing its documents with them.
+    assert validation.entity_id(reserved, field) == reserved
+    assert validation.request_id("acme", field) == "acme"

@@ -19,6 +19,8 @@ from django.test import Client
 from api import bodies, keys, protocol
 from leases import config, operations, service, store
 from leases.definitions import document_path
+from insights.models import Project, Tenant
+from tests.helpers import ensure_tenant
 
 TYPE = "tex"  # registered by leases.contrib in every process
 
@@ -26,6 +28,12 @@ TYPE = "tex"  # registered by leases.contrib in every process
 @pytest.fixture
 def api():
     return Client(enforce_csrf_checks=True)  # proves the API needs no CSRF token
+
+
+@pytest.fixture(autouse=True)
+def scopes():
+    ensure_tenant("acme", "p1")
+    ensure_tenant("globex")
 
 
 @pytest.fixture
@@ -310,6 +318,35 @@ def test_given_a_revoked_key_when_calling_then_401_even_for_its_own_leases(api, 
     assert_problem(call(api, "post", f"leases/{token}/renew", {}, key=key), 401, "UNAUTHENTICATED")
     assert_problem(acquire(api, key), 401, "UNAUTHENTICATED")
     assert store.holders().count_documents({}) == 1
+
+
+def test_given_a_key_whose_tenant_was_deleted_when_acquiring_then_401_and_nothing_written(api, key):
+    # Given a key of acme and a named lease with a global cap every tenant shares
+    config.put_document("_vance", "_tenant", document_path("tex2pdf"), "levels: {global: 2}\n")
+    token = acquire(api, key, lease="tex2pdf").json()["token"]
+    before = state_snapshot()
+    # When acme is deleted, then the key books nothing any more (no invisible counters)
+    Tenant.objects.filter(slug="acme").delete()
+    body = assert_problem(acquire(api, key, lease="tex2pdf"), 401, "API_KEY_SCOPE_GONE")
+    assert "acme" in body["detail"]
+    assert_problem(call(api, "post", f"leases/{token}/renew", {}, key=key), 401, "API_KEY_SCOPE_GONE")
+    assert state_snapshot() == before
+
+
+def test_given_a_project_bound_key_whose_project_was_deleted_when_acquiring_then_401(api):
+    bound = keys.create_key(tenant_id="acme", project_id="p1", name="p1 only", acting_user="test")[1]
+    Project.objects.filter(slug="p1").delete()
+    assert_problem(acquire(api, bound), 401, "API_KEY_SCOPE_GONE")
+    assert store.holders().count_documents({}) == 0 and store.counters().count_documents({}) == 0
+
+
+@pytest.mark.parametrize("project", ["_tenant", "_vance"])
+def test_given_a_reserved_layer_id_as_project_when_acquiring_then_400_and_nothing_written(api, key, project):
+    # Given a tenant document with a cap: it must count once, as the tenant layer
+    config.put_document("acme", "_tenant", document_path("tex2pdf"), "levels: {tenant: 5, project: 1}\n")
+    body = assert_problem(acquire(api, key, project=project, lease="tex2pdf"), 400, "INVALID_REQUEST")
+    assert "reserved" in body["detail"]
+    assert store.holders().count_documents({}) == 0 and store.counters().count_documents({}) == 0
 
 
 def test_given_a_project_bound_key_when_acting_then_it_is_limited_to_its_project(api, key):

@@ -233,3 +233,95 @@ def test_django_admin_edits_tenants_projects_memberships_and_refuses_bad_slugs(w
     assert Membership.objects.get(tenant_id=initech.pk, user_id=users["outsider"].pk).is_admin
     # The new admin now passes the access check for that tenant.
     assert logged_in(users["outsider"]).get("/t/initech/insights/leases").status_code == 200
+
+
+def revocations_section(client, tenant="acme"):
+    page = client.get(f"/t/{tenant}/insights/leases").content.decode()
+    return page.split("<h2>Recent revocations</h2>", 1)[1]
+
+
+def test_given_api_key_changes_after_a_revocation_then_recent_revocations_shows_only_the_revocation(world):
+    from api import keys
+    from leases import operations
+
+    users, holders = world
+    # Given one revocation, then more API-key creations and a key revocation than the list holds
+    operations.revoke_holder(holders["acme"].token, tenant_id="acme", acting_user="acme-admin", reason="stuck")
+    for number in range(6):
+        key, _ = keys.create_key(tenant_id="acme", name=f"k{number}", acting_user="cli:root")
+    keys.revoke_key(tenant_id="acme", prefix=key.prefix, acting_user="cli:root")
+    # When the admin opens the holders page
+    section = revocations_section(logged_in(users["acme-admin"]))
+    # Then the revocation is listed and no key management is
+    assert holders["acme"].token[:13] in section and "stuck" in section
+    assert "cli:root" not in section and "None" not in section
+    assert section.count("<tr><td>") == 1
+
+
+# --- filter input, paging, wording, 403 logging ----------------------------------------------
+
+def error_items(body):
+    return re.findall(r'<ul class="errorlist"[^>]*>(.*?)</ul>', body, re.S)
+
+
+@pytest.mark.parametrize("field, limit", [("resource", 128), ("type", 64), ("pod", 128), ("project", 64), ("user", 64)])
+def test_given_an_over_long_filter_value_then_400_with_a_short_message_that_does_not_echo_it(world, field, limit):
+    users, holders = world
+    value = "x" * 500
+    response = logged_in(users["acme-admin"]).get(f"/t/acme/insights/leases?{field}={value}")
+    body = response.content.decode()
+    assert response.status_code == 400 and holders["acme"].token not in body
+    errors = " ".join(error_items(body))
+    assert f"at most {limit} characters" in errors and "xxxxxxxxxx" not in errors
+    live = body.split("Fix the filters above", 1)[1].split("<h2>", 1)[0]
+    assert f"at most {limit} characters" in live and "xxxxxxxxxx" not in live
+
+
+@pytest.mark.parametrize("page", ["abc", "0", "-3", "99999999"])
+def test_given_a_bad_page_number_then_400_and_the_page_field_is_named_with_what_is_wrong(world, page):
+    users, holders = world
+    response = logged_in(users["acme-admin"]).get(f"/t/acme/insights/leases?page={page}")
+    body = response.content.decode()
+    assert response.status_code == 400 and holders["acme"].token not in body
+    assert 'data-field="page"' in body and "Page must be a whole number from 1 to 1000000." in body
+    live = body.split("Fix the filters above", 1)[1].split("<h2>", 1)[0]
+    assert "Page</span> Page must be a whole number" in live
+
+
+def test_given_a_detached_pod_bound_holder_when_confirming_a_revoke_then_no_stray_space_before_the_full_stop(world):
+    users, _ = world
+    held = leases.acquire(leases.LeaseRequest(type="uitest", lease="uilease", tenant_id="acme", project_id="docs",
+                                              user_id="bob", pod="", pod_bound=True))
+    body = logged_in(users["acme-admin"]).get(f"/t/acme/insights/leases/holders/{held.token}/revoke").content.decode()
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", body))
+    assert "to stop the resource." in text and "resource ." not in text
+
+
+def test_given_a_member_who_is_not_admin_then_the_403_is_logged_once_without_a_traceback(world, caplog):
+    users, _ = world
+    with caplog.at_level("INFO"):
+        response = logged_in(users["acme-member"]).get("/t/acme/insights/leases")
+    assert response.status_code == 403 and "Only tenant admins" in response.content.decode()
+    forbidden = [r for r in caplog.records if r.levelname != "DEBUG" and "Forbidden" in r.getMessage()]
+    assert len(forbidden) == 1 and forbidden[0].exc_info is None
+
+
+def test_given_debug_on_when_django_logs_a_warning_then_it_is_printed_once():
+    import subprocess
+
+    from tests.helpers import PYTHON, REPO, child_env
+
+    probe = ("import django; django.setup(); import logging; "
+             "logging.getLogger('django.request').warning('Forbidden: /probe')")
+    result = subprocess.run([PYTHON, "-c", probe], cwd=REPO, env=child_env(DJANGO_DEBUG="1"),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert (result.stdout + result.stderr).count("Forbidden: /probe") == 1
+
+
+def test_given_only_a_tenant_document_when_viewing_the_definition_tenant_wide_then_ttl_is_from_the_tenant_layer(world):
+    users, _ = world
+    config.put_document("acme", "_tenant", document_path("browser"), "ttlSeconds: 45")
+    body = logged_in(users["acme-admin"]).get("/t/acme/insights/leases/definition?name=browser&project=_tenant").content.decode()
+    row = re.search(r"ttlSeconds.*?</tr>", body, re.S).group(0)
+    assert "45" in row and "layer-tenant" in row and "layer-project" not in row

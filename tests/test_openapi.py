@@ -17,6 +17,7 @@ from schemathesis import GenerationMode
 
 from api import keys, openapi
 from leases import store
+from tests.helpers import ensure_tenant
 from tests.http_server import running_server
 
 # Per operation and mode; raise it locally (OPENAPI_MAX_EXAMPLES=500) for a deeper search.
@@ -37,6 +38,7 @@ def api_schema(server):
 
 @pytest.fixture
 def bearer():
+    ensure_tenant("acme")
     return {"Authorization": f"Bearer {keys.create_key(tenant_id='acme', name='contract', acting_user='test')[1]}"}
 
 

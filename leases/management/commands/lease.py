@@ -7,7 +7,10 @@ what that leaves behind. ``sweep`` runs on a live pod too (its handlers), ``--fo
 here without any handler; ``reconcile`` runs here (it needs no handler).
 
 Exit status: 0 on success, 1 with a one-line ``CommandError`` on bad input, an unknown
-token, an unreachable store or no reachable pod; 2 for unknown options (argparse).
+token, pod, tenant or project, an unreachable store or no reachable pod; 2 for unknown
+options (argparse). With ``--json`` an error is the JSON object
+``{"error": {"code": ..., "message": ...}}`` on stdout instead (still exit 1), so a script
+reads one format whatever happens.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import getpass
 import json
 import socket
+import sys
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -83,6 +87,67 @@ class PodCallError(LeaseError):
     code = "POD_UNREACHABLE"
 
 
+class PodNotFound(LeaseError, LookupError):
+    """The pod is neither registered nor named by any holder."""
+
+    code = "POD_NOT_FOUND"
+
+
+class TenantNotFound(LeaseError, LookupError):
+    """No Insights tenant, config document or holder has that tenant id."""
+
+    code = "TENANT_NOT_FOUND"
+
+
+class ProjectNotFound(LeaseError, LookupError):
+    """The tenant has no such project (in Insights, its config documents or its holders)."""
+
+    code = "PROJECT_NOT_FOUND"
+
+
+def _require_tenant(tenant_id: str, project_id: str) -> None:
+    """Fail unless (tenant, project) is known somewhere, so a typo is not answered with defaults.
+
+    Known means: an Insights tenant (project), a stored config document or a holder with
+    that id; pods may lease for tenants that Insights does not list.
+
+    Raises:
+        TenantNotFound: the tenant is known nowhere.
+        ProjectNotFound: the project is known nowhere in that tenant.
+        pymongo.errors.PyMongoError: the store is unreachable.
+    """
+    from insights.models import Project, Tenant
+    from leases import store
+    from leases.definitions import SYSTEM_TENANT, TENANT_PROJECT
+
+    if tenant_id == SYSTEM_TENANT:
+        return
+    tenant_pk = Tenant.objects.filter(slug=tenant_id).values_list("pk", flat=True).first()
+    if tenant_pk is None and not (store.config_documents().find_one({"tenantId": tenant_id}, {"_id": 1})
+                                  or store.holders().find_one({"tenantId": tenant_id}, {"_id": 1})):
+        raise TenantNotFound(f"no tenant {tenant_id!r} (not in Insights, no config document, no holder)")
+    if project_id == TENANT_PROJECT:
+        return
+    scope = {"tenantId": tenant_id, "projectId": project_id}
+    if not ((tenant_pk is not None and Project.objects.filter(tenant_id=tenant_pk, slug=project_id).exists())
+            or store.config_documents().find_one(scope, {"_id": 1}) or store.holders().find_one(scope, {"_id": 1})):
+        raise ProjectNotFound(f"tenant {tenant_id!r} has no project {project_id!r} (not in Insights, "
+                              f"no config document, no holder)")
+
+
+def _require_pod(pod: str) -> None:
+    """Fail unless ``pod`` is registered or named by a holder.
+
+    Raises:
+        PodNotFound: no pod registration and no holder names it.
+        pymongo.errors.PyMongoError: the store is unreachable.
+    """
+    from leases import store
+
+    if store.pods().find_one({"_id": pod}, {"_id": 1}) is None and store.holders().find_one({"pod": pod}, {"_id": 1}) is None:
+        raise PodNotFound(f"unknown pod {pod!r}: it is not registered and no holder names it")
+
+
 class Command(BaseCommand):
     help = "Operate resource leases across all tenants: list, show, counters, definition, revoke, revoke-pod, sweep, reconcile."
 
@@ -142,6 +207,10 @@ class Command(BaseCommand):
                                "--per-page", "--endpoint", "--reason", "--safety-ms", "--settings",
                                "--pythonpath", "-v", "--verbosity"})
 
+    # Set when run from a shell: a --json error then exits 1 after printing the JSON object
+    # (call_command callers get the CommandError instead).
+    _exit_after_json_error = False
+
     def run_from_argv(self, argv: list[str]) -> None:
         # Tokens are url-safe base64 and may start with "-", which argparse would take for an
         # option; move such a token behind "--" so `lease revoke -Xy…` just works.
@@ -155,6 +224,7 @@ class Command(BaseCommand):
                 else:
                     rest.append(arg)
             argv = rest + (["--", *moved] if moved else [])
+        self._exit_after_json_error = True
         super().run_from_argv(argv)
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -162,12 +232,30 @@ class Command(BaseCommand):
         handler: Callable[[dict[str, Any]], Any] = getattr(self, "do_" + action.replace("-", "_"))
         try:
             handler(options)
-        except HolderNotFound as exc:
-            raise CommandError(f"{exc.code}: {exc}") from None
         except LeaseError as exc:
-            raise CommandError(f"{exc.code}: {exc}") from None
+            self.fail(options, exc.code, str(exc))
         except pymongo.errors.PyMongoError as exc:
-            raise CommandError(f"LEASE_UNAVAILABLE: MongoDB unreachable ({exc.__class__.__name__})") from None
+            self.fail(options, "LEASE_UNAVAILABLE", f"MongoDB unreachable ({exc.__class__.__name__})")
+        except CommandError as exc:
+            if not options.get("json"):
+                raise
+            code, sep, message = str(exc).partition(": ")
+            if not sep or not code.replace("_", "").isalpha() or not code.isupper():
+                code, message = "INVALID_REQUEST", str(exc)
+            self.fail(options, code, message)
+
+    def fail(self, options: dict[str, Any], code: str, message: str) -> None:
+        """End the command with error ``code``: a JSON error object under ``--json``, else text.
+
+        Raises:
+            CommandError: always (exit status 1), unless run from a shell with ``--json``,
+                which exits 1 right after printing the JSON object.
+        """
+        if options.get("json"):
+            self.stdout.write(json.dumps({"error": {"code": code, "message": message}}, sort_keys=True))
+            if self._exit_after_json_error:
+                sys.exit(1)
+        raise CommandError(f"{code}: {message}")
 
     def emit(self, options: dict[str, Any], data: Any, text: Callable[[], str]) -> None:
         if options.get("json"):
@@ -234,17 +322,25 @@ class Command(BaseCommand):
         self.emit(o, [r.to_dict() for r in rows], text)
 
     def do_definition(self, o: dict[str, Any]) -> None:
+        validation.lease_name(o["name"])
+        validation.entity_id(o["tenant"], "tenant id")
+        validation.entity_id(o["project"], "project id")
+        # A typo in --tenant/--project would otherwise print the defaults as if they applied.
+        _require_tenant(o["tenant"], o["project"])
         view = operations.definition_view(o["name"], o["tenant"], o["project"])
+        undefined = all(f.layer in ("default", "unset") for f in view.fields)
 
         def text() -> str:
             head = f"lease {view.name} as seen from {view.tenant_id}/{view.project_id}"
-            if view.noop:
+            if undefined:
+                head += f"  (lease {view.name!r} is not defined in any layer: acquisitions are NOOP)"
+            elif view.noop:
                 head += "  (NOOP: no level has a cap)"
             body = table(["FIELD", "VALUE", "LAYER"],
                          [(f.field, "no cap" if f.value is None else f.value, f.layer) for f in view.fields])
             return f"{head}\n\n{body}"
 
-        self.emit(o, view.to_dict(), text)
+        self.emit(o, {**view.to_dict(), "defined": not undefined}, text)
 
     # --- acts --------------------------------------------------------------------------
 
@@ -293,8 +389,12 @@ class Command(BaseCommand):
         lines.append("  The slots are free and each holder gets LEASE_LOST on its next check(),")
         lines.append("  but nothing stopped the resources themselves:")
         for h in holders:
-            if h.pod_bound:
-                what = f"lives in pod {h.pod or '(none)'}; it keeps running there until it next checks its lease"
+            if not h.pod:
+                what = "is detached (no pod, e.g. an HTTP client), so no pod runs its handler; "
+                what += ("the client learns of the end on its next renewal (410)" if h.pod_bound else
+                         "its resource lives outside any pod (e.g. a remote session) and is left to its own expiration")
+            elif h.pod_bound:
+                what = f"lives in pod {h.pod}; it keeps running there until it next checks its lease"
             else:
                 what = "lives outside the pod (e.g. a remote session); it is left to its own expiration"
             payload = json.dumps(h.payload, sort_keys=True, default=str) if h.payload else "{}"
@@ -319,6 +419,8 @@ class Command(BaseCommand):
             validation.token(token)
         else:
             validation.pod_id(pod)
+            # "Nothing to revoke" would hide a typo in the pod id.
+            _require_pod(pod)
         if o["force"]:
             if token is not None:
                 holders = [operations.revoke_holder(token, acting_user=_operator() + " --force",
