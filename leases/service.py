@@ -79,8 +79,9 @@ class LeaseRequest:
             UnknownLeaseType: ``type`` has no registered handler.
         """
         handlers.get_handler(self.type)
-        validation.entity_id(self.tenant_id, "tenant id")
-        validation.entity_id(self.project_id, "project id")
+        # request_id: the reserved layer ids (_vance, _tenant) are no request's tenant or project.
+        validation.request_id(self.tenant_id, "tenant id")
+        validation.request_id(self.project_id, "project id")
         validation.entity_id(self.user_id, "user id")
         validation.holder_ref(self.holder_ref)
         if self.pod:

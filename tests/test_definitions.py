@@ -224,3 +224,22 @@ def test_given_a_reserved_layer_id_when_checked_as_a_request_id_then_refused(fie
     # The layer code keeps addressing its documents with them.
     assert validation.entity_id(reserved, field) == reserved
     assert validation.request_id("acme", field) == "acme"
+
+
+@pytest.mark.parametrize("values", [dict(tenant_id="_vance", project_id="p1"), dict(tenant_id="acme", project_id="_tenant")])
+def test_given_a_reserved_layer_id_in_a_python_request_then_it_is_refused_and_nothing_written(values):
+    from leases import handlers as _handlers
+
+    class _H(_handlers.LeaseHandler):
+        type = "reserved-t"
+
+        def on_revoked(self, holder):
+            pass
+
+    _handlers.register_handler(_H())
+    try:
+        with pytest.raises(leases.InvalidLeaseRequest, match="reserved"):
+            leases.acquire(leases.LeaseRequest(type="reserved-t", lease="tex", user_id="u1", **values))
+    finally:
+        _handlers.unregister_handler("reserved-t")
+    assert store.counters().count_documents({}) == 0 and store.holders().count_documents({}) == 0
