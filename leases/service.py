@@ -519,15 +519,7 @@ def _step(attempt: _Attempt, fn: Any) -> Any:
 
 def _acquire(attempt: _Attempt, wait_ms: int, started: float) -> Lease:
     deadline = started + wait_ms / 1000.0
-
-    def first() -> Lease | _Blocked:
-        attempt.create_holder()
-        try:
-            return attempt.book(privileged=False, allow_queue=wait_ms > 0)
-        except _Blocked as blocked:
-            return blocked
-
-    result = _step(attempt, first)
+    result = _step(attempt, lambda: _first(attempt, allow_queue=wait_ms > 0))
     if isinstance(result, Lease):
         return result
     if wait_ms <= 0:
@@ -559,7 +551,8 @@ def _fail_fast(attempt: _Attempt, blocked: _Blocked) -> Lease:
 class _Waiter:
     """A request waiting in the gate's queue until granted or out of time."""
 
-    def __init__(self, attempt: _Attempt, deadline: float, started: float):
+    def __init__(self, attempt: _Attempt, deadline: float, started: float, keep_ms: int | None = None):
+        self.keep_ms = keep_ms  # on timeout keep the ticket (HTTP clients poll it) this long
         self.attempt = attempt
         self.deadline = deadline
         self.started = started
@@ -575,7 +568,7 @@ class _Waiter:
                 "at": self.attempt.acquired_at, "seen": self.attempt.acquired_at, "ttl": waiting.ticket_ttl_ms(),
                 "caps": caps, "lvl": self.blocked.spec.level if self.blocked else self.attempt.gate.level}
 
-    def wait(self, blocked: _Blocked) -> Lease:
+    def wait(self, blocked: _Blocked) -> "Lease | Ticket":
         self.blocked = blocked
         event = wakeups.register(self.attempt.token)
         metrics.WAITING.labels(resource=self.tag).inc()
@@ -589,6 +582,9 @@ class _Waiter:
                     return lease
                 remaining = self.deadline - time.monotonic()
                 if remaining <= 0:
+                    if self.keep_ms is not None:
+                        outcome = "ticket"
+                        return self._keep_ticket()
                     outcome = "timeout"
                     raise self._give_up()
                 period = waiting.poll_ms() / 1000.0 * random.uniform(1.0, 1.25)
@@ -616,9 +612,20 @@ class _Waiter:
     def _keep_alive(self) -> dict[str, Any] | None:
         gate = waiting.keep_alive(self.gate_key, self.attempt.token)
         if gate is None:
-            # Pruned as stale (this process stalled past the ticket TTL): queue again.
+            # Pruned as stale (this process stalled past the ticket TTL, and its holder
+            # document went with it): write both again, at the back of the queue.
+            self.attempt.create_holder()
             gate = self._enqueue()
         return gate
+
+    def _keep_ticket(self) -> "Ticket":
+        """Out of wait time, but the caller keeps its place: stretch the ticket's TTL to the
+        poll bound and answer where it stands."""
+        keep_ms = int(self.keep_ms or 0)
+        gate = _step(self.attempt, lambda: waiting.keep_alive(self.gate_key, self.attempt.token, ttl_ms=keep_ms))
+        if gate is None:
+            raise _busy(self.attempt.definition, self.blocked or _Blocked(self.attempt.gate, None))
+        return Ticket.of(self.attempt.token, self.attempt.definition, gate, self.blocked)
 
     def _decide(self) -> Lease | None:
         """Act on the gate as last seen: prune stale tickets, take our turn, wake whoever's
@@ -678,3 +685,163 @@ class _Waiter:
         except pymongo.errors.PyMongoError as exc:
             log.info("timeout clean-up of %s failed (%s); the ticket goes stale by itself", self.attempt.token, exc)
         return _busy(self.attempt.definition, blocked, position=place)
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """A place in a resource's queue, kept for a caller that polls it (the HTTP protocol).
+
+    ``deadline`` is on MongoDB's clock: a ticket not polled by then is dropped (EXPIRED).
+    ``level`` is the level that blocked it last; ``position`` its place in the grant order.
+    """
+
+    id: str
+    resource: str
+    lease_name: str
+    level: str
+    position: int | None
+    server_time: datetime
+    deadline: datetime
+
+    @classmethod
+    def of(cls, token: str, definition: LeaseDefinition, gate: dict[str, Any], blocked: _Blocked | None) -> "Ticket":
+        now = gate["clock"]
+        mine = next((t for t in gate.get("queue") or () if t.get("id") == token), {})
+        seen = mine.get("seen") or now
+        return cls(id=token, resource=definition.resource, lease_name=definition.name,
+                   level=mine.get("lvl") or (blocked.spec.level if blocked else "global"),
+                   position=order.position(gate, token, now), server_time=now,
+                   deadline=seen + timedelta(milliseconds=int(mine.get("ttl") or 0)))
+
+
+def acquire_or_ticket(request: LeaseRequest, *, keep_ms: int) -> "Lease | _NoopLease | Ticket":
+    """Like :func:`acquire`, but when the wait ends without a slot the request keeps its
+    place: a :class:`Ticket` that lives ``keep_ms`` past each :func:`resume`.
+
+    Only named leases queue this way (an inline definition is not stored to resume from);
+    an inline request answers ``LeaseBusy`` as :func:`acquire` does.
+
+    Raises:
+        The errors of :func:`acquire`.
+    """
+    if request.inline is not None:
+        return acquire(request)
+    request.validated()
+    definition = resolve_definition(request)
+    if definition is None or definition.is_noop:
+        return acquire(request)
+    tag = metrics.resource_tag(definition.resource)
+    specs = definition.level_specs(request.tenant_id, request.project_id, request.user_id)
+    pod = self_pod_id() if request.pod is None else request.pod
+    wait_ms = definition.wait_ms if request.wait_ms is None else min(request.wait_ms, definition.wait_ms)
+    attempt = _Attempt(request, definition, specs, pod)
+    started = time.monotonic()
+    try:
+        result = _step(attempt, lambda: _first(attempt, allow_queue=True))
+        if isinstance(result, Lease):
+            metrics.ACQUIRE.labels(resource=tag, outcome="success").inc()
+            return result
+        got = _Waiter(attempt, started + wait_ms / 1000.0, started, keep_ms=keep_ms).wait(result)
+    except LeaseBusy:
+        metrics.ACQUIRE.labels(resource=tag, outcome="busy").inc()
+        raise
+    except LeaseUnavailable:
+        metrics.ACQUIRE.labels(resource=tag, outcome="unavailable").inc()
+        raise
+    if isinstance(got, Lease):
+        metrics.ACQUIRE.labels(resource=tag, outcome="success").inc()
+    return got
+
+
+def _first(attempt: _Attempt, *, allow_queue: bool) -> "Lease | _Blocked":
+    attempt.create_holder()
+    try:
+        return attempt.book(privileged=False, allow_queue=allow_queue)
+    except _Blocked as blocked:
+        return blocked
+
+
+def _ticket_holder(ticket_id: str, scope: dict[str, str]) -> dict[str, Any] | None:
+    validation.token(ticket_id)
+    return store.holders().find_one({"_id": ticket_id, **scope})
+
+
+def resume(ticket_id: str, *, scope: dict[str, str], keep_ms: int) -> "Lease | Ticket":
+    """Poll a kept ticket: keep it alive, and book the slot when it is its turn.
+
+    ``scope`` is the caller's tenant binding (``{"tenantId": …}``, plus ``projectId`` for a
+    project-bound key): it is part of every filter, so another tenant's ticket is unknown.
+    A ticket already granted answers its lease again (a lost answer can be fetched twice).
+
+    Raises:
+        StaleLease: no such ticket in the caller's scope.
+        LeaseExpired: the ticket was dropped (not polled within its deadline, or abandoned).
+        LeaseUnavailable: the store failed or the configuration is broken.
+    """
+    from .errors import LeaseExpired, StaleLease
+
+    try:
+        with _bound():
+            holder = _ticket_holder(ticket_id, scope)
+            tombstone = None if holder is not None else store.tombstones().find_one({"_id": ticket_id, **scope})
+    except pymongo.errors.PyMongoError as exc:
+        raise LeaseUnavailable(f"lease store unreachable: {exc.__class__.__name__}") from None
+    if holder is None:
+        if tombstone is not None:
+            raise LeaseExpired(f"ticket {ticket_id} has ended ({tombstone.get('reason')})", reason=tombstone.get("reason"))
+        raise StaleLease(f"unknown ticket {ticket_id}")
+    request = LeaseRequest(type=holder.get("type", ""), lease=holder.get("leaseName"), tenant_id=holder["tenantId"],
+                           project_id=holder["projectId"], user_id=holder["userId"],
+                           holder_ref=holder.get("holderRef", ""), pod=holder.get("pod", ""),
+                           pod_bound=bool(holder.get("podBound")))
+    definition = definitions.resolve(request.lease, request.tenant_id, request.project_id)
+    if holder.get("state") == "HELD":
+        return Lease(ticket_id, definition, request, list(holder.get("levels") or ()),
+                     expires_at=holder.get("expiresAt"), acquired_at=holder.get("acquiredAt"))
+    specs = definition.level_specs(request.tenant_id, request.project_id, request.user_id)
+    attempt = _Attempt(request, definition, specs, request.pod or "")
+    attempt.token = ticket_id
+    attempt.booking = slots.entry(request.tenant_id, request.project_id, request.user_id, ticket_id)
+    attempt.acquired_at = holder.get("acquiredAt")
+    attempt.created_at = time.monotonic()
+    waiter = _Waiter(attempt, time.monotonic(), time.monotonic(), keep_ms=keep_ms)
+    gate = _step(attempt, lambda: waiting.keep_alive(attempt.gate.key, ticket_id, ttl_ms=keep_ms))
+    if gate is None:
+        # Its ticket is gone from the queue (dropped as stale): the waiting is over.
+        _step(attempt, attempt.discard)
+        raise LeaseExpired(f"ticket {ticket_id} was not polled in time", reason="ticket-expired")
+    waiter.gate = gate
+    lease = waiter._decide()
+    if lease is not None:
+        metrics.ACQUIRE.labels(resource=metrics.resource_tag(definition.resource), outcome="success").inc()
+        return lease
+    gate = waiter.gate or gate
+    return Ticket.of(ticket_id, definition, gate, waiter.blocked)
+
+
+def abandon(ticket_id: str, *, scope: dict[str, str]) -> bool:
+    """Give up a kept ticket (or release the lease it was granted as).
+
+    Returns:
+        True when this call ended it; False when it was already gone.
+
+    Raises:
+        LeaseUnavailable: the store failed (retryable).
+    """
+    try:
+        with _bound():
+            holder = store.holders().find_one_and_delete({"_id": ticket_id, "state": "PENDING", **scope})
+            if holder is not None:
+                keys = slots.holder_keys(holder)
+                if keys:
+                    waiting.dequeue(keys[-1], ticket_id)
+                from . import reaper
+
+                reaper.record_tombstone(holder, "abandoned")
+                return True
+    except pymongo.errors.PyMongoError as exc:
+        raise LeaseUnavailable(f"lease store unreachable: {exc.__class__.__name__}") from None
+    try:
+        return release_holder({"_id": ticket_id, **scope}) is not None
+    except pymongo.errors.PyMongoError as exc:
+        raise LeaseUnavailable(f"lease store unreachable during release: {exc.__class__.__name__}") from None

@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pymongo.errors
-from pymongo import ReturnDocument
+from pymongo import ReturnDocument, UpdateOne
 
 from . import order, slots, store, wakeups
 
@@ -60,7 +60,7 @@ def enqueue(gate_key: str, ticket: dict[str, Any]) -> dict[str, Any] | None:
     ) or keep_alive(gate_key, ticket["id"])
 
 
-def keep_alive(gate_key: str, ticket_id: str) -> dict[str, Any] | None:
+def keep_alive(gate_key: str, ticket_id: str, *, ttl_ms: int | None = None) -> dict[str, Any] | None:
     """Refresh the ticket's ``seen`` on MongoDB's clock; the gate after, or None when the
     ticket is no longer queued (granted, pruned as stale, or the gate is gone).
 
@@ -69,9 +69,11 @@ def keep_alive(gate_key: str, ticket_id: str) -> dict[str, Any] | None:
     """
     # arrayFilters, not the positional "$": the embedded server's findAndModify does not
     # resolve "$" (MongoDB takes both).
+    update: dict[str, Any] = {"$currentDate": {"queue.$[mine].seen": True, "clock": True}}
+    if ttl_ms is not None:  # a ticket kept for an HTTP client lives as long as its poll bound
+        update["$set"] = {"queue.$[mine].ttl": int(ttl_ms)}
     return store.counters().find_one_and_update(
-        {"_id": gate_key, "queue.id": ticket_id},
-        {"$currentDate": {"queue.$[mine].seen": True, "clock": True}},
+        {"_id": gate_key, "queue.id": ticket_id}, update,
         array_filters=[{"mine.id": ticket_id}],
         return_document=ReturnDocument.AFTER,
     )
@@ -119,6 +121,15 @@ def prune(gate: dict[str, Any]) -> dict[str, Any]:
     after = store.counters().find_one_and_update(
         {"_id": gate["_id"]}, {"$pull": {"queue": {"id": {"$in": stale}}}, "$currentDate": {"clock": True}},
         return_document=ReturnDocument.AFTER)
+    # Their waiters are gone: drop the holder documents they wrote (they book nothing) and
+    # remember the ids, so a client polling a ticket late is told EXPIRED, not "unknown".
+    store.holders().delete_many({"_id": {"$in": stale}, "state": "PENDING"})
+    by_id = {t["id"]: t for t in gate.get("queue") or ()}
+    store.tombstones().bulk_write([
+        UpdateOne({"_id": tid}, [{"$set": {"tenantId": {"$literal": by_id[tid].get("t")},
+                                          "projectId": {"$literal": by_id[tid].get("p")},
+                                          "reason": "ticket-expired", "at": "$$NOW"}}], upsert=True)
+        for tid in stale], ordered=False)
     log.info("queue %s: pruned %d stale tickets", gate["_id"], len(stale))
     return after or gate
 
