@@ -570,6 +570,8 @@ class _Waiter:
 
     def wait(self, blocked: _Blocked) -> "Lease | Ticket":
         self.blocked = blocked
+        if blocked.spec is not self.attempt.gate and waiting.is_full(blocked.counter):
+            _step(self.attempt, lambda: waiting.repair(blocked.counter, blocked.counter["clock"]))
         event = wakeups.register(self.attempt.token)
         metrics.WAITING.labels(resource=self.tag).inc()
         outcome = "error"
@@ -643,7 +645,9 @@ class _Waiter:
             return self._try(woken=False)
         if picked:
             wakeups.publish(picked)  # their waker may have died; cheap to repeat
-        elif waiting.is_full(gate) and _step(self.attempt, lambda: waiting.repair(gate, now)):
+        elif _step(self.attempt, lambda: waiting.repair(gate, now)):
+            # Full, or free but nobody fits: either way entries decide, so make sure each
+            # has a live holder (throttled to one check per interval for all processes).
             self.gate = _step(self.attempt, lambda: waiting.read_gate(self.gate_key))
         return None
 

@@ -1,0 +1,68 @@
+"""Child process for the crash-window tests: cycle on lease ``cw``, or stop inside a window.
+
+Usage: python -m tests.workers.crash_window cycle <stop-file> <tenant>
+       python -m tests.workers.crash_window victim <acquire|release|rollback> <tenant>
+
+``cycle`` loops acquire → hold 30 ms → release until the stop file exists, printing ``C``
+per cycle. ``victim`` sets ``LEASES_TEST_PAUSE`` so the engine blocks between the two
+commands of the named step (the test then sends ``kill -9``); for ``rollback`` the gate's
+booking answers a store error after it booked, which is what makes an acquire roll back.
+"""
+
+import os
+import sys
+import time
+
+import django
+
+django.setup()
+
+import pymongo.errors  # noqa: E402
+
+import leases  # noqa: E402
+from leases import handlers, service, slots  # noqa: E402
+
+
+class Handler(handlers.LeaseHandler):
+    type = "cw"
+
+    def on_revoked(self, holder):
+        pass
+
+
+def request(tenant: str, user: str) -> leases.LeaseRequest:
+    return leases.LeaseRequest(type="cw", lease="cw", tenant_id=tenant, project_id="p1", user_id=user, pod="")
+
+
+def main() -> None:
+    handlers.register_handler(Handler())
+    mode = sys.argv[1]
+    if mode == "cycle":
+        stop_file, tenant = sys.argv[2], sys.argv[3]
+        print("R", flush=True)
+        while not os.path.exists(stop_file):
+            try:
+                with leases.acquire(request(tenant, f"c{os.getpid()}")):
+                    time.sleep(0.03)
+            except leases.LeaseBusy:
+                continue
+            print("C", flush=True)
+        return
+    window, tenant = sys.argv[2], sys.argv[3]
+    if window == "rollback":
+        real = slots.take
+
+        def failing(spec, booking, **kw):
+            booked = real(spec, booking, **kw)
+            if spec.level == "global":  # booked, but its answer is lost: the attempt rolls back
+                raise pymongo.errors.AutoReconnect("injected: the gate's answer was lost")
+            return booked
+
+        slots.take = failing
+    os.environ[service.PAUSE_ENV] = window
+    lease = leases.acquire(request(tenant, "victim"))
+    lease.release()
+
+
+if __name__ == "__main__":
+    main()
