@@ -375,16 +375,18 @@ class _Attempt:
                     # Read it: a full level is diagnosed (and repaired) from this document;
                     # no document means first use, so create it and try once more.
                     counter = waiting.read_gate(spec.key)
-                    if counter is None or "holders" not in counter:
-                        if counter is None:
-                            slots.create(spec, self.definition.resource)
-                        else:  # written before entries existed: give it its list first
-                            slots.convert_legacy(counter, slots.entries_by_key([spec.key]),
-                                                 safety=timedelta(0), now=counter["clock"] + timedelta(days=1))
-                        if slots.take(spec, self.booking, gate=is_gate, privileged=privileged and is_gate,
-                                      ticket=self.token):
-                            taken.append(spec.key)
-                            continue
+                    if counter is None:
+                        slots.create(spec, self.definition.resource)
+                    elif "holders" not in counter:  # written before entries existed: list first
+                        slots.convert_legacy(counter, slots.entries_by_key([spec.key]),
+                                             safety=timedelta(0), now=counter["clock"] + timedelta(days=1))
+                    elif waiting.is_full(counter) or (is_gate and not privileged and counter.get("queue")):
+                        raise _Blocked(spec, counter)
+                    # Created, converted, or freed since our update: try once more.
+                    if slots.take(spec, self.booking, gate=is_gate, privileged=privileged and is_gate,
+                                  ticket=self.token):
+                        taken.append(spec.key)
+                        continue
                 raise _Blocked(spec, counter)
             _pause_point("acquire")
             held = store.holders().find_one_and_update(
