@@ -263,10 +263,12 @@ def release(*, key: ApiKey, token: str) -> ReleaseResult:
         # Tenant (and project) binding is part of the delete filter.
         doc = service.release_holder({"_id": token, **scope})
         if doc is None:
-            tombstone = store.tombstones().find_one({"_id": token, **scope}, {"reason": 1})
+            tombstone = store.tombstones().find_one({"_id": token, **scope}, {"reason": 1, "resource": 1})
             if tombstone is None:
                 raise StaleLease(f"unknown lease token {token}")
-            metrics.RELEASE.labels(resource="unknown", outcome="already-released").inc()
+            # The tombstone's resource came from a definition, never from the request.
+            metrics.RELEASE.labels(resource=metrics.resource_tag(tombstone.get("resource") or "unknown"),
+                                   outcome="already-released").inc()
             return ReleaseResult(token=token, released=False, reason=tombstone.get("reason"))
     except pymongo.errors.PyMongoError as exc:
         raise LeaseUnavailable(f"lease store unreachable during release: {exc.__class__.__name__}") from None

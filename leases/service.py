@@ -115,6 +115,7 @@ class Lease:
         self.expires_at = expires_at  # MongoDB's clock, as of the grant
         self.acquired_at = acquired_at
         self._released = False
+        self._release_failed = False
 
     @property
     def resource(self) -> str:
@@ -201,13 +202,24 @@ class Lease:
             return False
         try:
             doc = release_holder({"_id": self.token}, resource=self.resource)
+            if doc is None and self._release_failed:
+                # The failed call's delete may have landed after all (a timeout does not say):
+                # return our own entries by value; nobody can pull one twice.
+                gate = waiting.give_back(list(self.levels), self._booking())
+                self._released = True
+                return gate is not None
         except pymongo.errors.PyMongoError as exc:
+            self._release_failed = True
             metrics.RELEASE.labels(resource=tag, outcome="error").inc()
             raise LeaseUnavailable(f"lease store unreachable during release: {exc.__class__.__name__}") from None
         self._released = True
         if doc is None:
             metrics.RELEASE.labels(resource=tag, outcome="already-released").inc()
         return doc is not None
+
+    def _booking(self) -> str:
+        r = self.request
+        return slots.entry(r.tenant_id, r.project_id, r.user_id, self.token)
 
 
 class _NoopLease:
