@@ -268,6 +268,9 @@ def list_holders(tenant_id: str | None = None, resource: str | None = None, pod:
         query["userId"] = u
     page = _positive_int(page, "page", MAX_PAGE)
     per_page = _positive_int(per_page, "per_page", MAX_PER_PAGE)
+    # Held leases only: a waiting request (or an attempt mid-funnel) has a PENDING document
+    # that books nothing; the queue shows waiting requests.
+    query["state"] = "HELD"
     holders = store.holders()
     total = holders.count_documents(query)
     docs = list(holders.find(query).sort([("acquiredAt", -1), ("_id", 1)])
