@@ -44,7 +44,7 @@ def poll_ms() -> int:
 
 def repair_interval_ms() -> int:
     """How often one full counter is checked for slots no live holder books."""
-    return _setting("LEASES_REPAIR_INTERVAL_MS", 1000)
+    return _setting("LEASES_REPAIR_INTERVAL_MS", 500)
 
 
 def enqueue(gate_key: str, ticket: dict[str, Any]) -> dict[str, Any] | None:
