@@ -412,7 +412,8 @@ def main() -> None:
     print(f"### Chaos: {len(TENANTS)} processes (tenants 4/3/3), levels {LEVELS}, ttlSeconds {TTL_SECONDS}, "
           f"waitMs {WAIT_MS}, hold {HOLD_S[0] * 1000:.0f}–{HOLD_S[1] * 1000:.0f} ms, kill -9 every "
           f"{KILL_EVERY_S[0]}–{KILL_EVERY_S[1]} s, {args.seconds:g} s per run, no beat sweep, "
-          f"sampled every {SAMPLE_EVERY_S * 1000:.0f} ms\n")
+          f"sampled every {SAMPLE_EVERY_S * 1000:.0f} ms; {os.cpu_count()} CPUs, load average "
+          f"{os.getloadavg()[0]:.1f} at start\n")
     results = []
     for _ in range(args.runs):
         results.append(one_run(ctx, args.seconds))

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import itertools
 import multiprocessing
 import os
 import shutil
@@ -512,7 +511,7 @@ def print_table(load: Load, cap: int, seconds: float, uncontended: int, ours: Fi
         n = sum(1 for p in load.procs if p[0] == tenant)
         if tenant == load.small_tenant:
             target = f"{T_SMALL_SHARE[0]:.0f}–{T_SMALL_SHARE[1]:.0f} %"
-        elif load.small_tenant is None and equal_demand:
+        elif load.small_tenant is None and len({sum(1 for p in load.procs if p[0] == t) for t in tenants}) == 1:
             target = f"≈ {100 / len(tenants):.0f} %"
         else:
             target = ""
@@ -561,7 +560,8 @@ def main() -> None:
 
     print(f"hold {HOLD_S * 1000:.0f} ms, window {args.seconds:g} s per load, waitMs {WAIT_MS}; "
           f"MongoDB: {'MONGODB_URI' if external else 'embedded server (own process)'}; "
-          f"ZooKeeper: {zk.hosts if zk else 'none (' + zk_note + ')'}\n")
+          f"ZooKeeper: {zk.hosts if zk else 'none (' + zk_note + ')'}; "
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start\n")
     try:
         for load in loads:
             define(load)
