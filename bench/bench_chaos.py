@@ -9,7 +9,7 @@ engine does inline) can give a slot back during the run.
 A sampler in the parent reads the counters and the holders every ~50 ms and computes, per
 counter key, the slots booked by no holder document: ``max(0, count − booked)``. A counter
 that lists its holders (a ``holders`` array, entries ending in ``/<holder _id>``) books the
-entries whose holder document exists; otherwise a holder books a key when the key is in its
+entries whose holder document (or waiting ticket) exists; otherwise a holder books a key when the key is in its
 ``levels``. The counters are read before and after the holders and the smaller count is
 used, so a live process between two of its commands is not taken for a leak.
 
@@ -48,6 +48,7 @@ if __name__ != "__main__" and os.environ.get("DJANGO_SETTINGS_MODULE") and os.en
     django.setup()
 
 LEASE = "chaos"
+WAITERS = "resource_lease_waiters"  # the waiting queue's collection, once the engine has one
 LEVELS = {"global": 2, "tenant": 1}
 TTL_SECONDS = 2
 WAIT_MS = 20000
@@ -120,6 +121,9 @@ def take_sample(db) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
     holders = list(db.resource_lease_holders.find({"resource": LEASE}, {"levels": 1, "keys": 1}))
     second = {d["_id"]: d for d in db.resource_lease_counters.find(prefix)}
     live = {h["_id"] for h in holders}
+    # A waiting ticket may keep the narrower levels it already took (a design the waiting
+    # queue is free to choose): an entry naming a live ticket is booked too.
+    live.update(d["_id"] for d in db[WAITERS].find({}, {"_id": 1}))
     by_levels: dict[str, int] = defaultdict(int)
     for h in holders:
         for key in h.get("levels") or ():
