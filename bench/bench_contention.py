@@ -1,0 +1,587 @@
+"""Contention benchmark: many OS processes waiting on one small cap, beside kazoo's Semaphore.
+
+Loads (hold 100 ms, each ``--seconds`` long, one common measurement window per load):
+
+* A: 12 processes in 3 tenants (4 each) on ``levels: {global: 2}``, ``waitMs: 60000``;
+* B: unequal demand on the same kind of lease: tenant ``ta`` 9 processes, ``tb`` 3;
+* C: a 4-level lease (``global: 4, tenant: 2, project: 2, user: 1``) with processes spread
+  so that each level is the binding one some of the time.
+
+Every process connects and warms up first, reports ready, and then all begin at one start
+time the parent hands out and stop at start + seconds; grants outside that window are not
+counted. Each process counts its own MongoDB commands (pymongo command monitoring) inside
+the window only. When a ZooKeeper server can be started (Debian ``zookeeper``, kazoo from
+the ``bench`` extra), loads A and B also run on ``kazoo.recipe.lock.Semaphore`` in the same
+run, side by side.
+
+Prints markdown tables. Run: ``python bench/bench_contention.py [--loads A,B,C]
+[--seconds 30] [--no-zk]`` (embedded server unless MONGODB_URI is set). Not a test: it
+asserts nothing, it measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import multiprocessing
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _setup import CommandCounter, register_bench_handler, setup  # noqa: E402
+
+HOLD_S = 0.1
+WAIT_MS = 60000
+READY_TIMEOUT_S = 180.0
+START_DELAY_S = 0.5  # between "everyone is ready" and the window: the start time reaches all
+DRAIN_TIMEOUT_S = 120.0  # after the window: the last waiters still have to get (and return) a slot
+LEVEL_ORDER = ("global", "tenant", "project", "user")
+
+# Targets (embedded server, hold 100 ms).
+T_UTILISATION = 0.90
+T_P99_RATIO = 1.25
+T_MAX_RATIO = 2.0
+T_JAIN = 0.99
+T_SMALL_SHARE = (45.0, 55.0)
+T_EXTRA_COMMANDS = 4
+T_HANDOFF_P50_MS = 20.0
+
+
+@dataclass(frozen=True)
+class Load:
+    name: str
+    title: str
+    levels: dict[str, int]
+    procs: list[tuple[str, str, str]]  # (tenant, project, user) per process
+    zk: bool  # also run on kazoo's Semaphore (single cap: the global one)
+    small_tenant: str | None = None  # the tenant whose share the 9 : 3 target is about
+
+
+def _load_a() -> Load:
+    procs = [(f"t{t}", "p1", f"u{t}{i}") for t in (1, 2, 3) for i in range(4)]
+    return Load("A", "12 processes, 3 tenants × 4, global cap 2", {"global": 2}, procs, True)
+
+
+def _load_b() -> Load:
+    procs = [("ta", "p1", f"ua{i}") for i in range(9)] + [("tb", "p1", f"ub{i}") for i in range(3)]
+    return Load("B", "unequal demand: tenant ta 9 processes, tb 3, global cap 2", {"global": 2}, procs,
+                True, small_tenant="tb")
+
+
+def _load_c() -> Load:
+    # Each level binds some of the time: t1/u1 runs twice (user cap 1), t2/p1 has three users
+    # (project cap 2), every tenant has four processes (tenant cap 2), and three tenants × 2
+    # exceed the global cap 4. t3/u1 crosses projects (the user scope is tenant-wide).
+    procs = [
+        ("t1", "p1", "u1"), ("t1", "p1", "u1"), ("t1", "p1", "u2"), ("t1", "p2", "u3"),
+        ("t2", "p1", "u1"), ("t2", "p1", "u2"), ("t2", "p1", "u3"), ("t2", "p2", "u4"),
+        ("t3", "p1", "u1"), ("t3", "p2", "u2"), ("t3", "p3", "u3"), ("t3", "p3", "u1"),
+    ]
+    return Load("C", "4 levels (global 4, tenant 2, project 2, user 1), 12 processes in 3 tenants",
+                {"global": 4, "tenant": 2, "project": 2, "user": 1}, procs, False)
+
+
+LOADS = {"A": _load_a, "B": _load_b, "C": _load_c}
+
+
+def _scope_keys(levels: dict[str, int], proc: tuple[str, str, str]) -> list[tuple[str, str]]:
+    tenant, project, user = proc
+    scopes = {"global": "*", "tenant": tenant, "project": f"{tenant}/{project}", "user": f"{tenant}/{user}"}
+    return [(level, scopes[level]) for level in LEVEL_ORDER if level in levels]
+
+
+def effective_cap(load: Load) -> int:
+    """The most processes of this load that can hold at once under every level's cap.
+
+    Brute force over subsets (12 processes: 4096): user and project scopes are not nested,
+    so no simple formula exists, and the FIFO ideal and utilisation need the true figure.
+    """
+    n = len(load.procs)
+    best = 0
+    for mask in range(1 << n):
+        size = bin(mask).count("1")
+        if size <= best:
+            continue
+        used: dict[tuple[str, str], int] = defaultdict(int)
+        ok = True
+        for i in range(n):
+            if mask >> i & 1:
+                for key in _scope_keys(load.levels, load.procs[i]):
+                    used[key] += 1
+                    if used[key] > load.levels[key[0]]:
+                        ok = False
+                        break
+            if not ok:
+                break
+        if ok:
+            best = size
+    return best
+
+
+# --- children -------------------------------------------------------------------------------
+
+
+def _lease_name(load_name: str) -> str:
+    return f"contention{load_name.lower()}"
+
+
+def _run_window(index, acquire, release, ready_q, start_event, start_value, result_q, seconds,
+                counter=None):
+    """Warm up, report ready, then loop acquire → hold → release inside the shared window."""
+    release(acquire())  # connections open, definition cached, counters exist
+    ready_q.put(index)
+    start_event.wait()
+    start = start_value.value
+    end = start + seconds
+    time.sleep(max(0.0, start - time.time()))
+    commands = {}
+    if counter is not None:
+        commands["start"] = len(counter.names)
+        # The end snapshot is taken at the end of the window, not after the last release.
+        timer = threading.Timer(max(0.0, end - time.time()), lambda: commands.setdefault("end", len(counter.names)))
+        timer.daemon = True
+        timer.start()
+    grants: list[float] = []
+    releases: list[float] = []
+    waits: list[float] = []
+    busy = 0
+    while True:
+        called = time.time()
+        if called >= end:
+            break
+        try:
+            handle = acquire()
+        except TimeoutError:
+            busy += 1
+            continue
+        granted = time.time()
+        waits.append(granted - called)  # every call made inside the window, granted in it or not
+        if granted >= end:
+            release(handle)
+            break
+        grants.append(granted)
+        time.sleep(max(0.0, granted + HOLD_S - time.time()))
+        released = time.time()
+        release(handle)
+        releases.append(released)
+    if counter is not None:
+        timer.join()
+        commands["n"] = commands["end"] - commands["start"]
+    result_q.put({"index": index, "grants": grants, "releases": releases, "waits": waits, "busy": busy,
+                  "commands": commands.get("n"), "start": start, "end": end})
+
+
+def _project_child(index, load_name, proc, seconds, ready_q, start_event, start_value, result_q):
+    import django
+
+    django.setup()
+    import pymongo
+    from django.conf import settings
+
+    import leases
+    from leases import invalidation, store
+
+    register_bench_handler()
+    counter = CommandCounter()
+    client = pymongo.MongoClient(settings.MONGODB_URI, event_listeners=[counter], tz_aware=False,
+                                 appname="bench-contention")
+    store.set_client(client)
+    # Until config invalidation listens, every acquire re-reads the definition (one more
+    # command): a long-running process is past that point.
+    invalidation.wait_listening()
+    tenant, project, user = proc
+    request = leases.LeaseRequest(type="bench", lease=_lease_name(load_name), tenant_id=tenant,
+                                  project_id=project, user_id=user, holder_ref=f"proc{index}")
+
+    def acquire():
+        try:
+            return leases.acquire(request)
+        except leases.LeaseBusy as exc:
+            raise TimeoutError(str(exc)) from None
+
+    _run_window(index, acquire, lambda lease: lease.release(), ready_q, start_event, start_value,
+                result_q, seconds, counter)
+
+
+def _zk_child(index, hosts, path, cap, seconds, ready_q, start_event, start_value, result_q):
+    from kazoo.client import KazooClient
+    from kazoo.exceptions import LockTimeout
+
+    zk = KazooClient(hosts=hosts, timeout=10.0)
+    zk.start(timeout=30)
+    semaphore = zk.Semaphore(path, identifier=f"proc{index}", max_leases=cap)
+
+    def acquire():
+        try:
+            if not semaphore.acquire(blocking=True, timeout=WAIT_MS / 1000):
+                raise TimeoutError("not acquired")
+        except LockTimeout as exc:
+            raise TimeoutError(str(exc)) from None
+        return semaphore
+
+    try:
+        _run_window(index, acquire, lambda s: s.release(), ready_q, start_event, start_value, result_q,
+                    seconds)
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def run_processes(target, argsets, seconds) -> list[dict]:
+    """Spawn one process per argument set, release them into one window, collect results."""
+    ctx = multiprocessing.get_context("spawn")
+    ready_q, result_q = ctx.Queue(), ctx.Queue()
+    start_event, start_value = ctx.Event(), ctx.Value("d", 0.0)
+    procs = [ctx.Process(target=target, args=(*args, seconds, ready_q, start_event, start_value, result_q),
+                         daemon=True) for args in argsets]
+    for proc in procs:
+        proc.start()
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        ready = 0
+        while ready < len(procs):
+            ready_q.get(timeout=max(0.1, deadline - time.monotonic()))
+            ready += 1
+        start_value.value = time.time() + START_DELAY_S
+        start_event.set()
+        deadline = time.monotonic() + START_DELAY_S + seconds + DRAIN_TIMEOUT_S
+        results = [result_q.get(timeout=max(0.1, deadline - time.monotonic())) for _ in procs]
+        for proc in procs:
+            proc.join(timeout=30)
+        return sorted(results, key=lambda r: r["index"])
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+
+
+# --- figures --------------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks; ``None`` for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def jain(values: list[float]) -> float | None:
+    """Jain's fairness index (Σx)² / (n·Σx²): 1 when all equal, 1/n when one takes all."""
+    squares = sum(v * v for v in values)
+    return (sum(values) ** 2) / (len(values) * squares) if squares else None
+
+
+def handoffs(results: list[dict], cap: int) -> list[float]:
+    """Release → next grant on the resource, pairing each grant with the oldest free slot.
+
+    The window opens with ``cap`` free slots (virtual releases at the start, not measured);
+    every release frees one, every grant takes the oldest freed one. A release whose slot is
+    not taken again inside the window is left out (its gap is not known).
+    """
+    events = sorted([(t, 1) for r in results for t in r["releases"]] + [(t, 0) for r in results for t in r["grants"]])
+    free: list[float | None] = [None] * cap
+    gaps: list[float] = []
+    for t, is_release in events:
+        if is_release:
+            free.append(t)
+        elif free:
+            freed = free.pop(0)
+            if freed is not None:
+                gaps.append(t - freed)
+    return gaps
+
+
+@dataclass
+class Figures:
+    grants: int = 0
+    busy: int = 0
+    utilisation: float | None = None
+    p50: float | None = None
+    p99: float | None = None
+    max: float | None = None
+    jain: float | None = None
+    shares: dict[str, float] = field(default_factory=dict)
+    commands_per_grant: float | None = None
+    handoff_p50: float | None = None
+    handoff_p99: float | None = None
+
+
+def figures(load: Load, results: list[dict], cap: int, seconds: float) -> Figures:
+    grants = [len(r["grants"]) for r in results]
+    total = sum(grants)
+    waits = [w for r in results for w in r["waits"]]
+    by_tenant: dict[str, int] = defaultdict(int)
+    for r, count in zip(results, grants):
+        by_tenant[load.procs[r["index"]][0]] += count
+    commands = [r["commands"] for r in results]
+    gaps = handoffs(results, cap)
+    return Figures(
+        grants=total,
+        busy=sum(r["busy"] for r in results),
+        utilisation=total / (cap * seconds / HOLD_S),
+        p50=percentile(waits, 0.50), p99=percentile(waits, 0.99), max=max(waits) if waits else None,
+        jain=jain([float(g) for g in grants]),
+        shares={t: 100.0 * n / total if total else 0.0 for t, n in sorted(by_tenant.items())},
+        commands_per_grant=(sum(commands) / total) if total and None not in commands else None,
+        handoff_p50=percentile(gaps, 0.50), handoff_p99=percentile(gaps, 0.99),
+    )
+
+
+# --- ZooKeeper ------------------------------------------------------------------------------
+
+
+class ZooKeeper:
+    """A standalone ZooKeeper server on a free port with a throw-away data dir."""
+
+    CLASSPATHS = ("/usr/share/java/zookeeper.jar",)  # Debian: the jar's manifest lists its deps
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen | None = None
+        self.dir = tempfile.mkdtemp(prefix="bench-zk-")
+        self.port = 0
+
+    @property
+    def hosts(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Raises: RuntimeError with the reason when ZooKeeper cannot be started."""
+        java = shutil.which("java")
+        if java is None:
+            raise RuntimeError("no java on PATH")
+        jar = os.environ.get("ZK_CLASSPATH") or next((p for p in self.CLASSPATHS if os.path.exists(p)), None)
+        if jar is None:
+            raise RuntimeError("no ZooKeeper jar (apt-get install -y zookeeper, or set ZK_CLASSPATH)")
+        try:
+            import kazoo  # noqa: F401
+        except ImportError:
+            raise RuntimeError("kazoo is not installed (pip install -e '.[bench]')") from None
+        from leases.embedded import free_port
+
+        self.port = free_port()
+        data = os.path.join(self.dir, "data")
+        os.makedirs(data)
+        cfg = os.path.join(self.dir, "zoo.cfg")
+        with open(cfg, "w") as f:
+            f.write(f"tickTime=2000\ndataDir={data}\nclientPort={self.port}\nclientPortAddress=127.0.0.1\n"
+                    "maxClientCnxns=0\nadmin.enableServer=false\n4lw.commands.whitelist=ruok\n")
+        log = open(os.path.join(self.dir, "server.log"), "ab")  # noqa: SIM115 - closed in stop()
+        self._log = log
+        log4j = [p for p in ("/usr/share/java/log4j-1.2.jar",) if os.path.exists(p)]
+        self.process = subprocess.Popen(
+            [java, "-Xmx256m", "-cp", ":".join([jar, *log4j]),
+             "org.apache.zookeeper.server.quorum.QuorumPeerMain", cfg],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        atexit.register(self.stop)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"ZooKeeper exited with {self.process.returncode}: {self._tail()}")
+            if self._ruok():
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"ZooKeeper did not answer ruok within {timeout:.0f}s: {self._tail()}")
+
+    def _ruok(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
+                sock.sendall(b"ruok")
+                return sock.recv(16) == b"imok"
+        except OSError:
+            return False
+
+    def _tail(self) -> str:
+        try:
+            with open(os.path.join(self.dir, "server.log"), errors="replace") as f:
+                return f.read()[-1500:]
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        if getattr(self, "_log", None) is not None and not self._log.closed:
+            self._log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# --- project side ---------------------------------------------------------------------------
+
+
+def define(load: Load) -> None:
+    from leases import config
+    from leases.definitions import document_path
+
+    body = ", ".join(f"{level}: {cap}" for level, cap in load.levels.items())
+    config.put_document("_vance", "_tenant", document_path(_lease_name(load.name)),
+                        f"levels: {{{body}}}\nttlSeconds: 30\nwaitMs: {WAIT_MS}")
+
+
+def uncontended_commands(load: Load) -> int:
+    """MongoDB commands of one uncontended acquire + release (definition cached)."""
+    import pymongo
+    from django.conf import settings
+
+    import leases
+    from leases import invalidation, store
+
+    counter = CommandCounter()
+    client = pymongo.MongoClient(settings.MONGODB_URI, event_listeners=[counter], tz_aware=False)
+    store.set_client(client)
+    invalidation.wait_listening()
+    try:
+        tenant, project, user = load.procs[0]
+        request = leases.LeaseRequest(type="bench", lease=_lease_name(load.name), tenant_id=tenant,
+                                      project_id=project, user_id=user)
+        leases.acquire(request).release()  # counters exist, definition cached
+        counter.names.clear()
+        leases.acquire(request).release()
+        return len(counter.names)
+    finally:
+        store.set_client(None)
+        client.close()
+
+
+# --- output ---------------------------------------------------------------------------------
+
+
+def _s(value: float | None, digits: int = 2) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def _ms(value: float | None) -> str:
+    return "—" if value is None else f"{value * 1000:.0f}"
+
+
+def _ratio(value: float | None, ideal: float) -> str:
+    return "—" if value is None or ideal <= 0 else f"{value / ideal:.2f}×"
+
+
+def print_table(load: Load, cap: int, seconds: float, uncontended: int, ours: Figures,
+                zk: Figures | None, zk_note: str) -> None:
+    waiters = len(load.procs)
+    ideal = (waiters - cap) / cap * HOLD_S
+    cols = ["this project"] + (["kazoo Semaphore (ZooKeeper)"] if load.zk else [])
+    print(f"### Load {load.name}: {load.title}\n")
+    print(f"{waiters} processes, hold {HOLD_S * 1000:.0f} ms, {seconds:g} s window; cap {cap}"
+          + (" (the most holders the four levels admit at once for these processes)" if len(load.levels) > 1 else "")
+          + f"; FIFO ideal wait (waiters − cap) ÷ cap × hold = {ideal:.3f} s.")
+    if load.zk and zk is None:
+        print(f"kazoo column missing: {zk_note}")
+    print()
+    print("| figure | " + " | ".join(cols) + " | target |")
+    print("|---|" + "---:|" * len(cols) + "---|")
+
+    def row(label, fn, target):
+        cells = [fn(ours)]
+        if load.zk:
+            cells.append(fn(zk) if zk is not None else "—")
+        print(f"| {label} | " + " | ".join(cells) + f" | {target} |")
+
+    row("grants in the window", lambda f: str(f.grants), "")
+    row("utilisation (grants ÷ cap·seconds/hold)", lambda f: _s(f.utilisation), f"≥ {T_UTILISATION:.2f}")
+    row("wait p50 / p99 / max (s)", lambda f: f"{_s(f.p50)} / {_s(f.p99)} / {_s(f.max)}",
+        f"p99 ≤ {T_P99_RATIO * ideal:.3f}, max ≤ {T_MAX_RATIO * ideal:.3f}")
+    row("p99 ÷ ideal, max ÷ ideal", lambda f: f"{_ratio(f.p99, ideal)}, {_ratio(f.max, ideal)}",
+        f"≤ {T_P99_RATIO}×, ≤ {T_MAX_RATIO:g}×")
+    equal_demand = load.name == "A"
+    row("Jain fairness across processes (grants each)", lambda f: _s(f.jain, 3),
+        f"≥ {T_JAIN}" if equal_demand else "— (demand not equal per process)")
+    tenants = sorted({p[0] for p in load.procs})
+    for tenant in tenants:
+        n = sum(1 for p in load.procs if p[0] == tenant)
+        if tenant == load.small_tenant:
+            target = f"{T_SMALL_SHARE[0]:.0f}–{T_SMALL_SHARE[1]:.0f} %"
+        elif load.small_tenant is None and len({sum(1 for p in load.procs if p[0] == t) for t in tenants}) == 1:
+            target = f"≈ {100 / len(tenants):.0f} %"
+        else:
+            target = ""
+        row(f"share of grants, tenant {tenant} ({n} processes)", lambda f, t=tenant: f"{f.shares.get(t, 0):.1f} %",
+            target)
+    row("store commands per grant (in the window)",
+        lambda f: _s(f.commands_per_grant, 1) if f is ours else "—",
+        f"≤ {uncontended + T_EXTRA_COMMANDS} (uncontended acquire+release {uncontended} + {T_EXTRA_COMMANDS})")
+    row("release → next grant p50 / p99 (ms)", lambda f: f"{_ms(f.handoff_p50)} / {_ms(f.handoff_p99)}",
+        f"p50 ≤ {T_HANDOFF_P50_MS:.0f}" + (" (one slot pool per resource; approximate with 4 levels)"
+                                             if len(load.levels) > 1 else ""))
+    row("acquire timeouts (LeaseBusy / LockTimeout)", lambda f: str(f.busy), "0")
+    print()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--loads", default="A,B,C", help="comma-separated subset of A,B,C")
+    parser.add_argument("--seconds", type=float, default=30.0, help="measurement window per load")
+    parser.add_argument("--no-zk", action="store_true", help="skip the kazoo/ZooKeeper side")
+    args = parser.parse_args()
+    names = [n.strip().upper() for n in args.loads.split(",") if n.strip()]
+    unknown = [n for n in names if n not in LOADS]
+    if unknown:
+        parser.error(f"unknown loads {unknown}; choose from {sorted(LOADS)}")
+    loads = [LOADS[n]() for n in names]
+
+    external = bool(os.environ.get("MONGODB_URI"))
+    setup("bench_contention")
+    from leases import store
+
+    store.client().drop_database(store.database_name())
+    register_bench_handler()
+
+    zk: ZooKeeper | None = None
+    zk_note = "--no-zk given"
+    if not args.no_zk and any(load.zk for load in loads):
+        zk = ZooKeeper()
+        try:
+            zk.start()
+            zk_note = ""
+        except RuntimeError as exc:
+            zk_note = f"ZooKeeper could not start: {exc}"
+            zk.stop()
+            zk = None
+
+    print(f"hold {HOLD_S * 1000:.0f} ms, window {args.seconds:g} s per load, waitMs {WAIT_MS}; "
+          f"MongoDB: {'MONGODB_URI' if external else 'embedded server (own process)'}; "
+          f"ZooKeeper: {zk.hosts if zk else 'none (' + zk_note + ')'}; "
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start\n")
+    try:
+        for load in loads:
+            define(load)
+            cap = effective_cap(load)
+            uncontended = uncontended_commands(load)
+            results = run_processes(_project_child, [(i, load.name, proc) for i, proc in enumerate(load.procs)],
+                                    args.seconds)
+            ours = figures(load, results, cap, args.seconds)
+            theirs = None
+            if load.zk and zk is not None:
+                path = f"/bench/contention-{load.name.lower()}"
+                zk_results = run_processes(_zk_child, [(i, zk.hosts, path, cap) for i in range(len(load.procs))],
+                                           args.seconds)
+                theirs = figures(load, zk_results, cap, args.seconds)
+            print_table(load, cap, args.seconds, uncontended, ours, theirs, zk_note)
+            sys.stdout.flush()
+    finally:
+        if zk is not None:
+            zk.stop()
+
+
+if __name__ == "__main__":
+    main()
