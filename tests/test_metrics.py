@@ -1,0 +1,69 @@
+"""Metric labels come from defined resources only; outcomes carry the real resource."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import REGISTRY
+
+import leases
+from leases import config, handlers
+from leases.definitions import document_path
+
+
+class Quiet(handlers.LeaseHandler):
+    type = "test"
+
+    def on_revoked(self, holder):
+        pass
+
+
+@pytest.fixture(autouse=True)
+def handler():
+    handlers.register_handler(Quiet())
+    yield
+    handlers.unregister_handler("test")
+
+
+def sample(name, **labels):
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def req(lease, user="u1", **kw):
+    return leases.LeaseRequest(type="test", lease=lease, tenant_id="acme", project_id="p1", user_id=user, pod="", **kw)
+
+
+def label_values(metric, label):
+    return {s.labels.get(label) for m in REGISTRY.collect() if m.name == metric for s in m.samples}
+
+
+def test_given_made_up_lease_names_then_noop_acquisitions_share_one_fixed_label():
+    before = sample("vance_lease_acquire_total", resource="undefined", outcome="noop")
+    for name in ("rnd-a1", "rnd-b2", "rnd-c3"):
+        assert leases.acquire(req(name)) is leases.NOOP
+    assert sample("vance_lease_acquire_total", resource="undefined", outcome="noop") == before + 3
+    assert not {"rnd-a1", "rnd-b2", "rnd-c3"} & label_values("vance_lease_acquire", "resource")
+
+
+def test_given_a_defined_lease_then_lost_checks_and_repeated_releases_carry_its_resource():
+    config.put_document("_vance", "_tenant", document_path("metered"), "resource: meter-r\nlevels: {global: 2}")
+    lease = leases.acquire(req("metered"))
+    lost_before = sample("vance_lease_check_total", resource="meter-r", outcome="lost")
+    again_before = sample("vance_lease_release_total", resource="meter-r", outcome="already-released")
+    assert lease.release() is True
+    assert lease.release() is False
+    with pytest.raises(leases.LeaseLost):
+        lease.check()
+    assert sample("vance_lease_check_total", resource="meter-r", outcome="lost") == lost_before + 1
+    assert sample("vance_lease_release_total", resource="meter-r", outcome="already-released") == again_before + 1
+
+
+def test_given_a_queued_acquire_then_wait_metrics_are_labelled_by_resource():
+    config.put_document("_vance", "_tenant", document_path("metered"), "resource: meter-w\nlevels: {global: 1}\nwaitMs: 200")
+    held = leases.acquire(req("metered"))
+    timeouts = sample("vance_lease_wait_total", resource="meter-w", outcome="timeout")
+    with pytest.raises(leases.LeaseBusy):
+        leases.acquire(req("metered", user="u2"))
+    assert sample("vance_lease_wait_total", resource="meter-w", outcome="timeout") == timeouts + 1
+    assert sample("vance_lease_wait_seconds_count", resource="meter-w") >= 1
+    assert sample("vance_lease_waiting", resource="meter-w") == 0
+    held.release()
