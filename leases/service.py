@@ -551,7 +551,7 @@ def _fail_fast(attempt: _Attempt, blocked: _Blocked) -> Lease:
         if blocked.spec is attempt.gate and order.stale_ids(counter, counter["clock"]):
             counter = waiting.prune(counter)
             retry = not counter.get("queue") and not waiting.is_full(counter)
-        if waiting.is_full(counter):
+        if waiting.is_full(counter) or (blocked.spec is attempt.gate and counter.get("queue")):
             retry = waiting.repair(counter, counter["clock"])
         if retry:
             try:
@@ -583,9 +583,14 @@ class _Waiter:
                 "caps": caps, "lvl": self.blocked.spec.level if self.blocked else self.attempt.gate.level}
 
     def wait(self, blocked: _Blocked) -> "Lease | Ticket":
+        if blocked.spec is not self.attempt.gate and waiting.is_full(blocked.counter) and _step(
+                self.attempt, lambda: waiting.repair(blocked.counter, blocked.counter["clock"])):
+            # A slot nobody booked came back: try again before queueing.
+            lease = _step(self.attempt, lambda: _first(self.attempt, allow_queue=True))
+            if isinstance(lease, Lease):
+                return lease
+            blocked = lease
         self.blocked = blocked
-        if blocked.spec is not self.attempt.gate and waiting.is_full(blocked.counter):
-            _step(self.attempt, lambda: waiting.repair(blocked.counter, blocked.counter["clock"]))
         event = wakeups.register(self.attempt.token)
         metrics.WAITING.labels(resource=self.tag).inc()
         outcome = "error"
@@ -643,9 +648,9 @@ class _Waiter:
             raise _busy(self.attempt.definition, self.blocked or _Blocked(self.attempt.gate, None))
         return Ticket.of(self.attempt.token, self.attempt.definition, gate, self.blocked)
 
-    def _decide(self) -> Lease | None:
+    def _decide(self, *, again: bool = True) -> Lease | None:
         """Act on the gate as last seen: prune stale tickets, take our turn, wake whoever's
-        turn it is, or repair a full gate that nobody books."""
+        turn it is, or repair a gate whose entries block everyone (then decide once more)."""
         gate = self.gate
         if gate is None:
             return None
@@ -663,6 +668,8 @@ class _Waiter:
             # Full, or free but nobody fits: either way entries decide, so make sure each
             # has a live holder (throttled to one check per interval for all processes).
             self.gate = _step(self.attempt, lambda: waiting.read_gate(self.gate_key))
+            if again:
+                return self._decide(again=False)
         return None
 
     def _try(self, *, woken: bool) -> Lease | None:
@@ -674,15 +681,20 @@ class _Waiter:
             # The holder document may have been reaped during a long wait: write it again.
             if time.monotonic() - attempt.created_at > attempt.definition.ttl_seconds / 2:
                 attempt.create_holder()
-            try:
-                return attempt.book(privileged=True, allow_queue=True)
-            except _Blocked as blocked:
-                self.blocked = blocked
-                if blocked.spec is not attempt.gate:
-                    waiting.mark_blocked(self.gate_key, attempt.token, blocked.spec.level)
-                    if waiting.is_full(blocked.counter):
-                        waiting.repair(blocked.counter, blocked.counter["clock"])
-                return None
+            for _ in range(2):
+                try:
+                    return attempt.book(privileged=True, allow_queue=True)
+                except _Blocked as blocked:
+                    self.blocked = blocked
+                    if blocked.spec is attempt.gate:
+                        return None
+                    # Our turn, but a narrower level is full: if that was a slot nobody
+                    # books any more, try again at once; else sit out and pass the turn.
+                    if not (waiting.is_full(blocked.counter)
+                            and waiting.repair(blocked.counter, blocked.counter["clock"])):
+                        waiting.mark_blocked(self.gate_key, attempt.token, blocked.spec.level)
+                        return None
+            return None
 
         lease = _step(attempt, run)
         if lease is None and not woken:

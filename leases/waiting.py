@@ -143,7 +143,15 @@ def hand_off(gate: dict[str, Any] | None, *, skip: str | None = None) -> list[st
     if not gate or not gate.get("queue") or gate.get("clock") is None:
         return []
     picked = order.next_grants(gate, gate["clock"])
-    wakeups.publish([t for t in picked if t != skip])
+    if picked:
+        wakeups.publish([t for t in picked if t != skip])
+    elif not is_full(gate) and not order.stale_ids(gate, gate["clock"]):
+        # Free slots, live tickets, yet nobody fits: the entries say a tenant holds what
+        # maybe nobody holds any more. Check them (throttled); a repair hands off itself.
+        try:
+            repair(gate, gate["clock"])
+        except pymongo.errors.PyMongoError as exc:
+            log.info("repair check of %s failed (%s)", gate["_id"], exc)
     return picked
 
 

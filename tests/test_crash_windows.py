@@ -3,9 +3,10 @@ while other processes keep cycling on the same resource: the slot comes back wit
 stated bound and no level ever exceeds its cap.
 
 Bounds (``leases.waiting``): an entry whose holder is gone (mid-release, mid-rollback) is
-returned by the next process that finds the counter full, at most one repair interval
-(``LEASES_REPAIR_INTERVAL_MS``, 500 ms here) after the last check; a dead attempt that
-still has its holder document (mid-acquire) once its TTL has passed.
+returned by the next request that finds the counter full, at most one repair interval
+(``LEASES_REPAIR_INTERVAL_MS``, 500 ms here) after the last check — here fresh requests
+arrive every 200 ms besides the cycling waiters, so: ≤ 1 s; a dead attempt that still has
+its holder document (mid-acquire) once its TTL has passed, by the same path: ≤ TTL + 1 s.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def _over_cap() -> list:
 
 @pytest.mark.parametrize("window", ["release", "rollback", "acquire"])
 def test_given_a_kill_inside_a_crash_window_while_others_cycle_then_the_slot_comes_back_in_bound(resource, window):
-    cyclers = [_spawn("cycle", resource, tenant) for tenant in ("t1", "t2")]
+    cyclers = [_spawn("cycle", resource, tenant) for tenant in ("t1", "t2")] + [_spawn("arrive", resource, "t1")]
     selector = selectors.DefaultSelector()
     for proc in cyclers:
         selector.register(proc.stdout, selectors.EVENT_READ, proc)
@@ -94,7 +95,7 @@ def test_given_a_kill_inside_a_crash_window_while_others_cycle_then_the_slot_com
             1 for d in store.holders().find({"holderRef": "", "userId": "victim"}))
         assert leaked_at_kill >= 1, "the kill left nothing to repair: the window was not hit"
         # When: the others keep cycling. Then: the slot is back within the bound.
-        bound = (TTL_S + 1.0) if window == "acquire" else (REPAIR_MS / 1000 + 1.0)
+        bound = (TTL_S + 1.0) if window == "acquire" else 1.0
         back_at = None
         while time.monotonic() - killed_at < bound + 10:
             for key, _ in selector.select(timeout=0.05):
@@ -105,6 +106,7 @@ def test_given_a_kill_inside_a_crash_window_while_others_cycle_then_the_slot_com
                 back_at = time.monotonic()
                 break
         assert back_at is not None, f"slot still booked by no holder: {_orphans()}"
+        print(f"\n{window}: slot back {back_at - killed_at:.3f} s after the kill (bound {bound:.1f} s)")
         assert back_at - killed_at <= bound, (window, back_at - killed_at)
         assert cycles > 0  # traffic continued meanwhile
     finally:

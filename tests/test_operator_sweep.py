@@ -135,7 +135,7 @@ def test_given_no_live_pod_when_operator_sweeps_then_it_refuses_and_reaps_nothin
     refused = _cli("sweep", "--json")
 
     assert refused.returncode == 1
-    assert "no live pod" in refused.stderr and "--force" in refused.stderr
+    assert "no live pod" in refused.stdout and "--force" in refused.stdout  # --json: the error is JSON
     assert store.holders().find_one({"_id": a["token"]}) is not None  # not reaped where no handler runs
 
 

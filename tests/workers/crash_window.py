@@ -1,10 +1,12 @@
 """Child process for the crash-window tests: cycle on lease ``cw``, or stop inside a window.
 
 Usage: python -m tests.workers.crash_window cycle <stop-file> <tenant>
+       python -m tests.workers.crash_window arrive <stop-file> <tenant>
        python -m tests.workers.crash_window victim <acquire|release|rollback> <tenant>
 
 ``cycle`` loops acquire → hold 30 ms → release until the stop file exists, printing ``C``
-per cycle. ``victim`` sets ``LEASES_TEST_PAUSE`` so the engine blocks between the two
+per cycle. ``arrive`` is a stream of fresh requests that do not wait (one every 200 ms),
+as a busy service sees them. ``victim`` sets ``LEASES_TEST_PAUSE`` so the engine blocks between the two
 commands of the named step (the test then sends ``kill -9``); for ``rollback`` the gate's
 booking answers a store error after it booked, which is what makes an acquire roll back.
 """
@@ -47,6 +49,18 @@ def main() -> None:
             except leases.LeaseBusy:
                 continue
             print("C", flush=True)
+        return
+    if mode == "arrive":
+        stop_file, tenant = sys.argv[2], sys.argv[3]
+        print("R", flush=True)
+        while not os.path.exists(stop_file):
+            try:
+                leases.acquire(leases.LeaseRequest(type="cw", lease="cw", tenant_id=tenant, project_id="p1",
+                                                   user_id="arrival", pod="", wait_ms=0)).release()
+                print("C", flush=True)
+            except leases.LeaseBusy:
+                pass
+            time.sleep(0.2)
         return
     window, tenant = sys.argv[2], sys.argv[3]
     if window == "rollback":
