@@ -9,9 +9,10 @@ engine does inline) can give a slot back during the run.
 A sampler in the parent reads the counters and the holders every ~50 ms and computes, per
 counter key, the slots booked by no holder document: ``max(0, count − booked)``. A counter
 that lists its holders (a ``holders`` array, entries ending in ``/<holder _id>``) books the
-entries whose holder document (or waiting ticket) exists; otherwise a holder books a key when the key is in its
-``levels``. The counters are read before and after the holders and the smaller count is
-used, so a live process between two of its commands is not taken for a leak.
+entries whose holder document (or waiting ticket) exists; otherwise a holder books a key
+when the key is in its ``levels``. The counters are read before and after the holders and
+the smaller count is used, and a reading must repeat in two samples in a row to count as a
+leak, so a live process between two of its commands is not taken for one.
 
 Reported per run: kills, grants, the highest occupancy seen per level vs its cap (it must
 never exceed), slots leaked at the end, the longest time a slot stayed booked by no holder,
@@ -144,13 +145,27 @@ def take_sample(db) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
 
 
 @dataclass
+class _Run:
+    start: float
+    leaked_samples: int = 0
+    lost: float = 0.0  # slot-seconds so far
+    last: int = 0  # the last non-zero reading
+    clean: int = 0  # consecutive clean samples since
+    clean_at: float = 0.0
+    lost_at_clean: float = 0.0
+
+
+@dataclass
 class Tracker:
     """Leak accounting over consecutive samples.
 
     A leak is a key whose count exceeds its booked holders in at least ``MIN_RUN`` samples in
-    a row (≥ ~50 ms). One-sample readings are counted apart as blips: a live process between
-    two of its commands (rollback: holder deleted, counter not yet decremented) looks the
-    same for a few milliseconds, and a slot lost to a crash stays lost for far longer.
+    a row (≥ ~50 ms); it ends at the first of ``MIN_RUN`` clean samples in a row. One-sample
+    readings are counted apart as blips: a live process between two of its commands
+    (rollback: holder deleted, counter not yet decremented) looks the same for a few
+    milliseconds, while a slot lost to a crash stays lost far longer. A single clean sample
+    inside a leak does not end it: an acquire landing between the sampler's reads can hide
+    a leaked slot for one sample.
     """
 
     max_count: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # per level
@@ -161,10 +176,7 @@ class Tracker:
     blips: int = 0
     samples: int = 0
     last_t: float | None = None
-    last_leaked: dict[str, int] = field(default_factory=dict)
-    run_start: dict[str, float] = field(default_factory=dict)
-    run_len: dict[str, int] = field(default_factory=dict)
-    run_ss: dict[str, float] = field(default_factory=dict)
+    runs: dict[str, _Run] = field(default_factory=dict)
 
     def add(self, t: float, counts: dict[str, int], highest: dict[str, int], booked: dict[str, int]) -> None:
         self.samples += 1
@@ -174,35 +186,47 @@ class Tracker:
             self.max_count[level] = max(self.max_count[level], highest.get(key, count))
             self.max_booked[level] = max(self.max_booked[level], booked.get(key, 0))
             leaked[key] = max(0, count - booked.get(key, 0))
-        if self.last_t is not None:
-            dt = t - self.last_t
-            for key, n in self.last_leaked.items():
-                if n and key in self.run_ss:
-                    self.run_ss[key] += n * dt
-        for key in set(leaked) | set(self.run_start):
-            if leaked.get(key, 0) > 0:
-                if key not in self.run_start:
-                    self.run_start[key], self.run_len[key], self.run_ss[key] = t, 0, 0.0
-                self.run_len[key] += 1
-            elif key in self.run_start:
-                self._close(key, t)
+        dt = 0.0 if self.last_t is None else t - self.last_t
+        for run in self.runs.values():
+            run.lost += run.last * dt  # the reading at the previous sample held until now
+        for key in set(leaked) | set(self.runs):
+            n = leaked.get(key, 0)
+            run = self.runs.get(key)
+            if n > 0:
+                if run is None:
+                    run = self.runs[key] = _Run(start=t)
+                run.leaked_samples += 1
+                run.last, run.clean = n, 0
+            elif run is not None:
+                if run.leaked_samples < MIN_RUN:
+                    del self.runs[key]
+                    self.blips += 1
+                    continue
+                if run.clean == 0:
+                    run.clean_at, run.lost_at_clean = t, run.lost
+                run.clean += 1
+                if run.clean >= MIN_RUN:
+                    self._close(key, run.clean_at, run.lost_at_clean)
         self.last_t = t
-        self.last_leaked = leaked
 
-    def _close(self, key: str, t: float) -> None:
-        start, length, lost = self.run_start.pop(key), self.run_len.pop(key), self.run_ss.pop(key)
-        if length < MIN_RUN:
-            self.blips += 1
-            return
+    def _close(self, key: str, end: float, lost: float) -> None:
+        run = self.runs.pop(key)
         self.slot_seconds += lost
-        if t - start > self.longest:
-            self.longest, self.longest_key = t - start, key
+        if end - run.start > self.longest:
+            self.longest, self.longest_key = end - run.start, key
 
     def finish(self) -> dict[str, int]:
-        """Close the open runs at the last sample; returns the leaks open at that moment."""
-        open_leaks = {k: self.last_leaked[k] for k, n in self.run_len.items() if n >= MIN_RUN}
-        for key in list(self.run_start):
-            self._close(key, self.last_t)
+        """Close the open leaks at the last sample; returns the slots leaked at that moment."""
+        open_leaks = {}
+        for key, run in list(self.runs.items()):
+            if run.leaked_samples < MIN_RUN:
+                del self.runs[key]
+                continue
+            open_leaks[key] = run.last
+            if run.clean:
+                self._close(key, run.clean_at, run.lost_at_clean)
+            else:
+                self._close(key, self.last_t, run.lost)
         return open_leaks
 
 

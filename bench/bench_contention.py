@@ -153,7 +153,7 @@ def _run_window(index, acquire, release, ready_q, start_event, start_value, resu
     grants: list[float] = []
     releases: list[float] = []
     waits: list[float] = []
-    busy = 0
+    busy = errors = 0
     while True:
         called = time.time()
         if called >= end:
@@ -162,6 +162,10 @@ def _run_window(index, acquire, release, ready_q, start_event, start_value, resu
             handle = acquire()
         except TimeoutError:
             busy += 1
+            continue
+        except Exception:  # noqa: BLE001 - store or ZooKeeper trouble: counted, not fatal
+            errors += 1
+            time.sleep(0.05)
             continue
         granted = time.time()
         waits.append(granted - called)  # every call made inside the window, granted in it or not
@@ -176,7 +180,7 @@ def _run_window(index, acquire, release, ready_q, start_event, start_value, resu
     if counter is not None:
         timer.join()
         commands["n"] = commands["end"] - commands["start"]
-    result_q.put({"index": index, "grants": grants, "releases": releases, "waits": waits, "busy": busy,
+    result_q.put({"index": index, "grants": grants, "releases": releases, "waits": waits, "busy": busy, "errors": errors,
                   "commands": commands.get("n"), "start": start, "end": end})
 
 
@@ -288,6 +292,9 @@ def jain(values: list[float]) -> float | None:
 def handoffs(results: list[dict], cap: int) -> list[float]:
     """Release → next grant on the resource, pairing each grant with the oldest free slot.
 
+    A release is timed when ``release()`` is called (the holder is done with the slot), a
+    grant when ``acquire()`` returns.
+
     The window opens with ``cap`` free slots (virtual releases at the start, not measured);
     every release frees one, every grant takes the oldest freed one. A release whose slot is
     not taken again inside the window is left out (its gap is not known).
@@ -309,6 +316,7 @@ def handoffs(results: list[dict], cap: int) -> list[float]:
 class Figures:
     grants: int = 0
     busy: int = 0
+    errors: int = 0
     utilisation: float | None = None
     p50: float | None = None
     p99: float | None = None
@@ -332,6 +340,7 @@ def figures(load: Load, results: list[dict], cap: int, seconds: float) -> Figure
     return Figures(
         grants=total,
         busy=sum(r["busy"] for r in results),
+        errors=sum(r["errors"] for r in results),
         utilisation=total / (cap * seconds / HOLD_S),
         p50=percentile(waits, 0.50), p99=percentile(waits, 0.99), max=max(waits) if waits else None,
         jain=jain([float(g) for g in grants]),
@@ -524,6 +533,8 @@ def print_table(load: Load, cap: int, seconds: float, uncontended: int, ours: Fi
         f"p50 ≤ {T_HANDOFF_P50_MS:.0f}" + (" (one slot pool per resource; approximate with 4 levels)"
                                              if len(load.levels) > 1 else ""))
     row("acquire timeouts (LeaseBusy / LockTimeout)", lambda f: str(f.busy), "0")
+    if ours.errors or (zk is not None and zk.errors):
+        row("acquire errors (store / ZooKeeper unavailable)", lambda f: str(f.errors), "0")
     print()
 
 
