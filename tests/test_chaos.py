@@ -227,39 +227,44 @@ def lost_entries(before: dict[str, dict], alive: set[str], after: dict[str, dict
 class LostSlots:
     """How long each ``(counter, entry)`` stayed lost over consecutive samples.
 
-    A run lasts from the first sample that finds it lost to the first that does not (an
-    upper bound: the slot may have come back just after the last lost sample).
+    A run lasts from the first sample that finds it lost to the first that does not: an
+    upper bound (the slot may have come back just after the last lost sample). The time
+    from its first to its last lost sample is the matching lower bound (zero for a run seen
+    once, such as a release caught between its delete and its pull).
     """
 
     def __init__(self) -> None:
-        self.open: dict[tuple[str, str], list] = {}  # run -> [first lost at, samples]
-        self.runs: list[tuple[float, int, tuple[str, str]]] = []  # (seconds, samples, run)
+        self.open: dict[tuple[str, str], list] = {}  # run -> [first lost at, last lost at, samples]
+        self.runs: list[tuple[float, float, int, tuple[str, str]]] = []  # (upper s, lower s, samples, run)
         self.samples = 0
         self.last_at = 0.0
 
     def observe(self, lost: set[tuple[str, str]], at: float) -> None:
         self.samples += 1
         for run in [run for run in self.open if run not in lost]:
-            since, seen = self.open.pop(run)
-            self.runs.append((at - since, seen, run))
+            since, last, seen = self.open.pop(run)
+            self.runs.append((at - since, last - since, seen, run))
         for run in lost:
-            self.open.setdefault(run, [at, 0])[1] += 1
+            state = self.open.setdefault(run, [at, at, 0])
+            state[1] = at
+            state[2] += 1
         self.last_at = at
 
     def finish(self) -> None:
         """Close the runs still open at the last sample (lost at least until then)."""
-        for run, (since, seen) in self.open.items():
-            self.runs.append((self.last_at - since, seen, run))
+        for run, (since, last, seen) in self.open.items():
+            self.runs.append((self.last_at - since, last - since, seen, run))
         self.open.clear()
 
     @property
     def longest(self) -> tuple[float, tuple[str, str] | None]:
-        seconds, _, run = max(self.runs, default=(0.0, 0, None))
+        seconds, _, _, run = max(self.runs, default=(0.0, 0.0, 0, None))
         return seconds, run
 
     @property
-    def slot_seconds(self) -> float:
-        return sum(seconds for seconds, _, _ in self.runs)
+    def slot_seconds(self) -> tuple[float, float]:
+        """Lost slot-seconds in all, ``(lower bound, upper bound)``."""
+        return sum(r[1] for r in self.runs), sum(r[0] for r in self.runs)
 
 
 def sample_lost(before: dict[str, dict]) -> tuple[set[tuple[str, str]], dict[str, dict]]:
@@ -377,8 +382,9 @@ def test_given_processes_killed_at_random_while_cycling_then_one_sweep_leaves_ze
     print(f"\nchaos: {cycles_done} cycles, {kills} kills, {samples} samples, {sum(runs.values())} handler runs, "
           f"sweep reaped/corrected {done}; left by kills (state, podBound): {dict(leftover)}; "
           f"tombstones {Counter(t['reason'] for t in store.tombstones().find({}))}")
-    one_sample = sum(1 for _, seen, _ in lost_slots.runs if seen == 1)
+    one_sample = sum(1 for run in lost_slots.runs if run[2] == 1)
+    lower, upper = lost_slots.slot_seconds
     print(f"lost slots (booked by no holder on a full counter): {len(lost_slots.runs)} runs over "
-          f"{lost_slots.samples} samples, longest {longest:.2f}s (bound {LOST_BOUND_S}s) {worst or ''}, "
-          f"{lost_slots.slot_seconds:.2f} slot-seconds in all, {lost_slots.slot_seconds / kills:.3f} per kill; "
+          f"{lost_slots.samples} samples, longest {longest:.2f}s (bound {LOST_BOUND_S}s) {worst or ''}; "
+          f"slot-seconds in all {lower:.2f}..{upper:.2f}, per kill {lower / kills:.3f}..{upper / kills:.3f}; "
           f"{one_sample} runs seen in one sample only (e.g. a release between its delete and its pull)")
