@@ -1,20 +1,27 @@
 """Lease engine benchmark: MongoDB commands per operation, throughput, overhead vs raw pymongo.
 
-Prints markdown tables. Run: ``python bench/bench_engine.py`` (embedded server unless
-MONGODB_URI is set). Not a test: it asserts nothing, it measures.
+Prints markdown tables. Run: ``python bench/bench_engine.py [--cycles 300] [--seconds 6]
+[--processes 1,2,4,8]`` (embedded server unless MONGODB_URI is set). Not a test: it
+measures; it exits 1 only when the command counts differ from what the engine states or the
+raw floor does not send the engine's commands (then the overhead ratio means nothing).
 """
 
 from __future__ import annotations
 
+import argparse
 import multiprocessing
 import os
 import statistics
 import sys
 import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pymongo import ReturnDocument, UpdateOne, monitoring
 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _setup import CommandCounter, register_bench_handler, setup  # noqa: E402
+from _setup import register_bench_handler, setup  # noqa: E402
 
 LEVEL_SETS = [
     ["project"],
@@ -22,8 +29,7 @@ LEVEL_SETS = [
     ["tenant", "project", "user"],
     ["global", "tenant", "project", "user"],
 ]
-
-
+RAW_CAP = 1000
 
 def _define(name, levels, cap=1000):
     from leases import config
@@ -33,62 +39,219 @@ def _define(name, levels, cap=1000):
     config.put_document("_vance", "_tenant", document_path(name), f"levels: {{{body}}}\nttlSeconds: 60\nwaitMs: 5000")
 
 
-def command_counts():
+class CommandRecorder(monitoring.CommandListener):
+    """Every command a client sends, as its name and its *shape* (see :func:`shape`)."""
+
+    def __init__(self) -> None:
+        self.commands: list[tuple[str, Any]] = []
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if event.command_name != "endSessions":  # client clean-up, not work
+            self.commands.append((event.command_name, shape(event.command_name, event.command)))
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+    def take(self) -> list[tuple[str, Any]]:
+        taken, self.commands = self.commands, []
+        return taken
+
+
+# What a command *does*; session ids, cluster time and the database name are transport.
+_COMMAND_FIELDS = {
+    "findAndModify": ("query", "update", "fields", "upsert", "new", "remove", "sort", "arrayFilters"),
+    "update": ("updates", "ordered"),
+}
+
+
+def shape(name: str, command: Mapping[str, Any]) -> Any:
+    """A command with every value replaced by its type, operators and field names kept.
+
+    Two commands of the same shape send the same filter and the same update to the same
+    collection (only ids, tokens and numbers differ), so the raw floor can be compared with
+    the engine command by command.
+    """
+    fields = _COMMAND_FIELDS.get(name)
+    body = dict(command) if fields is None else {f: command[f] for f in fields if f in command}
+    body = {k: v for k, v in body.items() if k not in ("lsid", "$clusterTime", "$db", "txnNumber")}
+    return command.get(name), _normalise(body)
+
+
+def _normalise(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return tuple(sorted((k, _normalise(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_normalise(v) for v in value)
+    if isinstance(value, str):
+        return value if value.startswith("$") or value in ("PENDING", "HELD") else "<str>"
+    if isinstance(value, bool):
+        return value
+    return f"<{type(value).__name__}>"
+
+
+def expected_counts(levels: int) -> dict[str, int]:
+    """What the engine states an uncontended cycle costs with ``levels`` capped levels.
+
+    Acquire: the holder (PENDING, upsert), one conditional push per level, the holder HELD.
+    Check: one update. Release: the holder's delete, one bulk for the narrower levels (only
+    when there are any), the gate's update (which returns the queue for the hand-off).
+    """
+    return {"acquire": levels + 2, "check": 1, "release": 2 if levels == 1 else 3}
+
+
+BUDGET = {"acquire": lambda n: 2 * n + 1, "check": lambda n: 1, "release": lambda n: 3}
+
+
+def command_counts() -> bool:
+    """Print the commands per operation, measured with command monitoring, against what the
+    engine states and its budget, and check the raw floor sends the same commands.
+
+    Returns:
+        True when every count is as stated and the raw floor replicates the engine.
+    """
     import pymongo
     from django.conf import settings
 
     import leases
     from leases import invalidation, store
 
-    listener = CommandCounter()
-    client = pymongo.MongoClient(settings.MONGODB_URI, event_listeners=[listener])
+    recorder = CommandRecorder()
+    client = pymongo.MongoClient(settings.MONGODB_URI, event_listeners=[recorder])
     store.set_client(client)
     invalidation.wait_listening()
-    rows = []
+    db = client[store.database_name()]
+    _create_raw_counters(db)
+    rows, all_ok = [], True
     for levels in LEVEL_SETS:
-        name = f"cmd{len(levels)}"
+        n = len(levels)
+        name = f"cmd{n}"
         _define(name, levels)
         request = leases.LeaseRequest(type="bench", lease=name, tenant_id="acme", project_id="p1", user_id="u1")
         leases.acquire(request).release()  # counters exist, definition cached
-        listener.names.clear()
+        recorder.take()
+        engine: dict[str, list] = {}
         lease = leases.acquire(request)
-        acquire = len(listener.names)
-        listener.names.clear()
+        engine["acquire"] = recorder.take()
         lease.check()
-        check = len(listener.names)
-        listener.names.clear()
+        engine["check"] = recorder.take()
         lease.release()
-        release = len(listener.names)
-        rows.append((len(levels), acquire, 2 * len(levels) + 2, check, release))
+        engine["release"] = recorder.take()
+        raw = _raw_cycle(db, levels, 0, recorder=recorder)
+        expected = expected_counts(n)
+        as_stated = all(len(engine[op]) == expected[op] <= BUDGET[op](n) for op in expected)
+        same = all(engine[op] == raw[op] for op in expected)
+        for op in expected:
+            diff = next(((i, e, r) for i, (e, r) in enumerate(zip(engine[op], raw[op])) if e != r), None)
+            if diff is None and len(engine[op]) != len(raw[op]):
+                diff = (min(len(engine[op]), len(raw[op])), engine[op][len(raw[op]):], raw[op][len(engine[op]):])
+            if diff is not None:
+                print(f"raw floor differs from the engine ({n} levels, {op}, command #{diff[0] + 1}):\n"
+                      f"  engine {diff[1]}\n  raw    {diff[2]}", file=sys.stderr)
+        all_ok = all_ok and as_stated and same
+        rows.append((n, len(engine["acquire"]), expected["acquire"], BUDGET["acquire"](n), len(engine["check"]),
+                     expected["check"], len(engine["release"]), expected["release"], BUDGET["release"](n),
+                     "yes" if same else "**NO**", "yes" if as_stated else "**NO**"))
     store.set_client(None)
     client.close()
     print("### MongoDB commands per operation (uncontended, command monitoring)\n")
-    print("| levels | acquire | target ≤ 2L+2 | check | release |")
-    print("|---:|---:|---:|---:|---:|")
+    print("Measured on the engine's own client; *stated* is what the engine documents (acquire L+2,")
+    print("check 1, release 2 for one level else 3), *budget* the ceiling (acquire ≤ 2L+1, release ≤ 3).")
+    print("*raw = engine*: the raw floor below sends the same commands (same collection, filter and")
+    print("update shape, in the same order).\n")
+    print("| levels | acquire | stated | budget ≤ | check | stated | release | stated | budget ≤ "
+          "| raw = engine | as stated |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
     for row in rows:
-        print("| {} | {} | {} | {} | {} |".format(*row))
+        print("| " + " | ".join(str(c) for c in row) + " |")
     print()
+    return all_ok
 
 
-def _raw_cycle(db, levels, i):
-    """The same commands the engine issues, back to back with pymongo, no engine logic."""
-    from pymongo import ReturnDocument, UpdateOne
+def _raw_keys(levels: Sequence[str]) -> list[str]:
+    from leases.definitions import CHECK_ORDER
 
+    return [f"raw|{level}|x" for level in CHECK_ORDER if level in levels]  # narrow → wide, as the engine
+
+
+def _create_raw_counters(db) -> None:
+    for level in ("project", "user", "tenant", "global"):
+        db.resource_lease_counters.update_one(
+            {"_id": f"raw|{level}|x"},
+            {"$setOnInsert": {"count": 0, "holders": [], "resource": "raw", "level": level, "scope": "x",
+                              "tenantId": None, "cap": RAW_CAP}},
+            upsert=True)
+
+
+def _raw_cycle(db, levels: Sequence[str], i: int, *, recorder: CommandRecorder | None = None):
+    """The engine's commands for acquire, check and release, back to back with pymongo and
+    no engine logic: the same filters and updates as ``slots.take``, the holder's PENDING
+    and HELD ``findAndModify``, and the release's delete, narrow-level bulk and gate update.
+
+    Returns:
+        With ``recorder``: the commands of each operation, ``{"acquire": [...], ...}``.
+
+    Raises:
+        RuntimeError: a command did not match (the floor would not be doing the work).
+    """
     token = f"raw-{os.getpid()}-{i}"
+    booking = f"acme/p1/u1/{token}"
+    keys = _raw_keys(levels)
+    ttl_ms = 60 * 1000
     h, c = db.resource_lease_holders, db.resource_lease_counters
-    h.find_one_and_update({"_id": token}, [{"$set": {"resource": "raw", "levels": [], "acquiredAt": "$$NOW",
-                                                           "expiresAt": {"$add": ["$$NOW", 60000]}}}],
-                                upsert=True, projection={"acquiredAt": 1}, return_document=ReturnDocument.AFTER)
-    keys = [f"raw|{level}|x" for level in levels]
+    out: dict[str, list] = {}
+    # acquire: the holder first (PENDING, with the keys it sets out to book) ...
+    h.find_one_and_update(
+        {"_id": token},
+        [{"$set": {
+            "state": "PENDING", "resource": {"$literal": "raw"}, "leaseName": {"$literal": "raw"},
+            "type": {"$literal": "bench"}, "tenantId": {"$literal": "acme"}, "projectId": {"$literal": "p1"},
+            "userId": {"$literal": "u1"}, "holderRef": {"$literal": "raw"}, "pod": {"$literal": "bench"},
+            "podBound": {"$literal": False}, "ttlSeconds": {"$literal": 60}, "keys": {"$literal": keys},
+            "levels": {"$literal": []}, "payload": {"$literal": {}}, "acquiredAt": "$$NOW",
+            "lastSeenAt": "$$NOW", "expiresAt": {"$add": ["$$NOW", ttl_ms]},
+        }}],
+        upsert=True, projection={"acquiredAt": 1}, return_document=ReturnDocument.AFTER)
+    # ... one conditional push per level, narrow → wide (the gate: only while nobody queues) ...
     for n, key in enumerate(keys):
-        c.update_one({"_id": key, "count": {"$lt": 10**9}}, {"$inc": {"count": 1}, "$currentDate": {"updatedAt": True}})
-        update = {"$push": {"levels": key}}
+        query: dict[str, Any] = {"_id": key, "count": {"$lt": RAW_CAP}, "holders": {"$ne": booking, "$exists": True}}
         if n == len(keys) - 1:
-            update["$set"] = {"state": "HELD"}
-        h.update_one({"_id": token}, update)
-    h.update_one({"_id": token}, [{"$set": {"lastSeenAt": "$$NOW", "expiresAt": {"$add": ["$$NOW", 60000]}}}])
-    h.find_one_and_delete({"_id": token}, projection={"levels": 1})
-    c.bulk_write([UpdateOne({"_id": k, "count": {"$gt": 0}}, {"$inc": {"count": -1}}) for k in keys], ordered=False)
+            query["queue.0"] = {"$exists": False}
+        taken = c.update_one(query, {"$push": {"holders": booking}, "$inc": {"count": 1},
+                                     "$currentDate": {"updatedAt": True}, "$set": {"cap": RAW_CAP}})
+        if not taken.matched_count:
+            raise RuntimeError(f"raw floor: {key} not booked")
+    # ... then HELD.
+    held = h.find_one_and_update(
+        {"_id": token},
+        [{"$set": {"state": "HELD", "levels": {"$literal": keys}, "lastSeenAt": "$$NOW",
+                   "expiresAt": {"$add": ["$$NOW", ttl_ms]}}}],
+        projection={"expiresAt": 1, "acquiredAt": 1}, return_document=ReturnDocument.AFTER)
+    if held is None:
+        raise RuntimeError("raw floor: holder vanished")
+    if recorder is not None:
+        out["acquire"] = recorder.take()
+    # check
+    if not h.update_one({"_id": token, "state": "HELD"},
+                        [{"$set": {"lastSeenAt": "$$NOW", "expiresAt": {"$add": ["$$NOW", ttl_ms]}}}]).matched_count:
+        raise RuntimeError("raw floor: check missed")
+    if recorder is not None:
+        out["check"] = recorder.take()
+    # release: delete the holder, pull the entry from the narrower levels in one bulk, then
+    # from the gate with findAndModify (the engine hands the slot on from what it returns).
+    h.find_one_and_delete({"_id": token}, projection={"keys": 1, "levels": 1, "resource": 1, "tenantId": 1,
+                                                      "projectId": 1, "userId": 1, "state": 1})
+    pull = {"$pull": {"holders": booking}, "$inc": {"count": -1}, "$currentDate": {"updatedAt": True, "clock": True}}
+    *narrow, gate = keys
+    if narrow:
+        c.bulk_write([UpdateOne({"_id": key, "holders": booking}, pull) for key in narrow], ordered=False)
+    if c.find_one_and_update({"_id": gate, "holders": booking}, pull, return_document=ReturnDocument.AFTER) is None:
+        raise RuntimeError("raw floor: gate entry missing")
+    if recorder is not None:
+        out["release"] = recorder.take()
+    return out
 
 
 def overhead(cycles=300):
@@ -96,8 +259,7 @@ def overhead(cycles=300):
     from leases import store
 
     db = store.db()
-    for key in ("raw|project|x", "raw|user|x", "raw|tenant|x", "raw|global|x"):
-        db.resource_lease_counters.update_one({"_id": key}, {"$setOnInsert": {"count": 0}}, upsert=True)
+    _create_raw_counters(db)
     print("### Client-side overhead: engine vs the same commands raw (acquire+check+release)\n")
     print("| levels | engine ms/cycle | raw floor ms/cycle | ratio | target |")
     print("|---:|---:|---:|---:|---|")
@@ -145,7 +307,7 @@ def _throughput_worker(args):
     return done, busy
 
 
-def throughput(seconds=6.0, cap=2):
+def throughput(seconds=6.0, cap=2, processes=(1, 2, 4, 8)):
     from leases import config
     from leases.definitions import document_path
 
@@ -154,7 +316,7 @@ def throughput(seconds=6.0, cap=2):
     print("| processes | acquisitions/s | busy (after 5 s wait) |")
     print("|---:|---:|---:|")
     ctx = multiprocessing.get_context("spawn")
-    for n in (1, 2, 4, 8):
+    for n in processes:
         with ctx.Pool(n) as pool:
             start_at = time.time() + 2.0
             results = pool.map(_throughput_worker, [(seconds, start_at)] * n)
@@ -163,16 +325,27 @@ def throughput(seconds=6.0, cap=2):
     print()
 
 
-def main():
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cycles", type=int, default=300, help="cycles per level set for the overhead table")
+    parser.add_argument("--seconds", type=float, default=6.0, help="seconds per throughput row")
+    parser.add_argument("--processes", default="1,2,4,8", help="throughput rows (comma-separated); empty: none")
+    args = parser.parse_args(argv)
     setup("bench_engine")
     from leases import store
 
     store.client().drop_database(store.database_name())
     register_bench_handler()
-    command_counts()
-    overhead()
-    throughput()
+    ok = command_counts()
+    overhead(cycles=max(3, args.cycles))
+    processes = tuple(int(n) for n in args.processes.split(",") if n.strip())
+    if processes:
+        throughput(seconds=args.seconds, processes=processes)
+    if not ok:
+        print("command counts differ from what the engine states, or the raw floor does not send the "
+              "engine's commands (details on stderr): the overhead ratio above is not comparable", file=sys.stderr)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -5,7 +5,9 @@
   Celery worker (``--pool=solo``, itself a pod) and beat sweeping every second. Pod
   interval 1 s, expiry factor 2, so a killed pod is dead ≤ 2 s after its last renewal.
 * Chaos: 8+ processes cycling acquire/check/release on 4 levels while the test kills
-  them at random; afterwards one sweep past TTL and safety margin leaves zero drift.
+  them at random; while they run, a slot booked by no holder document on a full counter
+  (a slot a request is denied) is repaired within a stated bound; afterwards one sweep past
+  TTL and safety margin leaves zero drift.
 
 Celery uses Redis DB 13 (``REDIS_TEST_DB``) so a developer's broker on DB 0 is untouched.
 """
@@ -26,7 +28,7 @@ from collections import Counter
 import pytest
 import redis
 
-from leases import config, dispatch, handlers, pods, reaper, store, sweeps
+from leases import config, dispatch, handlers, pods, reaper, slots, store, sweeps
 from leases.contrib.demo import DemoRemoteServer
 from leases.definitions import document_path
 from leases.embedded import free_port
@@ -194,6 +196,87 @@ CHAOS_SAFETY_MS = 1500
 PROCESSES = 8
 CYCLES = 2000
 KILLS = 10
+REPAIR_INTERVAL_MS = 500  # set for the children explicitly: the bound below depends on it
+# A slot booked by nobody on a full counter is pulled by the next process that finds the
+# counter full, at most one repair interval after the last check of that counter; the rest
+# is slack for a loaded 2-core machine and for the sampling period.
+LOST_BOUND_S = REPAIR_INTERVAL_MS / 1000 + 1.0
+LOST_SAMPLE_S = 0.05  # how often the sampler looks for lost slots (one holders query each)
+
+
+def lost_entries(before: dict[str, dict], alive: set[str], after: dict[str, dict]) -> set[tuple[str, str]]:
+    """``(counter, entry)`` of the slots booked by no holder document on a full counter.
+
+    ``before`` and ``after`` are the counters read before and after the holder documents
+    (``alive``: the ids found). An entry counts only when both readings list it and the
+    counter is full in both: a holder is written before its first entry, so an entry whose
+    holder was missing between two readings that both list it was booked by nobody then,
+    and with the counter full the slot was denied to whoever asked.
+    """
+    lost = set()
+    for key, doc in after.items():
+        prior = before.get(key)
+        if prior is None or min(prior["count"], doc["count"]) < CHAOS_CAPS[doc["level"]]:
+            continue
+        for booking in set(prior.get("holders") or ()) & set(doc.get("holders") or ()):
+            if slots.token_of(booking) not in alive:
+                lost.add((key, booking))
+    return lost
+
+
+class LostSlots:
+    """How long each ``(counter, entry)`` stayed lost over consecutive samples.
+
+    A run lasts from the first sample that finds it lost to the first that does not: an
+    upper bound (the slot may have come back just after the last lost sample). The time
+    from its first to its last lost sample is the matching lower bound (zero for a run seen
+    once, such as a release caught between its delete and its pull).
+    """
+
+    def __init__(self) -> None:
+        self.open: dict[tuple[str, str], list] = {}  # run -> [first lost at, last lost at, samples]
+        self.runs: list[tuple[float, float, int, tuple[str, str]]] = []  # (upper s, lower s, samples, run)
+        self.samples = 0
+        self.last_at = 0.0
+
+    def observe(self, lost: set[tuple[str, str]], at: float) -> None:
+        self.samples += 1
+        for run in [run for run in self.open if run not in lost]:
+            since, last, seen = self.open.pop(run)
+            self.runs.append((at - since, last - since, seen, run))
+        for run in lost:
+            state = self.open.setdefault(run, [at, at, 0])
+            state[1] = at
+            state[2] += 1
+        self.last_at = at
+
+    def finish(self) -> None:
+        """Close the runs still open at the last sample (lost at least until then)."""
+        for run, (since, last, seen) in self.open.items():
+            self.runs.append((self.last_at - since, last - since, seen, run))
+        self.open.clear()
+
+    @property
+    def longest(self) -> tuple[float, tuple[str, str] | None]:
+        seconds, _, _, run = max(self.runs, default=(0.0, 0.0, 0, None))
+        return seconds, run
+
+    @property
+    def slot_seconds(self) -> tuple[float, float]:
+        """Lost slot-seconds in all, ``(lower bound, upper bound)``."""
+        return sum(r[1] for r in self.runs), sum(r[0] for r in self.runs)
+
+
+def sample_lost(before: dict[str, dict]) -> tuple[set[tuple[str, str]], dict[str, dict]]:
+    """One lost-slot sample: the holders the ``before`` counters name, then the counters again.
+
+    Returns:
+        ``(lost entries, the counters read after the holders)``.
+    """
+    tokens = {slots.token_of(b) for doc in before.values() for b in doc.get("holders") or ()}
+    alive = {d["_id"] for d in store.holders().find({"_id": {"$in": sorted(tokens)}}, {"_id": 1})}
+    after = {d["_id"]: d for d in store.counters().find({}, {"count": 1, "level": 1, "holders": 1})}
+    return lost_entries(before, alive, after), after
 
 
 def test_given_processes_killed_at_random_while_cycling_then_one_sweep_leaves_zero_drift_and_handlers_ran_at_most_once(settings):
@@ -203,12 +286,15 @@ def test_given_processes_killed_at_random_while_cycling_then_one_sweep_leaves_ze
                         "levels: {global: 7, tenant: 5, project: 4, user: 3}\n"
                         f"ttlSeconds: {CHAOS_TTL_S}\nwaitMs: 300")
     rng = random.Random(20261202)
-    env = child_env(LEASES_POD_AUTOSTART="0", DJANGO_LOG_LEVEL="ERROR")
+    env = child_env(LEASES_POD_AUTOSTART="0", DJANGO_LOG_LEVEL="ERROR",
+                    LEASES_REPAIR_INTERVAL_MS=str(REPAIR_INTERVAL_MS))
     stop_file = os.path.join(tempfile.mkdtemp(prefix="lease-chaos-"), "stop")
     spawned: list[subprocess.Popen] = []
     live: list[subprocess.Popen] = []
     progress: Counter = Counter()
     samples = violations = kills = 0
+    lost_slots = LostSlots()
+    next_lost_sample = 0.0
     selector = selectors.DefaultSelector()
 
     def spawn():
@@ -233,7 +319,13 @@ def test_given_processes_killed_at_random_while_cycling_then_one_sweep_leaves_ze
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and (sum(progress.values()) < CYCLES or kills < KILLS):
             read_progress(0.05)
-            for doc in store.counters().find({}, {"count": 1, "level": 1}):
+            readings = [{d["_id"]: d for d in store.counters().find({}, {"count": 1, "level": 1, "holders": 1})}]
+            if time.monotonic() >= next_lost_sample:
+                next_lost_sample = time.monotonic() + LOST_SAMPLE_S
+                lost, after = sample_lost(readings[0])
+                lost_slots.observe(lost, time.monotonic())
+                readings.append(after)
+            for doc in (doc for reading in readings for doc in reading.values()):
                 samples += 1
                 if not 0 <= doc["count"] <= CHAOS_CAPS[doc["level"]]:
                     violations += 1
@@ -246,6 +338,7 @@ def test_given_processes_killed_at_random_while_cycling_then_one_sweep_leaves_ze
                 kills += 1
                 spawn()  # keep PROCESSES cycling
                 next_kill = time.monotonic() + rng.uniform(0.5, 2.0)
+        lost_slots.finish()  # traffic stops here: a counter nobody asks for waits for the sweep
         open(stop_file, "w").close()  # the survivors finish their cycle and exit
         for proc in live:
             proc.wait(timeout=30)
@@ -262,10 +355,18 @@ def test_given_processes_killed_at_random_while_cycling_then_one_sweep_leaves_ze
     assert kills == KILLS, kills
     assert cycles_done >= CYCLES, cycles_done
     assert samples > 200 and violations == 0
+    # While traffic continued, no slot stayed booked by nobody on a full counter past the bound.
+    longest, worst = lost_slots.longest
+    assert lost_slots.samples >= 100, lost_slots.samples
+    assert longest <= LOST_BOUND_S, f"{worst} lost for {longest:.2f}s (bound {LOST_BOUND_S}s)"
 
     # One sweep, past TTL and safety margin (on server time: wait for it, then sweep).
     time.sleep(max(CHAOS_TTL_S, CHAOS_SAFETY_MS / 1000) + 0.5)
-    leftover = list(store.holders().find({}, {"pod": 1, "podBound": 1, "state": 1}))
+    # Left by kills: HELD holders (revoked: handler, tombstone) and PENDING ones of attempts
+    # killed mid-acquire or while waiting (reaped without a handler; the reap returns any
+    # entry they had taken).
+    leftover = Counter((d.get("state"), d.get("podBound"))
+                       for d in store.holders().find({}, {"podBound": 1, "state": 1}))
     done, has_more = sweeps.sweep(limit=500)
     assert has_more is False
     assert dispatch.get_dispatcher().drain(10)
@@ -279,5 +380,11 @@ def test_given_processes_killed_at_random_while_cycling_then_one_sweep_leaves_ze
     tombstoned = {doc["_id"] for doc in store.tombstones().find({"_id": {"$in": list(runs)}}, {"_id": 1})}
     assert tombstoned == set(runs)
     print(f"\nchaos: {cycles_done} cycles, {kills} kills, {samples} samples, {sum(runs.values())} handler runs, "
-          f"sweep reaped/corrected {done}; left by kills: {leftover}; "
+          f"sweep reaped/corrected {done}; left by kills (state, podBound): {dict(leftover)}; "
           f"tombstones {Counter(t['reason'] for t in store.tombstones().find({}))}")
+    one_sample = sum(1 for run in lost_slots.runs if run[2] == 1)
+    lower, upper = lost_slots.slot_seconds
+    print(f"lost slots (booked by no holder on a full counter): {len(lost_slots.runs)} runs over "
+          f"{lost_slots.samples} samples, longest {longest:.2f}s (bound {LOST_BOUND_S}s) {worst or ''}; "
+          f"slot-seconds in all {lower:.2f}..{upper:.2f}, per kill {lower / kills:.3f}..{upper / kills:.3f}; "
+          f"{one_sample} runs seen in one sample only (e.g. a release between its delete and its pull)")

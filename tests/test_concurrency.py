@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from collections import Counter
 
-from leases import config, store
+from leases import config, slots, store
 from leases.definitions import document_path
 from tests.helpers import PYTHON, REPO, child_env
 
@@ -22,9 +21,12 @@ def spawn(args):
 
 
 def booked_per_key():
-    booked = Counter()
-    for doc in store.holders().find({}, {"levels": 1}):
-        booked.update(doc.get("levels") or [])
+    """Per counter key, the booking entries of the HELD holders that list the key in
+    ``levels`` (only set on HELD; a waiter's PENDING document books nothing)."""
+    booked: dict[str, list[str]] = {}
+    for doc in store.holders().find({"state": "HELD"}, {"levels": 1, "tenantId": 1, "projectId": 1, "userId": 1}):
+        for key in doc.get("levels") or []:
+            booked.setdefault(key, []).append(slots.holder_entry(doc))
     return booked
 
 
@@ -37,10 +39,11 @@ def test_given_eight_processes_when_cycling_then_no_level_exceeds_its_cap_and_co
     samples, violations = 0, []
     try:
         while any(p.poll() is None for p in procs):
-            # Each counter document is read atomically. Holders booking a key never exceed
-            # its count (inc before push, delete before decrement), so count <= cap at every
-            # sample means no level ever held more than its cap. (A scan of the holders is
-            # no snapshot and could see a released and its successor holder at once.)
+            # Each counter document is read atomically and lists one entry per booked slot
+            # (a holder takes a slot only with its entry, and gives it back only by pulling
+            # it), so count <= cap at every sample means no level ever held more than its
+            # cap. (A scan of the holders is no snapshot and could see a released and its
+            # successor holder at once.)
             for doc in store.counters().find({}):
                 samples += 1
                 if doc["count"] > caps[doc["level"]] or doc["count"] < 0:
@@ -59,11 +62,17 @@ def test_given_eight_processes_when_cycling_then_no_level_exceeds_its_cap_and_co
     assert violations == []
     assert sum(r["ok"] for r in results) + sum(r["busy"] for r in results) == WORKERS * 250
     assert sum(r["ok"] for r in results) > WORKERS * 250 // 2
-    # At the end some holders stay held; every counter equals the holders that book it.
+    # At the end some holders stay held; every counter books exactly the held holders that
+    # list it: the same entries (no slot of a gone holder, none missing), count = their number.
     booked = booked_per_key()
     assert sum(r.get("held", 0) for r in results) >= 1
-    for doc in store.counters().find({}):
-        assert doc["count"] == booked.get(doc["_id"], 0), doc
+    counters = list(store.counters().find({}))
+    for doc in counters:
+        entries = doc.get("holders")
+        assert isinstance(entries, list), doc
+        assert doc["count"] == len(entries) == len(booked.get(doc["_id"], [])), doc
+        assert sorted(entries) == sorted(booked.get(doc["_id"], [])), (doc, booked.get(doc["_id"]))
+    assert set(booked) <= {doc["_id"] for doc in counters}, booked  # no held booking without its counter
     assert store.holders().count_documents({"state": {"$ne": "HELD"}}) == 0
 
 
