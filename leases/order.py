@@ -7,7 +7,8 @@ The rule: the next slot goes to the waiting tenant that holds the fewest slots o
 resource (ties: the oldest ticket); within a tenant, the oldest ticket first. A ticket that
 its own tenant, project or user cap blocks is skipped, so it never holds back tickets that
 could run (no head-of-line blocking). A ticket not kept alive within its TTL is stale: its
-waiter is gone and it is ignored until somebody prunes it.
+waiter is gone and it is ignored until somebody prunes it; one not seen for half its TTL
+goes after the fresh ones (its waiter is probably gone).
 """
 
 from __future__ import annotations
@@ -63,6 +64,14 @@ def sits_out(ticket: dict[str, Any], now: datetime) -> bool:
             and blocked_at + BLOCKED_PAUSE > now)
 
 
+def is_suspect(ticket: dict[str, Any], now: datetime) -> bool:
+    """A ticket that missed its keep-alive (not seen for half its TTL): its waiter is
+    probably dead. It goes after every fresh ticket, so a killed waiter picked for a free
+    slot holds it idle for at most half a ticket TTL, not a whole one."""
+    seen = ticket.get("seen") or ticket.get("at")
+    return seen is None or seen + timedelta(milliseconds=int(ticket.get("ttl", 0)) / 2) < now
+
+
 def is_stale(ticket: dict[str, Any], now: datetime) -> bool:
     """A ticket whose waiter did not keep it alive within its TTL (MongoDB's clock)."""
     seen = ticket.get("seen") or ticket.get("at")
@@ -87,6 +96,7 @@ def ranked(gate: dict[str, Any], now: datetime, limit: int | None = None) -> lis
         eligible = [t for t in remaining if held.fits(t) and not sits_out(t, now)]
         if not eligible:
             break
+        eligible = [t for t in eligible if not is_suspect(t, now)] or eligible
         pick = min(eligible, key=lambda t: _rank_key(t, held))
         out.append(pick)
         remaining.remove(pick)

@@ -124,3 +124,10 @@ def test_property_two_tenants_share_a_cap_of_two_equally_whatever_their_demand(d
             queue.append(ticket(f"{q['t']}n{clock}", q["t"], -clock))  # the same waiter queues again
         holders.pop(0)  # the oldest holder releases
     assert abs(grants["a"] - grants["b"]) <= cap + 1
+
+
+def test_given_a_ticket_that_missed_its_keep_alive_then_fresh_tickets_go_first():
+    g = gate(1, [], [ticket("quiet", "a", 9, seen_s=2), ticket("fresh", "b", 1)])
+    assert order.next_grants(g, NOW) == ["fresh"]
+    only = gate(1, [], [ticket("quiet", "a", 9, seen_s=2)])
+    assert order.next_grants(only, NOW) == ["quiet"]  # still served when nobody else waits
