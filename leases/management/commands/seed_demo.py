@@ -13,7 +13,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 import leases
-from leases import config, service, store, validation
+from leases import config, service, slots, store, validation
 from leases.definitions import TENANT_PROJECT, document_path
 from leases.errors import LeaseError
 
@@ -109,9 +109,16 @@ class Command(BaseCommand):
 
         drift = ""
         if not options["no_drift"]:
-            key = "tex2pdf|tenant|acme"
-            if store.counters().update_one({"_id": key}, {"$inc": {"count": 1}}).matched_count:
-                drift = f"  Planted drift: counter {key} is one above its holders (`lease reconcile` corrects it).\n"
+            key = "browser|tenant|acme"
+            # What a crash between a release's delete and its pull leaves: an entry whose
+            # holder is gone. Repair returns it when the counter is next found full.
+            leaked = slots.entry("acme", "docs", "crashed", "demo-leaked-slot")
+            current = store.counters().find_one({"_id": key}, {"cap": 1}) or {}
+            if current and store.counters().update_one(
+                    {"_id": key, "holders": {"$ne": leaked}, "count": {"$lt": int(current.get("cap", 0))}},
+                    {"$push": {"holders": leaked}, "$inc": {"count": 1}}).matched_count:
+                drift = (f"  Planted drift: counter {key} books a slot for a holder that is gone "
+                         "(repair or `lease reconcile` returns it).\n")
 
         self.stdout.write(
             "Demo data ready.\n"
