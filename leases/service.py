@@ -481,6 +481,10 @@ def acquire(request: LeaseRequest) -> Lease | _NoopLease:
         LeaseUnavailable: MongoDB unreachable or broken configuration (fail-closed); each
             store step ends within ``LEASES_MONGO_TIMEOUT_MS``.
     """
+    return _acquire_request(request, keep_ms=None)
+
+
+def _acquire_request(request: LeaseRequest, *, keep_ms: int | None) -> "Lease | _NoopLease | Ticket":
     if not isinstance(request, LeaseRequest):
         raise InvalidLeaseRequest("acquire() takes a LeaseRequest")
     request.validated()
@@ -500,14 +504,15 @@ def acquire(request: LeaseRequest) -> Lease | _NoopLease:
     attempt = _Attempt(request, definition, specs, pod)
     started = time.monotonic()
     try:
-        lease = _acquire(attempt, wait_ms, started)
+        lease = _acquire(attempt, wait_ms, started, keep_ms)
     except LeaseBusy:
         metrics.ACQUIRE.labels(resource=tag, outcome="busy").inc()
         raise
     except LeaseUnavailable:
         metrics.ACQUIRE.labels(resource=tag, outcome="unavailable").inc()
         raise
-    metrics.ACQUIRE.labels(resource=tag, outcome="success").inc()
+    if isinstance(lease, Lease):
+        metrics.ACQUIRE.labels(resource=tag, outcome="success").inc()
     return lease
 
 
@@ -531,14 +536,15 @@ def _step(attempt: _Attempt, fn: Any) -> Any:
         raise LeaseUnavailable(f"lease store error mid-acquire: {exc.__class__.__name__}") from None
 
 
-def _acquire(attempt: _Attempt, wait_ms: int, started: float) -> Lease:
+def _acquire(attempt: _Attempt, wait_ms: int, started: float, keep_ms: int | None) -> "Lease | Ticket":
     deadline = started + wait_ms / 1000.0
-    result = _step(attempt, lambda: _first(attempt, allow_queue=wait_ms > 0))
+    queues = wait_ms > 0 or keep_ms is not None
+    result = _step(attempt, lambda: _first(attempt, allow_queue=queues))
     if isinstance(result, Lease):
         return result
-    if wait_ms <= 0:
+    if not queues:
         return _step(attempt, lambda: _fail_fast(attempt, result))
-    return _Waiter(attempt, deadline, started).wait(result)
+    return _Waiter(attempt, deadline, started, keep_ms=keep_ms).wait(result)
 
 
 def _fail_fast(attempt: _Attempt, blocked: _Blocked) -> Lease:
@@ -754,33 +760,7 @@ def acquire_or_ticket(request: LeaseRequest, *, keep_ms: int) -> "Lease | _NoopL
     Raises:
         The errors of :func:`acquire`.
     """
-    if request.inline is not None:
-        return acquire(request)
-    request.validated()
-    definition = resolve_definition(request)
-    if definition is None or definition.is_noop:
-        return acquire(request)
-    tag = metrics.resource_tag(definition.resource)
-    specs = definition.level_specs(request.tenant_id, request.project_id, request.user_id)
-    pod = self_pod_id() if request.pod is None else request.pod
-    wait_ms = definition.wait_ms if request.wait_ms is None else min(request.wait_ms, definition.wait_ms)
-    attempt = _Attempt(request, definition, specs, pod)
-    started = time.monotonic()
-    try:
-        result = _step(attempt, lambda: _first(attempt, allow_queue=True))
-        if isinstance(result, Lease):
-            metrics.ACQUIRE.labels(resource=tag, outcome="success").inc()
-            return result
-        got = _Waiter(attempt, started + wait_ms / 1000.0, started, keep_ms=keep_ms).wait(result)
-    except LeaseBusy:
-        metrics.ACQUIRE.labels(resource=tag, outcome="busy").inc()
-        raise
-    except LeaseUnavailable:
-        metrics.ACQUIRE.labels(resource=tag, outcome="unavailable").inc()
-        raise
-    if isinstance(got, Lease):
-        metrics.ACQUIRE.labels(resource=tag, outcome="success").inc()
-    return got
+    return _acquire_request(request, keep_ms=None if request.inline is not None else keep_ms)
 
 
 def _first(attempt: _Attempt, *, allow_queue: bool) -> "Lease | _Blocked":

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 from collections import Counter as Tally
 from datetime import datetime, timedelta
-from typing import Any
 
 from . import listener, metrics, reaper, slots, store, waiting
 from .handlers import RevokedHolder

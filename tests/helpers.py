@@ -120,3 +120,16 @@ def ensure_tenant(slug: str, *projects: str):
     for project in projects:
         Project.objects.get_or_create(tenant=tenant, slug=project, defaults={"name": project})
     return tenant
+
+
+def wait_for(predicate, timeout: float, step: float = 0.05):
+    """Poll ``predicate`` until it is truthy or ``timeout`` passes; its last value."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    return predicate()

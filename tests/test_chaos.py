@@ -32,7 +32,7 @@ from leases import config, dispatch, handlers, pods, reaper, slots, store, sweep
 from leases.contrib.demo import DemoRemoteServer
 from leases.definitions import document_path
 from leases.embedded import free_port
-from tests.helpers import PYTHON, REPO, child_env
+from tests.helpers import PYTHON, REPO, child_env, wait_for
 
 REDIS_TEST_DB = 13
 POD_INTERVAL_S = 1
@@ -60,16 +60,6 @@ def _read_json_line(proc: subprocess.Popen, timeout: float = 30.0) -> dict:
         if not line and proc.poll() is not None:
             raise AssertionError(f"pod exited early: {proc.stderr.read()[-3000:]}")
     raise AssertionError("pod did not report its leases in time")
-
-
-def _wait(predicate, timeout: float, step: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    return predicate()
 
 
 @pytest.fixture
@@ -128,7 +118,7 @@ def test_given_two_pods_worker_and_beat_when_a_pod_is_killed_then_its_slots_retu
             pod_procs[pod_id] = proc
         info = {pod_id: _read_json_line(proc) for pod_id, proc in pod_procs.items()}
         a, b = info["pod-a"], info["pod-b"]
-        assert _wait(lambda: pods.liveness.is_alive("celery-pod"), 30), worker.stderr.read()[-3000:] if worker.poll() is not None else "worker pod not alive"
+        assert wait_for(lambda: pods.liveness.is_alive("celery-pod"), 30), worker.stderr.read()[-3000:] if worker.poll() is not None else "worker pod not alive"
         assert pods.liveness.is_alive("pod-a") and pods.liveness.is_alive("pod-b")
         assert store.holders().count_documents({"pod": "pod-a"}) == 2
 
@@ -150,7 +140,7 @@ def test_given_two_pods_worker_and_beat_when_a_pod_is_killed_then_its_slots_retu
         for token in (b["browser"], b["tex"]):
             holder = reaper.reap_holder({"_id": token}, "revoke")
             assert mine.dispatch(holder) == "forwarded"
-        assert _wait(lambda: len(remote.deletes_of(b["sessionId"])) == 1, 10)  # B closed its pooled session
+        assert wait_for(lambda: len(remote.deletes_of(b["sessionId"])) == 1, 10)  # B closed its pooled session
         aborted = pod_procs["pod-b"].stdout.readline().strip()
         assert aborted == f"ABORTED {b['tex']}"  # B's job loop was aborted by its handler
         mine.shutdown()
@@ -161,14 +151,14 @@ def test_given_two_pods_worker_and_beat_when_a_pod_is_killed_then_its_slots_retu
         pod_procs["pod-a"].send_signal(signal.SIGKILL)
         pod_procs["pod-a"].wait(5)
         bound = POD_INTERVAL_S * POD_FACTOR + 2 * REAP_INTERVAL_S + 2.0  # deadline + beat + sweep slack
-        freed = _wait(lambda: store.holders().count_documents({"pod": "pod-a"}) == 0, bound + 5, step=0.05)
+        freed = wait_for(lambda: store.holders().count_documents({"pod": "pod-a"}) == 0, bound + 5, step=0.05)
         freed_after = time.monotonic() - killed_at
         assert freed, "pod A's leases were not reaped"
         assert freed_after <= bound, f"slots freed after {freed_after:.1f}s, bound {bound:.1f}s"
         for key_prefix in ("tex2pdf|project|t1/pod-a", "browser|user|t1/pod-a"):
             doc = store.counters().find_one({"_id": key_prefix})
             assert doc is None or doc["count"] == 0, doc
-        assert _wait(lambda: len(remote.deletes_of(a["sessionId"])) >= 1, 10)
+        assert wait_for(lambda: len(remote.deletes_of(a["sessionId"])) >= 1, 10)
         time.sleep(2 * REAP_INTERVAL_S)  # more sweeps: still exactly one DELETE
         assert remote.deletes_of(a["sessionId"]) == [{"sessionId": a["sessionId"], "auth": AUTH, "authorized": True}]
         tombstones = {t["_id"]: t for t in store.tombstones().find({"_id": {"$in": [a["tex"], a["browser"]]}})}

@@ -22,7 +22,7 @@ import leases
 from leases import config, dispatch, handlers, pods, reaper, store
 from leases.definitions import document_path
 from leases.dispatch import LeaseRevocationDispatcher
-from tests.helpers import PYTHON, REPO, child_env
+from tests.helpers import PYTHON, REPO, child_env, wait_for
 
 RUNS = "test_handler_runs"
 START_TIMEOUT_S = 60.0
@@ -32,16 +32,6 @@ DEATH_TIMEOUT_S = 20.0
 @pytest.fixture(autouse=True)
 def _definition():
     config.put_document("_vance", "_tenant", document_path("podonly"), "levels: {tenant: 5}\nttlSeconds: 600")
-
-
-def _wait(predicate, timeout: float, step: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    return predicate()
 
 
 def _env(pod_id: str, *, interval: int, factor: int) -> dict:
@@ -87,7 +77,7 @@ def _kill_and_wait_dead(proc: subprocess.Popen, pod_id: str) -> None:
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=10)
     # The event the sweep needs: the one liveness definition calls the pod dead.
-    assert _wait(lambda: pod_id not in pods.liveness.alive_pods(), DEATH_TIMEOUT_S, step=0.2), \
+    assert wait_for(lambda: pod_id not in pods.liveness.alive_pods(), DEATH_TIMEOUT_S, step=0.2), \
         f"pod {pod_id} still alive {DEATH_TIMEOUT_S}s after SIGKILL"
 
 
@@ -116,7 +106,7 @@ def test_given_a_killed_pod_with_a_type_only_pods_know_when_operator_sweeps_then
 
     # Then: the round ran on pod B, which reaped the holder and ran the handler with the payload.
     assert done.returncode == 0, done.stderr
-    assert _wait(lambda: _runs(a["token"]), 10) == [
+    assert wait_for(lambda: _runs(a["token"]), 10) == [
         {"pod": "pod-b", "token": a["token"], "payload": {"sessionId": "s-42", "endpoint": "http://127.0.0.1:9/mcp"},
          "reason": "pod"}], f"no handler ran on a live pod; the CLI said:\n{done.stdout}"
     answer = json.loads(done.stdout)
@@ -183,5 +173,5 @@ def test_given_no_handler_here_when_dispatching_then_a_live_peer_with_the_handle
         local.shutdown()
 
     assert (outcome.path, outcome.ran_on) == (dispatch.PEER, "pod-b")
-    assert _wait(lambda: _runs(lease.token), 10)[0]["pod"] == "pod-b"
+    assert wait_for(lambda: _runs(lease.token), 10)[0]["pod"] == "pod-b"
     assert _runs(lease.token)[0]["payload"] == {"sessionId": "s-7"}

@@ -10,7 +10,6 @@ import os
 import signal
 import time
 
-import pymongo.errors
 import pytest
 
 import leases

@@ -7,14 +7,13 @@ import os
 import signal
 import subprocess
 import threading
-import time
 
 import pytest
 
 import leases
 from leases import config, handlers, order, store, waiting, wakeups
 from leases.definitions import document_path
-from tests.helpers import PYTHON, REPO, child_env, counted_commands
+from tests.helpers import PYTHON, REPO, child_env, wait_for
 
 
 class Quiet(handlers.LeaseHandler):
@@ -48,13 +47,10 @@ def queued_ids(key="res|global|*"):
 
 
 def until(predicate, timeout=10.0, step=0.01):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError("condition not reached in time")
+    value = wait_for(predicate, timeout, step)
+    if not value:
+        raise AssertionError("condition not reached in time")
+    return value
 
 
 class Waiter(threading.Thread):
