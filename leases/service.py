@@ -378,6 +378,8 @@ class _Attempt:
         try:
             for spec in self.specs:
                 is_gate = spec is self.gate
+                if is_gate and allow_queue and not privileged and waiting.queue_likely(spec.key):
+                    raise _Blocked(spec, None)  # tickets wait there: the push would be refused
                 if slots.take(spec, self.booking, gate=is_gate, privileged=privileged and is_gate,
                               ticket=self.token):
                     taken.append(spec.key)
@@ -660,6 +662,7 @@ class _Waiter:
         gate = self.gate
         if gate is None:
             return None
+        waiting.note_queue(gate)
         now = gate["clock"]
         if order.stale_ids(gate, now):
             gate = self.gate = _step(self.attempt, lambda: waiting.prune(gate))

@@ -15,6 +15,7 @@ that command saw — no extra read per decision.
 from __future__ import annotations
 
 import logging
+import time
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -45,6 +46,29 @@ def poll_ms() -> int:
 def repair_interval_ms() -> int:
     """How often one full counter is checked for slots no live holder books."""
     return _setting("LEASES_REPAIR_INTERVAL_MS", 500)
+
+
+# Gate key → monotonic time this process last saw tickets waiting there. A newcomer that
+# saw a queue a moment ago skips the gate push that would be refused and queues at once
+# (one command less per contended grant; skipping a push is always safe).
+_queued_seen: dict[str, float] = {}
+QUEUE_HINT_S = 1.0
+
+
+def note_queue(gate: dict[str, Any] | None) -> None:
+    """Remember whether the gate had waiting tickets (from a document a command returned)."""
+    if gate is None:
+        return
+    if gate.get("queue"):
+        _queued_seen[gate["_id"]] = time.monotonic()
+    else:
+        _queued_seen.pop(gate["_id"], None)
+
+
+def queue_likely(gate_key: str) -> bool:
+    """Whether this process saw tickets waiting at the gate within the last second."""
+    seen = _queued_seen.get(gate_key)
+    return seen is not None and time.monotonic() - seen < QUEUE_HINT_S
 
 
 def enqueue(gate_key: str, ticket: dict[str, Any]) -> dict[str, Any] | None:
@@ -162,6 +186,7 @@ def give_back(keys: list[str], booking: str) -> dict[str, Any] | None:
         pymongo.errors.PyMongoError: the store failed part-way (repair returns the rest).
     """
     gate = slots.give_back(keys, booking)
+    note_queue(gate)
     hand_off(gate)
     return gate
 
