@@ -693,6 +693,13 @@ class _Waiter:
             for _ in range(2):
                 try:
                     return attempt.book(privileged=True, allow_queue=True)
+                except _Vanished:
+                    # Stalled past the ticket TTL: the ticket and its holder document were
+                    # pruned. Return what we just booked and queue again, from the back.
+                    attempt.give_back(attempt.keys)
+                    attempt.create_holder()
+                    self.gate = self._enqueue()
+                    return None
                 except _Blocked as blocked:
                     self.blocked = blocked
                     if blocked.spec is attempt.gate:

@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 
 POD_REAP_BATCH = 500
 RECONCILE_BATCH = 1000
+ORPHAN_BATCH = 1000
 
 
 def _safety_ms() -> int:
@@ -138,9 +139,15 @@ def reconcile(*, now: datetime | None = None, safety_ms: int | None = None,
 
     booked = list(counters.find({"holders.0": {"$exists": True}}, {"holders": 1}).limit(limit + 1))
     has_more = has_more or len(booked) > limit
-    for doc in booked[:limit]:
-        missing, _ = slots.orphans(doc["holders"], now)
-        for booking in missing:
+    booked = booked[:limit]
+    # One holder query per batch of tokens, not one per counter.
+    tokens = sorted({slots.token_of(e) for doc in booked for e in doc["holders"]})
+    alive: set[str] = set()
+    for start in range(0, len(tokens), ORPHAN_BATCH):
+        alive.update(d["_id"] for d in store.holders().find(
+            {"_id": {"$in": tokens[start:start + ORPHAN_BATCH]}}, {"_id": 1}))
+    for doc in booked:
+        for booking in [e for e in doc["holders"] if slots.token_of(e) not in alive]:
             after = slots.pull_entry(doc["_id"], booking)
             if after is not None:
                 corrected += 1
