@@ -45,7 +45,7 @@ def populate(total: int, expired_fraction: float = 0.01) -> int:
 
 
 def _populate(total: int, expired_fraction: float) -> int:
-    from leases import pods, store
+    from leases import pods, slots, store
 
     store.holders().delete_many({})
     store.counters().delete_many({})
@@ -54,17 +54,18 @@ def _populate(total: int, expired_fraction: float) -> int:
         pods.register(f"bench-pod-{i}", f"http://127.0.0.1:{20000 + i}", proposed_interval=60)
     now = store.server_now()
     expired = int(total * expired_fraction)
-    booked: Tally = Tally()
+    booked: dict[str, list[str]] = {}
     batch = []
     for i in range(total):
         user_key = f"bench|user|t1/u{i % USERS}"
-        levels = ["bench|global|*", user_key]
-        booked.update(levels)
+        levels = [user_key, "bench|global|*"]
+        for key in levels:  # the counters list their bookings, as the engine writes them
+            booked.setdefault(key, []).append(slots.entry("t1", "p1", f"u{i % USERS}", f"benchtoken{i:012d}"))
         expires = now - timedelta(seconds=5) if i < expired else now + timedelta(hours=1)
         batch.append({"_id": f"benchtoken{i:012d}", "state": "HELD", "resource": "bench", "leaseName": "bench",
                       "type": "bench", "tenantId": "t1", "projectId": "p1", "userId": f"u{i % USERS}",
                       "holderRef": "", "pod": f"bench-pod-{i % PODS}", "podBound": True, "ttlSeconds": 60,
-                      "levels": levels, "payload": {}, "acquiredAt": now, "lastSeenAt": now, "expiresAt": expires})
+                      "keys": levels, "levels": levels, "payload": {}, "acquiredAt": now, "lastSeenAt": now, "expiresAt": expires})
         if len(batch) >= BATCH:
             store.holders().insert_many(batch, ordered=False)
             batch = []
@@ -72,8 +73,9 @@ def _populate(total: int, expired_fraction: float) -> int:
         store.holders().insert_many(batch, ordered=False)
     old = now - timedelta(hours=1)
     counters = [{"_id": key, "resource": "bench", "level": key.split("|")[1], "scope": key.split("|")[2],
-                 "tenantId": None if key.endswith("|*") else "t1", "count": n, "cap": total, "updatedAt": old}
-                for key, n in booked.items()]
+                 "tenantId": None if key.endswith("|*") else "t1", "count": len(entries), "holders": entries,
+                 "cap": total, "updatedAt": old}
+                for key, entries in booked.items()]
     for start in range(0, len(counters), BATCH):
         store.counters().insert_many(counters[start:start + BATCH], ordered=False)
     return expired
