@@ -670,7 +670,11 @@ class _Waiter:
         if self.attempt.token in picked:
             others = [t for t in picked if t != self.attempt.token]
             wakeups.publish(others)
-            return self._try(woken=False)
+            lease = self._try(woken=False)
+            if lease is None:
+                # We sat out (a narrower level was full): pass the turn on right away.
+                waiting.hand_off(self.gate, skip=self.attempt.token)
+            return lease
         if picked:
             wakeups.publish(picked)  # their waker may have died; cheap to repeat
         elif _step(self.attempt, lambda: waiting.repair(gate, now)):
