@@ -54,7 +54,7 @@ class Occupancy:
 # A ticket that found a narrower level full although the gate's entries said it fits (a
 # booking the gate cannot see, e.g. another lease name on the same resource) sits out this
 # long, so it cannot hold the turn while others could run.
-BLOCKED_PAUSE = timedelta(seconds=1)
+BLOCKED_PAUSE = timedelta(milliseconds=300)
 
 
 def sits_out(ticket: dict[str, Any], now: datetime) -> bool:

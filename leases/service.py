@@ -36,6 +36,7 @@ from .identity import self_pod_id
 log = logging.getLogger(__name__)
 
 PAUSE_ENV = "LEASES_TEST_PAUSE"
+NARROW_RETRY_S = 0.0
 
 
 def _pause_point(name: str) -> None:
@@ -375,33 +376,33 @@ class _Attempt:
             pymongo.errors.PyMongoError: the store failed; the caller rolls back.
         """
         taken: list[str] = []
+        if allow_queue and not privileged and waiting.queue_likely(self.gate.key):
+            # Tickets wait at the gate: the push would be refused, and narrower slots taken
+            # on the way would only stand in the way of the waiter whose turn it is.
+            raise _Blocked(self.gate, None)
         try:
-            for spec in self.specs:
+            retried: set[str] = set()
+            while len(taken) < len(self.specs):
+                rest = self.specs[len(taken):]
+                booked = slots.take(rest, self.booking, self.definition.resource, gate_key=self.gate.key,
+                                    privileged=privileged, ticket=self.token)
+                taken.extend(spec.key for spec in rest[:booked])
+                if booked == len(rest):
+                    break
+                spec = rest[booked]
                 is_gate = spec is self.gate
-                if is_gate and allow_queue and not privileged and waiting.queue_likely(spec.key):
-                    raise _Blocked(spec, None)  # tickets wait there: the push would be refused
-                if slots.take(spec, self.booking, gate=is_gate, privileged=privileged and is_gate,
-                              ticket=self.token):
-                    taken.append(spec.key)
-                    continue
-                counter = None
-                if not (is_gate and allow_queue and not privileged):
-                    # Read it: a full level is diagnosed (and repaired) from this document;
-                    # no document means first use, so create it and try once more.
-                    counter = waiting.read_gate(spec.key)
-                    if counter is None:
-                        slots.create(spec, self.definition.resource)
-                    elif "holders" not in counter:  # written before entries existed: list first
-                        slots.convert_legacy(counter, slots.entries_by_key([spec.key]),
-                                             safety=timedelta(0), now=counter["clock"] + timedelta(days=1))
-                    elif waiting.is_full(counter) or (is_gate and not privileged and counter.get("queue")):
-                        raise _Blocked(spec, counter)
-                    # Created, converted, or freed since our update: try once more.
-                    if slots.take(spec, self.booking, gate=is_gate, privileged=privileged and is_gate,
-                                  ticket=self.token):
-                        taken.append(spec.key)
-                        continue
-                raise _Blocked(spec, counter)
+                if is_gate and allow_queue and not privileged:
+                    raise _Blocked(spec, None)  # queueing reads the gate in the same command
+                # Full, queued, or raced: a full level is diagnosed (and repaired) from this
+                # document; a counter with room was created or freed meanwhile: try again.
+                counter = waiting.read_gate(spec.key)
+                if counter is not None and "holders" not in counter:  # written before entries
+                    slots.convert_legacy(counter, slots.entries_by_key([spec.key]),
+                                         safety=timedelta(0), now=counter["clock"] + timedelta(days=1))
+                elif spec.key in retried or waiting.is_full(counter) or (
+                        is_gate and not privileged and counter is not None and counter.get("queue")):
+                    raise _Blocked(spec, counter)
+                retried.add(spec.key)
             _pause_point("acquire")
             held = store.holders().find_one_and_update(
                 {"_id": self.token},
@@ -694,7 +695,7 @@ class _Waiter:
             # The holder document may have been reaped during a long wait: write it again.
             if time.monotonic() - attempt.created_at > attempt.definition.ttl_seconds / 2:
                 attempt.create_holder()
-            for _ in range(2):
+            for attempt_no in range(2):
                 try:
                     return attempt.book(privileged=True, allow_queue=True)
                 except _Vanished:
@@ -708,12 +709,17 @@ class _Waiter:
                     self.blocked = blocked
                     if blocked.spec is attempt.gate:
                         return None
-                    # Our turn, but a narrower level is full: if that was a slot nobody
-                    # books any more, try again at once; else sit out and pass the turn.
-                    if not (waiting.is_full(blocked.counter)
-                            and waiting.repair(blocked.counter, blocked.counter["clock"])):
-                        waiting.mark_blocked(self.gate_key, attempt.token, blocked.spec.level)
-                        return None
+                    # Our turn, but a narrower level is full. A slot nobody books any more
+                    # comes back by repair; a newcomer's booking on its way to the queue
+                    # lasts milliseconds: try once more. Else sit out and pass the turn.
+                    if waiting.is_full(blocked.counter) and waiting.repair(blocked.counter,
+                                                                            blocked.counter["clock"]):
+                        continue
+                    if attempt_no == 0:
+                        time.sleep(NARROW_RETRY_S)
+                        continue
+                    waiting.mark_blocked(self.gate_key, attempt.token, blocked.spec.level)
+                    return None
             return None
 
         lease = _step(attempt, run)

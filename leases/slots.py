@@ -57,34 +57,54 @@ def holder_keys(doc: dict[str, Any]) -> list[str]:
     return list(doc.get("keys") or doc.get("levels") or ())
 
 
-def take(spec: LevelSpec, booking: str, *, gate: bool = False, privileged: bool = False,
-         ticket: str | None = None) -> bool:
-    """Book one slot of ``spec`` for ``booking``: a conditional push, idempotent per entry.
+def take(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_key: str,
+         privileged: bool = False, ticket: str | None = None) -> int:
+    """Book ``specs`` in order (narrow → wide) for ``booking`` in one ordered bulk write.
 
-    ``gate``: this is the lease's widest level; a newcomer (not ``privileged``) may only take
-    it while nobody queues there. A ``privileged`` take also removes ``ticket`` from the queue.
+    Each level is a conditional push (``count < cap``, entry not there yet), so a slot is
+    taken at most once per entry and never past the cap. The push is an upsert: on a level
+    that has no room the insert collides on ``_id`` and stops the bulk right there, so no
+    wider level is touched after a full one; a missing counter is created by it (first
+    use). A collision can also mean a simultaneous first use: the caller reads that counter
+    and tries again when it has room.
 
-    One command. A miss means full, queued, or no counter yet (the caller reads it and
-    calls :func:`create` on first use).
+    ``gate_key``: the lease's widest level; a newcomer (not ``privileged``) may only take it
+    while nobody queues there. A ``privileged`` take also removes ``ticket`` from the queue.
 
     Returns:
-        True when the entry is booked now.
+        How many of ``specs`` are booked now, from the first: ``len(specs)`` when all.
 
     Raises:
-        pymongo.errors.PyMongoError: the store failed; the slot may or may not be booked
-            (the caller gives it back by entry, which is idempotent).
+        pymongo.errors.PyMongoError: the store failed; what is booked is unknown (the caller
+            gives every entry back by value, which is idempotent).
     """
-    # "$exists": a counter written before entries existed must be converted first, or its
-    # count would stop matching the entries it lists.
-    query: dict[str, Any] = {"_id": spec.key, "count": {"$lt": spec.cap},
-                             "holders": {"$ne": booking, "$exists": True}}
-    if gate and not privileged:
-        query["queue.0"] = {"$exists": False}
-    update: dict[str, Any] = {"$push": {"holders": booking}, "$inc": {"count": 1},
-                              "$currentDate": {"updatedAt": True}, "$set": {"cap": spec.cap}}
-    if privileged and ticket is not None:
-        update["$pull"] = {"queue": {"id": ticket}}
-    return bool(store.counters().update_one(query, update).matched_count)
+    ops = []
+    for spec in specs:
+        is_gate = spec.key == gate_key
+        # "$exists": a counter written before entries existed must be converted first, or its
+        # count would stop matching the entries it lists.
+        query: dict[str, Any] = {"_id": spec.key, "count": {"$lt": spec.cap},
+                                 "holders": {"$ne": booking, "$exists": True}}
+        if is_gate and not privileged:
+            query["queue.0"] = {"$exists": False}
+        update: dict[str, Any] = {
+            "$push": {"holders": booking}, "$inc": {"count": 1}, "$currentDate": {"updatedAt": True},
+            "$set": {"cap": spec.cap},
+            "$setOnInsert": {"resource": resource, "level": spec.level, "scope": spec.scope, "tenantId": spec.tenant_id},
+        }
+        if is_gate and privileged and ticket is not None:
+            update["$pull"] = {"queue": {"id": ticket}}
+        ops.append(UpdateOne(query, update, upsert=True))
+    if not ops:
+        return 0
+    try:
+        store.counters().bulk_write(ops, ordered=True)
+    except pymongo.errors.BulkWriteError as exc:
+        errors = exc.details.get("writeErrors") or []
+        if len(errors) == 1 and errors[0].get("code") == 11000:
+            return int(errors[0]["index"])
+        raise
+    return len(ops)
 
 
 def create(spec: LevelSpec, resource: str) -> None:

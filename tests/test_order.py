@@ -69,7 +69,7 @@ def test_given_no_free_slot_then_nobody_is_picked():
 
 
 def test_given_a_ticket_that_just_found_its_narrower_level_full_then_it_sits_out_briefly():
-    blocked = ticket("a1", "a", 9, caps={"tenant": 2}, lvl="tenant", bat=NOW - timedelta(milliseconds=200))
+    blocked = ticket("a1", "a", 9, caps={"tenant": 2}, lvl="tenant", bat=NOW - timedelta(milliseconds=100))
     g = gate(1, [], [blocked, ticket("b1", "b", 1)])
     assert order.next_grants(g, NOW) == ["b1"]
     assert order.next_grants(g, NOW + timedelta(seconds=2)) == ["a1"]

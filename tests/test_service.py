@@ -123,10 +123,10 @@ def test_given_store_error_mid_funnel_then_rollback_leaves_no_residue(monkeypatc
     put("res", "levels: {global: 5, tenant: 5, project: 5, user: 5}")
     real = slots.take
 
-    def failing(spec, booking, **kw):
-        if spec.level == "tenant":  # user and project taken, tenant fails
-            raise pymongo.errors.AutoReconnect("injected")
-        return real(spec, booking, **kw)
+    def failing(specs, booking, resource, **kw):
+        # user and project booked, then the store fails before the answer arrives
+        real([s for s in specs if s.level in ("user", "project")], booking, resource, **kw)
+        raise pymongo.errors.AutoReconnect("injected")
 
     monkeypatch.setattr(slots, "take", failing)
     with pytest.raises(leases.LeaseUnavailable):
@@ -271,8 +271,9 @@ def test_uncontended_command_budget():
         counted.commands.clear()
         lease.release()
         release_cmds = list(counted.commands)
-    # Holder, one conditional push per level, HELD: L + 2 (the old funnel took 2L + 1).
-    assert acquire_cmds == ["findAndModify"] + ["update"] * 4 + ["findAndModify"], acquire_cmds
+    # Holder, every level's conditional push in one ordered bulk, HELD: 3 whatever L (the
+    # old funnel took 2L + 1).
+    assert acquire_cmds == ["findAndModify", "update", "findAndModify"], acquire_cmds
     assert check_cmds == ["update"]
     # Delete, the narrower levels in one bulk, the gate (which returns its queue).
     assert release_cmds == ["findAndModify", "update", "findAndModify"]

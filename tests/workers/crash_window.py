@@ -8,7 +8,7 @@ Usage: python -m tests.workers.crash_window cycle <stop-file> <tenant>
 per cycle. ``arrive`` is a stream of fresh requests that do not wait (one every 200 ms),
 as a busy service sees them. ``victim`` sets ``LEASES_TEST_PAUSE`` so the engine blocks between the two
 commands of the named step (the test then sends ``kill -9``); for ``rollback`` the gate's
-booking answers a store error after it booked, which is what makes an acquire roll back.
+bookings answer a store error after they were made, which is what makes an acquire roll back.
 """
 
 import os
@@ -66,10 +66,10 @@ def main() -> None:
     if window == "rollback":
         real = slots.take
 
-        def failing(spec, booking, **kw):
-            booked = real(spec, booking, **kw)
-            if spec.level == "global":  # booked, but its answer is lost: the attempt rolls back
-                raise pymongo.errors.AutoReconnect("injected: the gate's answer was lost")
+        def failing(specs, booking, resource, **kw):
+            booked = real(specs, booking, resource, **kw)
+            if booked == len(specs):  # booked, but the answer is lost: the attempt rolls back
+                raise pymongo.errors.AutoReconnect("injected: the bookings' answer was lost")
             return booked
 
         slots.take = failing
