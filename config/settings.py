@@ -36,6 +36,7 @@ Environment variables
 | LEASES_TICKET_TTL_MS            | LEASES_TICKET_TTL_MS            | 3000                           | A waiting ticket not kept alive this long is dropped (dead waiter).    |
 | LEASES_WAIT_POLL_MS             | LEASES_WAIT_POLL_MS             | 1000                           | A waiter's keep-alive and safety poll when no wake-up comes (ms).      |
 | LEASES_REPAIR_INTERVAL_MS       | LEASES_REPAIR_INTERVAL_MS       | 500                            | How often one full counter is checked for slots no holder books (ms).  |
+| LEASES_TICKET_POLL_SECONDS      | LEASES_TICKET_POLL_SECONDS      | 2                              | Poll interval issued with an HTTP wait ticket (202); kept 3x as long.   |
 | DJANGO_STATIC_ROOT              | STATIC_ROOT                     | <project>/staticfiles          | collectstatic target.                                                   |
 | DJANGO_LOG_LEVEL                | LOGGING root level              | INFO                           | Root log level.                                                         |
 """
@@ -239,6 +240,11 @@ LEASES_HTTP_MAX_WAIT_MS = _env_int("LEASES_HTTP_MAX_WAIT_MS", 5000)
 LEASES_TICKET_TTL_MS = _env_int("LEASES_TICKET_TTL_MS", 3000)
 LEASES_WAIT_POLL_MS = _env_int("LEASES_WAIT_POLL_MS", 1000)
 LEASES_REPAIR_INTERVAL_MS = _env_int("LEASES_REPAIR_INTERVAL_MS", 500)
+# An HTTP acquire that outwaits that bound answers 202 with a ticket: the client polls it
+# every this many seconds, and a ticket not polled for three intervals is dropped.
+LEASES_TICKET_POLL_SECONDS = _env_int("LEASES_TICKET_POLL_SECONDS", 2)
+if not 1 <= LEASES_TICKET_POLL_SECONDS <= 60:
+    raise ImproperlyConfigured(f"LEASES_TICKET_POLL_SECONDS must be between 1 and 60, got {LEASES_TICKET_POLL_SECONDS}")
 
 CELERY_BEAT_SCHEDULE = {
     "lease-sweep": {
