@@ -436,4 +436,5 @@ def test_given_the_openapi_route_when_fetched_without_a_key_then_it_lists_every_
     doc = api.get("/api/v1/openapi.json").json()
     assert doc["openapi"].startswith("3.1")
     operations_ = {op["operationId"] for item in doc["paths"].values() for op in item.values() if isinstance(op, dict) and "operationId" in op}
-    assert operations_ == {"acquireLease", "renewLease", "updateLeasePayload", "releaseLease", "openapiDocument"}
+    assert operations_ == {"acquireLease", "renewLease", "updateLeasePayload", "releaseLease", "openapiDocument",
+                           "pollTicket", "abandonTicket"}
