@@ -68,26 +68,34 @@ def poll(*, key: ApiKey, ticket_id: str) -> "TicketAnswer | protocol.Grant":
     """
     validation.token(ticket_id)
     scope = protocol.key_scope(key)
-    _drop_if_stale(ticket_id, scope)
+    _hold_place(ticket_id, scope)
     result = service.resume(ticket_id, scope=scope, keep_ms=protocol.ticket_keep_ms())
     if isinstance(result, service.Ticket):
         return answer(result)
     return protocol.granted(result, scope)
 
 
-def _drop_if_stale(ticket_id: str, scope: dict[str, str]) -> None:
-    """Drop the ticket if its deadline passed unpolled, before the poll would refresh it.
+def _hold_place(ticket_id: str, scope: dict[str, str]) -> None:
+    """Before the poll: keep the ticket's holder document alive, and drop the ticket if its
+    deadline already passed unpolled.
 
-    The poll's keep-alive matches the ticket whatever its age, so a late poll would revive
-    a ticket that nobody happened to prune yet; the order rule already treats it as gone
-    (others were granted past it), so the client must hear EXPIRED. Dropping goes through
-    the queue's own prune (holder removed, tombstoned ``ticket-expired``).
+    The holder document of a waiting ticket expires like a lease's (its TTL) and the idle
+    reap would take it while the client keeps polling, so each poll moves its expiry past
+    the ticket's own deadline. The poll's keep-alive matches the queued ticket whatever its
+    age, so a late poll would revive a ticket that nobody happened to prune yet; the order
+    rule already passed it over, so the client must hear EXPIRED: it is dropped through the
+    queue's own prune (holder removed, tombstoned ``ticket-expired``).
 
     Raises:
         LeaseUnavailable: the store is unreachable.
     """
+    keep_ms = protocol.ticket_keep_ms()
     try:
-        holder = store.holders().find_one({"_id": ticket_id, **scope, "state": "PENDING"}, {"keys": 1, "levels": 1})
+        holder = store.holders().find_one_and_update(
+            {"_id": ticket_id, **scope, "state": "PENDING"},
+            [{"$set": {"expiresAt": {"$add": ["$$NOW", {"$max": [keep_ms, {"$multiply": [
+                {"$ifNull": ["$ttlSeconds", 0]}, 1000]}]}]}}}],
+            projection={"keys": 1, "levels": 1})
         gate_keys = slots.holder_keys(holder) if holder is not None else []
         if not gate_keys:
             return  # granted, gone or foreign: the poll itself answers

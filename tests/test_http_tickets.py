@@ -8,6 +8,7 @@ malformed ids are refused like lease tokens.
 
 from __future__ import annotations
 
+import subprocess
 import time
 import uuid
 from datetime import timedelta
@@ -16,9 +17,9 @@ import pytest
 import requests
 
 from api import keys, protocol
-from leases import config, store
+from leases import config, reaper, store
 from leases.definitions import document_path
-from tests.helpers import ensure_tenant
+from tests.helpers import PYTHON, REPO, child_env, ensure_tenant
 from tests.http_server import running_server
 
 TYPE = "tex"
@@ -224,10 +225,37 @@ def test_given_a_ticket_that_is_polled_when_longer_than_its_keep_passes_then_it_
     first_deadline = ticket["deadline"]
     # Polled at the issued interval until the server's clock is past the first deadline
     last = ticket
-    while last["serverTime"] <= first_deadline:
+    give_up = time.monotonic() + WAIT_BOUND_SECONDS
+    while last["serverTime"] <= first_deadline and time.monotonic() < give_up:
         time.sleep(POLL_SECONDS)
         last = assert_ticket(poll(server, acme, ticket["ticket"]), 200, lease_name)
+    assert last["serverTime"] > first_deadline
     assert last["position"] == 1 and last["deadline"] > first_deadline
+
+
+def test_given_a_ticket_kept_longer_than_the_lease_ttl_when_idle_holders_are_reaped_then_it_keeps_its_place(
+        server, acme):
+    # Given a lease of a 2 s TTL (shorter than the ticket's 6 s keep) whose only slot is held,
+    # and a ticket behind it
+    name = f"short-{uuid.uuid4().hex[:8]}"
+    config.put_document("_vance", "_tenant", document_path(name), "levels: {global: 1}\nttlSeconds: 2\n")
+    held = acquire(server, acme, name).json()
+    ticket = queued(server, acme, name, user="u2")
+    # When it is polled, and the idle reap runs more than the lease TTL after that poll (within
+    # the ticket's own deadline; the holder of the slot keeps renewing meanwhile)
+    assert_ticket(poll(server, acme, ticket["ticket"]), 200, name)
+    one_ttl_later = queue_entry(ticket["ticket"])["seen"] + timedelta(seconds=2)
+
+    def renewed_until_one_ttl_passed():
+        assert acme.post(f"{server}/api/v1/leases/{held['token']}/renew", json={}, timeout=30).status_code == 200
+        return store.server_now() > one_ttl_later
+
+    until(renewed_until_one_ttl_passed, "the server clock one lease TTL past the poll")
+    assert store.server_now() < queue_entry(ticket["ticket"])["seen"] + timedelta(milliseconds=3 * POLL_SECONDS * 1000)
+    reaper.reap_idle(dispatch=False)
+    # Then the polled ticket still waits in its place (the reap takes only what nobody keeps)
+    assert store.holders().find_one({"_id": ticket["ticket"]})["state"] == "PENDING"
+    assert assert_ticket(poll(server, acme, ticket["ticket"]), 200, name)["position"] == 1
 
 
 def test_given_an_unknown_ticket_when_polled_or_deleted_then_410_stale_lease(server, acme):
@@ -280,3 +308,11 @@ def test_given_a_wrong_method_when_calling_a_ticket_then_405_with_allow(server, 
     response = acme.post(f"{server}/api/v1/tickets/{'x' * 32}", json={}, timeout=30)
     assert_problem(response, 405, "METHOD_NOT_ALLOWED")
     assert response.headers["Allow"] == "GET, DELETE"
+
+
+@pytest.mark.parametrize("value", ["0", "61", "soon"])
+def test_given_a_broken_ticket_poll_setting_when_starting_then_the_process_refuses_to_start(value):
+    result = subprocess.run([PYTHON, "-c", "import django; django.setup()"], cwd=REPO, capture_output=True, text=True,
+                            timeout=60, env=child_env(LEASES_TICKET_POLL_SECONDS=value))
+    assert result.returncode != 0
+    assert "LEASES_TICKET_POLL_SECONDS must be" in result.stderr
