@@ -47,9 +47,18 @@ acquire a fresh lease.
 
 **Waiting and retries.** An acquire waits for a free slot at most
 `min(definition waitMs, request waitMs, {settings.LEASES_HTTP_MAX_WAIT_MS} ms)` so no web
-worker is held for long. A `429 LEASE_BUSY` answer carries the diagnosis (resource, level,
-scope, count, cap) and `Retry-After` (seconds): retry after it with random jitter and
-exponential backoff, bounded by your own deadline. `503 LEASE_UNAVAILABLE` means the lease
+worker is held for long. When no slot freed by then, an acquire of a named lease keeps its
+place in the queue: `202` with a ticket (`Location: /api/v1/tickets/{{id}}`, `position`,
+`pollIntervalSeconds`, `deadline` on server time). Poll `GET /api/v1/tickets/{{id}}` every
+`pollIntervalSeconds` (`Retry-After`): each poll keeps the place (a ticket not polled by its
+`deadline`, three intervals, is dropped: `410 EXPIRED`) and answers `200` with the ticket
+while it waits, or `201` with the acquire's lease body once it is its turn (a lost answer
+is fetched again by polling once more). `DELETE` gives the place up (or releases the lease
+it was granted as). The ticket id becomes the lease token. Unknown and other tenants'
+tickets answer `410 STALE_LEASE`. `waitMs: 0` and inline definitions never queue. A
+`429 LEASE_BUSY` answer carries the diagnosis (resource, level, scope, count, cap) and
+`Retry-After` (seconds): retry after it with random jitter and exponential backoff,
+bounded by your own deadline. `503 LEASE_UNAVAILABLE` means the lease
 cannot be decided (store unreachable, broken configuration): fail closed, do not use the
 resource unprotected, retry later.
 
@@ -187,6 +196,27 @@ _SCHEMAS: dict[str, Any] = {
             "serverTime": {"type": "string", "format": "date-time", "description": "Server receipt time of this call."},
         },
     },
+    "Ticket": {
+        "type": "object",
+        "description": "A kept place in the resource's queue: poll it every pollIntervalSeconds.",
+        "required": ["ticket", "resource", "leaseName", "position", "level", "pollIntervalSeconds", "deadline",
+                     "serverTime"],
+        "properties": {
+            "ticket": {"type": "string", "pattern": TOKEN_PATTERN,
+                       "description": "The ticket id; the lease token once granted."},
+            "resource": {"type": "string"},
+            "leaseName": {"type": "string"},
+            "position": {"type": ["integer", "null"], "minimum": 1,
+                         "description": "1-based place in the grant order (tenant-fair, not FIFO)."},
+            "level": {"type": "string", "enum": ["user", "project", "tenant", "global"],
+                      "description": "The level that blocked it last."},
+            "pollIntervalSeconds": {"type": "integer", "minimum": 1},
+            "deadline": {"type": "string", "format": "date-time",
+                         "description": "Server time by which the next poll must arrive, else the ticket is "
+                                        "dropped (410 EXPIRED)."},
+            "serverTime": {"type": "string", "format": "date-time", "description": "Server time of this answer."},
+        },
+    },
     "NoopGrant": {
         "type": "object",
         "required": ["noop", "token"],
@@ -235,8 +265,9 @@ _SCHEMAS: dict[str, Any] = {
                 "type": "object",
                 "properties": {
                     "code": {"enum": ["STALE_LEASE", "EXPIRED"]},
-                    "reason": {"type": "string", "description": "For EXPIRED: release, idle, pod, revoke, or "
-                               "deadline (past expiryDeadline, not reaped yet)."},
+                    "reason": {"type": "string", "description": "For EXPIRED: release, idle, pod, revoke, "
+                               "deadline (past expiryDeadline, not reaped yet); for tickets also abandoned "
+                               "or ticket-expired (not polled by its deadline)."},
                 },
             },
         ],
@@ -248,6 +279,14 @@ _TOKEN_PARAMETER = {
     "schema": {"type": "string", "pattern": TOKEN_PATTERN},
     "description": "The lease token from the acquire answer.",
 }
+
+_TICKET_PARAMETER = {
+    "name": "ticket", "in": "path", "required": True,
+    "schema": {"type": "string", "pattern": TOKEN_PATTERN},
+    "description": "The ticket id from the 202 acquire answer.",
+}
+_POLL_HEADER = {"Retry-After": {"schema": {"type": "integer", "minimum": 1},
+                                "description": "Seconds until the next poll (pollIntervalSeconds)."}}
 
 _COMMON = {
     "400": _problem("Bad input (body, token or ids); nothing was written."),
@@ -275,6 +314,10 @@ def _paths() -> dict[str, Any]:
                 "responses": {
                     "201": _json("Grant", "The lease is held."),
                     "200": _json("NoopGrant", "NOOP lease: the resource is not limited."),
+                    "202": {**_json("Ticket", "No slot within the bounded wait: the request keeps its place. "
+                                              "Poll the ticket (Location) every pollIntervalSeconds."),
+                            "headers": {**_POLL_HEADER, "Location": {
+                                "schema": {"type": "string"}, "description": "/api/v1/tickets/{ticket}"}}},
                     **_COMMON,
                     "403": _problem("PROJECT_FORBIDDEN: the key is bound to another project."),
                     "429": _problem("LEASE_BUSY: a level stayed full for the bounded wait.", "BusyProblem", headers={
@@ -313,6 +356,31 @@ def _paths() -> dict[str, Any]:
                 "requestBody": {"required": True, "content": {"application/json": {
                     "schema": {"$ref": "#/components/schemas/PayloadRequest"}}}},
                 "responses": {"200": _json("Grant", "Payload stored and lease renewed."), **_COMMON, **_GONE},
+            },
+        },
+        "/api/v1/tickets/{ticket}": {
+            "parameters": [_TICKET_PARAMETER],
+            "get": {
+                "operationId": "pollTicket",
+                "summary": "Keep a wait ticket alive; the lease once it is its turn",
+                "responses": {
+                    "200": {**_json("Ticket", "Still waiting: the current place and the next deadline."),
+                            "headers": _POLL_HEADER},
+                    "201": _json("Grant", "Granted (now or by an earlier poll): the acquire's lease body."),
+                    **_COMMON,
+                    "410": _problem("STALE_LEASE (unknown ticket, or another tenant's) or EXPIRED (not polled "
+                                    "by its deadline, abandoned, or its lease ended); terminal.", "GoneProblem"),
+                },
+            },
+            "delete": {
+                "operationId": "abandonTicket",
+                "summary": "Give up a wait ticket, or release the lease it was granted as (idempotent)",
+                "responses": {
+                    "204": {"description": "Abandoned (or its lease released) by this call."},
+                    "200": _json("ReleaseResult", "It had ended before (alreadyReleased, with the reason)."),
+                    **_COMMON,
+                    "410": _problem("STALE_LEASE: unknown ticket (or its tombstone expired).", "GoneProblem"),
+                },
             },
         },
         "/api/v1/openapi.json": {

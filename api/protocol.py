@@ -135,13 +135,27 @@ def _grant(doc: dict[str, Any], server_time: datetime) -> Grant:
     )
 
 
+def ticket_poll_seconds() -> int:
+    """The poll interval the server issues with a wait ticket (``LEASES_TICKET_POLL_SECONDS``)."""
+    return int(getattr(settings, "LEASES_TICKET_POLL_SECONDS", 2))
+
+
+def ticket_keep_ms() -> int:
+    """How long a ticket survives without a poll: three issued intervals, so one lost or
+    late poll never costs the place."""
+    return 3 * ticket_poll_seconds() * 1000
+
+
 def acquire(*, key: ApiKey, type: str, user_id: str, project_id: str, lease: str | None = None,
             inline: dict[str, Any] | None = None, holder_ref: str = "", pod_bound: bool = False,
-            proposed_interval: int | None = None, wait_ms: int | None = None) -> Grant:
+            proposed_interval: int | None = None, wait_ms: int | None = None) -> "Grant | service.Ticket":
     """Acquire a detached lease (``pod=""``: only the idle reap applies) for ``key``'s tenant.
 
     The wait for a slot is ``min(definition waitMs, LEASES_HTTP_MAX_WAIT_MS, wait_ms)`` so a
-    web worker is never held for long; clients retry after ``Retry-After``.
+    web worker is never held for long. When that wait ends without a slot, a named lease
+    keeps its place: the answer is a :class:`leases.service.Ticket` the client polls
+    (:func:`api.tickets.poll`). ``wait_ms=0`` asks not to wait at all, so it never queues
+    (busy at once); inline definitions never queue either.
 
     Raises:
         ProjectForbidden: a project-bound key named another project.
@@ -161,7 +175,10 @@ def acquire(*, key: ApiKey, type: str, user_id: str, project_id: str, lease: str
         inline=inline, holder_ref=holder_ref, pod="", pod_bound=pod_bound,
         wait_ms=bound if wait_ms is None else min(bound, wait_ms),
     )
-    held = service.acquire(request)
+    held = service.acquire(request) if wait_ms == 0 else service.acquire_or_ticket(request, keep_ms=ticket_keep_ms())
+    if isinstance(held, service.Ticket):
+        _issue_interval_to_ticket(held, key, proposed_interval)
+        return held
     if held.is_noop:
         return Grant(token=None, lease_name=lease or (inline or {}).get("name"), resource=None, type=type,
                      ttl_seconds=None, interval_seconds=None, expires_at=None, server_time=None, noop=True)
@@ -176,6 +193,43 @@ def acquire(*, key: ApiKey, type: str, user_id: str, project_id: str, lease: str
         raise LeaseUnavailable(f"lease store unreachable after acquire: {exc.__class__.__name__}") from None
     if doc is None:
         raise LeaseUnavailable("the lease was reaped right after it was acquired; acquire again")
+    return _grant(doc, doc["lastSeenAt"])
+
+
+def _issue_interval_to_ticket(ticket: "service.Ticket", key: ApiKey, proposed: int | None) -> None:
+    """Store the interval a later grant of ``ticket`` issues, clamped by the holder's own TTL
+    (the proposal came with the acquire; the polls that grant it carry none)."""
+    if proposed is None:
+        return  # the grant issues the default (ttl / 3)
+    ttl = {"$ifNull": ["$ttlSeconds", 1]}
+    low = {"$max": [1, {"$floor": {"$divide": [ttl, 10]}}]}
+    high = {"$max": [low, {"$floor": {"$divide": [ttl, 2]}}]}
+    try:
+        store.holders().update_one(
+            {"_id": ticket.id, **key_scope(key), "state": "PENDING"},
+            [{"$set": {"intervalSeconds": {"$toInt": {"$min": [high, {"$max": [low, int(proposed)]}]}}}}])
+    except pymongo.errors.PyMongoError as exc:
+        raise LeaseUnavailable(f"lease store unreachable after queueing: {exc.__class__.__name__}") from None
+
+
+def granted(held: "service.Lease", scope: dict[str, str]) -> Grant:
+    """The acquire answer for a lease granted through a ticket poll: the interval the
+    acquire's proposal chose, else the default one, stored on the holder as acquire does.
+
+    Raises:
+        StaleLease / LeaseExpired: the lease ended right after the grant.
+        LeaseUnavailable: the store is unreachable.
+    """
+    interval = choose_interval(held.definition.ttl_seconds, None)
+    try:
+        doc = store.holders().find_one_and_update(
+            {"_id": held.token, **scope, "state": "HELD"},
+            [{"$set": {"intervalSeconds": {"$ifNull": ["$intervalSeconds", interval]}}}],
+            projection=_GRANT_FIELDS, return_document=ReturnDocument.AFTER)
+        if doc is None:
+            raise _ended(held.token, scope, store.server_now())
+    except pymongo.errors.PyMongoError as exc:
+        raise LeaseUnavailable(f"lease store unreachable after the grant: {exc.__class__.__name__}") from None
     return _grant(doc, doc["lastSeenAt"])
 
 

@@ -12,4 +12,5 @@ urlpatterns = [
     path("leases/<str:token>", v1_views.release, name="release"),
     path("leases/<str:token>/renew", v1_views.renew, name="renew"),
     path("leases/<str:token>/payload", v1_views.payload, name="payload"),
+    path("tickets/<str:ticket_id>", v1_views.ticket, name="ticket"),
 ]

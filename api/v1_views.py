@@ -14,9 +14,10 @@ from typing import Callable
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from leases import service
 from leases.errors import LeaseError
 
-from . import bodies, keys, openapi, problems, protocol
+from . import bodies, keys, openapi, problems, protocol, tickets
 from .models import ApiKey
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,8 @@ def _created(body: dict, status: int) -> JsonResponse:
 
 @api_view(("POST",))
 def acquire(request: HttpRequest, *, key: ApiKey) -> HttpResponse:
-    """POST /api/v1/leases → 201 Grant, 200 NoopGrant, 429 busy, 503 unavailable."""
+    """POST /api/v1/leases → 201 Grant, 200 NoopGrant, 202 Ticket (still waiting), 429 busy,
+    503 unavailable."""
     body = bodies.fields(bodies.read_object(request), bodies.ACQUIRE_FIELDS, required=("type", "projectId", "userId"))
     grant = protocol.acquire(
         key=key, type=body["type"], user_id=body["userId"], project_id=body["projectId"],
@@ -73,7 +75,34 @@ def acquire(request: HttpRequest, *, key: ApiKey) -> HttpResponse:
         pod_bound=body.get("podBound", False), proposed_interval=body.get("proposedIntervalSeconds"),
         wait_ms=body.get("waitMs"),
     )
+    if isinstance(grant, service.Ticket):
+        return _waiting(tickets.answer(grant), 202)
     return _created(grant.to_json(), 200 if grant.noop else 201)
+
+
+def _waiting(ticket: tickets.TicketAnswer, status: int) -> JsonResponse:
+    response = _created(ticket.to_json(), status)
+    response["Retry-After"] = str(ticket.poll_seconds)
+    if status == 202:
+        response["Location"] = ticket.location
+    return response
+
+
+@api_view(("GET", "DELETE"))
+def ticket(request: HttpRequest, ticket_id: str, *, key: ApiKey) -> HttpResponse:
+    """GET /api/v1/tickets/{id} → 200 Ticket (still waiting) or 201 Grant (granted now or
+    before); DELETE → 204 (abandoned or released), 200 ``alreadyReleased`` when it had ended."""
+    if request.method == "DELETE":
+        ended_before = tickets.abandon(key=key, ticket_id=ticket_id)
+        if ended_before is None:
+            response = HttpResponse(status=204)
+            response["Cache-Control"] = "no-store"
+            return response
+        return _created(ended_before.to_json(), 200)
+    polled = tickets.poll(key=key, ticket_id=ticket_id)
+    if isinstance(polled, tickets.TicketAnswer):
+        return _waiting(polled, 200)
+    return _created(polled.to_json(), 201)
 
 
 @api_view(("POST",))

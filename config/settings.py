@@ -32,10 +32,11 @@ Environment variables
 | LEASES_POD_AUTOSTART            | LEASES_POD_AUTOSTART            | 1                              | Web processes register as pods on their first request (tests: off).    |
 | LEASES_WORKER_INTERNAL_BIND     | LEASES_WORKER_INTERNAL_BIND     | 127.0.0.1:0                    | host:port a Celery worker serves /internal/lease/ on (0 = free port).  |
 | LEASES_SESSION_TOOLS            | LEASES_SESSION_TOOLS            | {}                             | JSON {tool: {endpoint, auth}} for leases.contrib.sessions.             |
-| LEASES_HTTP_MAX_WAIT_MS         | LEASES_HTTP_MAX_WAIT_MS         | 5000                           | Upper bound (ms) of an HTTP acquire's wait for a slot (then 429).       |
+| LEASES_HTTP_MAX_WAIT_MS         | LEASES_HTTP_MAX_WAIT_MS         | 5000                           | Upper bound (ms) of an HTTP acquire's wait for a slot (then 202 ticket). |
 | LEASES_TICKET_TTL_MS            | LEASES_TICKET_TTL_MS            | 3000                           | A waiting ticket not kept alive this long is dropped (dead waiter).    |
 | LEASES_WAIT_POLL_MS             | LEASES_WAIT_POLL_MS             | 1000                           | A waiter's keep-alive and safety poll when no wake-up comes (ms).      |
 | LEASES_REPAIR_INTERVAL_MS       | LEASES_REPAIR_INTERVAL_MS       | 500                            | How often one full counter is checked for slots no holder books (ms).  |
+| LEASES_TICKET_POLL_SECONDS      | LEASES_TICKET_POLL_SECONDS      | 2                              | Poll interval issued with an HTTP wait ticket (202); kept 3x as long.   |
 | DJANGO_STATIC_ROOT              | STATIC_ROOT                     | <project>/staticfiles          | collectstatic target.                                                   |
 | DJANGO_LOG_LEVEL                | LOGGING root level              | INFO                           | Root log level.                                                         |
 """
@@ -233,12 +234,17 @@ try:
     LEASES_SESSION_TOOLS = _json.loads(os.environ.get("LEASES_SESSION_TOOLS", "").strip() or "{}")
 except ValueError as _exc:
     raise ImproperlyConfigured(f"LEASES_SESSION_TOOLS must be JSON: {_exc}") from _exc
-# HTTP acquire waits at most this long for a slot (then 429), so a web worker is never held
+# HTTP acquire waits at most this long for a slot (then a 202 ticket), so a web worker is never held
 # for a definition's full waitMs; keep it well below the server's request timeout.
 LEASES_HTTP_MAX_WAIT_MS = _env_int("LEASES_HTTP_MAX_WAIT_MS", 5000)
 LEASES_TICKET_TTL_MS = _env_int("LEASES_TICKET_TTL_MS", 3000)
 LEASES_WAIT_POLL_MS = _env_int("LEASES_WAIT_POLL_MS", 1000)
 LEASES_REPAIR_INTERVAL_MS = _env_int("LEASES_REPAIR_INTERVAL_MS", 500)
+# An HTTP acquire that outwaits that bound answers 202 with a ticket: the client polls it
+# every this many seconds, and a ticket not polled for three intervals is dropped.
+LEASES_TICKET_POLL_SECONDS = _env_int("LEASES_TICKET_POLL_SECONDS", 2)
+if not 1 <= LEASES_TICKET_POLL_SECONDS <= 60:
+    raise ImproperlyConfigured(f"LEASES_TICKET_POLL_SECONDS must be between 1 and 60, got {LEASES_TICKET_POLL_SECONDS}")
 
 CELERY_BEAT_SCHEDULE = {
     "lease-sweep": {

@@ -108,12 +108,29 @@ def _error_from(response: requests.Response) -> LeaseError:
     return HttpProblem(detail, status=status, code=code or None, body=body)
 
 
+def _poll_pause(response: requests.Response, ticket: dict[str, Any]) -> float:
+    """Seconds until the next ticket poll: ``Retry-After``, else ``pollIntervalSeconds``."""
+    for value in (response.headers.get("Retry-After"), ticket.get("pollIntervalSeconds")):
+        try:
+            pause = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            continue
+        if pause > 0:
+            return min(pause, 60.0)
+    return 1.0
+
+
 class HttpLeaseClient:
     """Talks to ``/api/v1/`` of ``base_url`` with ``api_key``; one pooled HTTP session.
 
     ``timeout`` bounds every call (seconds); it must exceed the server's bounded wait
     (``LEASES_HTTP_MAX_WAIT_MS``, 5 s by default) for acquisitions to wait at all.
     """
+
+    #: The wait bound of :meth:`acquire` when none is given (milliseconds).
+    DEFAULT_WAIT_MS = 60_000
+    #: The largest ``waitMs`` the server accepts; longer bounds wait through a ticket.
+    MAX_SERVER_WAIT_MS = 600_000
 
     def __init__(self, base_url: str, api_key: str, *, timeout: float = 15.0,
                  session: requests.Session | None = None):
@@ -134,6 +151,15 @@ class HttpLeaseClient:
         self._session.close()
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self._answer(method, path, body)[1]
+
+    def _answer(self, method: str, path: str, body: dict[str, Any] | None = None
+                ) -> tuple[requests.Response, dict[str, Any]]:
+        """The response and its JSON body (``{}`` for 204).
+
+        Raises:
+            LeaseError: the mapped problem answer; LeaseUnavailable for network failures.
+        """
         try:
             response = self._session.request(method, f"{self.base_url}/api/v1/{path}", json=body,
                                               timeout=self.timeout)
@@ -142,8 +168,10 @@ class HttpLeaseClient:
             raise LeaseUnavailable(f"lease server unreachable: {exc.__class__.__name__}") from None
         if response.status_code >= 400:
             raise _error_from(response)
+        if response.status_code == 204:
+            return response, {}
         try:
-            return response.json()
+            return response, response.json()
         except ValueError:
             raise LeaseUnavailable(f"lease server answered {response.status_code} without JSON") from None
 
@@ -153,37 +181,82 @@ class HttpLeaseClient:
                 retry_busy_for: float = 0.0) -> "HttpLease":
         """Acquire a lease (``POST /api/v1/leases``).
 
-        ``interval_seconds`` is a proposal; the server decides. ``retry_busy_for`` keeps
-        retrying ``429`` answers (after ``Retry-After`` plus jitter) for that many seconds.
+        ``interval_seconds`` is a proposal; the server decides. ``wait_ms`` bounds the whole
+        wait for a slot (default :attr:`DEFAULT_WAIT_MS`): the server waits part of it, and
+        when it answers ``202`` with a ticket this call keeps the place by polling the
+        ticket every ``pollIntervalSeconds`` (``Retry-After``) until it is granted — the
+        same :class:`HttpLease` as a direct grant — or the bound has passed; then it gives
+        the ticket up (``DELETE``) and raises ``LeaseBusy`` with the last position.
+        ``wait_ms=0`` does not wait at all. ``retry_busy_for`` keeps retrying ``429``
+        answers (after ``Retry-After`` plus jitter) for that many seconds.
 
         Returns:
             An :class:`HttpLease`, or ``leases.NOOP`` when the resource is not limited.
 
         Raises:
-            LeaseBusy: still busy (after the retries).
+            LeaseBusy: still busy (after the retries, or when the wait bound passed in the
+                queue: ``position`` is the last place the ticket had).
+            LeaseLost: the ticket was dropped while waiting (``LeaseExpired``: not polled
+                in time, e.g. this process stalled) or is unknown (``StaleLease``).
             LeaseUnavailable: server or store unreachable, or broken configuration.
             InvalidLeaseRequest: refused input (``UnknownLeaseType``, ``InvalidDefinition``...).
             ApiKeyRejected: the key is missing, wrong or revoked.
         """
-        body: dict[str, Any] = {"type": type, "userId": user_id, "podBound": pod_bound}
+        started = time.monotonic()
+        bound_ms = self.DEFAULT_WAIT_MS if wait_ms is None else max(0, int(wait_ms))
+        body: dict[str, Any] = {"type": type, "userId": user_id, "podBound": pod_bound,
+                                "waitMs": min(bound_ms, self.MAX_SERVER_WAIT_MS)}
         for name, value in (("projectId", project_id), ("lease", lease), ("inline", inline),
-                            ("holderRef", holder_ref or None), ("proposedIntervalSeconds", interval_seconds),
-                            ("waitMs", wait_ms)):
+                            ("holderRef", holder_ref or None), ("proposedIntervalSeconds", interval_seconds)):
             if value is not None:
                 body[name] = value
-        give_up = time.monotonic() + retry_busy_for
+        give_up = started + retry_busy_for
         while True:
             try:
-                answer = self._call("POST", "leases", body)
+                response, answer = self._answer("POST", "leases", body)
                 break
             except LeaseBusy as busy:
                 pause = getattr(busy, "retry_after", 1.0) * random.uniform(1.0, 1.5)
                 if time.monotonic() + pause > give_up:
                     raise
                 time.sleep(pause)
+        if response.status_code == 202:
+            return self._wait_through(response, answer, started + bound_ms / 1000.0)
         if answer.get("noop"):
             return NOOP  # type: ignore[return-value]
         return HttpLease(self, answer)
+
+    def _wait_through(self, response: requests.Response, ticket: dict[str, Any], until: float) -> "HttpLease":
+        """Poll the ticket of a ``202`` until it is granted or ``until`` (monotonic) passed."""
+        path = f"tickets/{ticket['ticket']}"
+        try:
+            while True:
+                remaining = until - time.monotonic()
+                if remaining <= 0:
+                    raise self._give_up(path, ticket)
+                time.sleep(min(_poll_pause(response, ticket), remaining))
+                response, answer = self._answer("GET", path)
+                if response.status_code == 201:
+                    return HttpLease(self, answer)
+                ticket = answer
+        except (LeaseUnavailable, HttpProblem):
+            # The place is lost to this call either way: free it now rather than at its deadline.
+            self._abandon(path)
+            raise
+
+    def _give_up(self, path: str, ticket: dict[str, Any]) -> LeaseBusy:
+        # DELETE also releases the lease if the last poll's turn came in between.
+        self._abandon(path)
+        return LeaseBusy(resource=ticket.get("resource", "?"), level=ticket.get("level", "?"), scope="?",
+                         count=None, cap=0, position=ticket.get("position"),
+                         retry_after=float(ticket.get("pollIntervalSeconds") or 1))
+
+    def _abandon(self, path: str) -> None:
+        """Best effort: a ticket nobody polls is dropped at its deadline anyway."""
+        try:
+            self._answer("DELETE", path)
+        except LeaseError:
+            pass
 
 
 class HttpLease:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 
 import pytest
 
 import leases
 from api import keys
-from leases import LeaseBusy, LeaseLost, LeaseUnavailable, operations, store
+from leases import LeaseBusy, LeaseLost, LeaseUnavailable, config, operations, store
+from leases.definitions import document_path
 from leases.client import ApiKeyRejected, HttpLease, HttpLeaseClient
 from leases.embedded import free_port
 from leases.errors import LeaseExpired, StaleLease
@@ -21,7 +23,9 @@ TYPE = "tex"
 
 @pytest.fixture(scope="module")
 def server(django_db_setup):
-    with running_server(workers=2) as base_url:
+    # A short server-side wait and ticket poll keep the waits through tickets short.
+    with running_server(workers=2, threads=2, env={"LEASES_HTTP_MAX_WAIT_MS": "300",
+                                                   "LEASES_TICKET_POLL_SECONDS": "1"}) as base_url:
         yield base_url
 
 
@@ -183,3 +187,73 @@ def test_given_no_server_when_acquiring_then_lease_unavailable_fail_closed():
     with HttpLeaseClient(f"http://127.0.0.1:{free_port()}", "vlk_aaaaaaaaaaaa_" + "x" * 43, timeout=2) as nowhere:
         with pytest.raises(LeaseUnavailable):
             take(nowhere)
+
+
+@pytest.fixture
+def one_slot():
+    """A named lease of one global slot (named per test: the server caches definitions)."""
+    name = f"one-{uuid.uuid4().hex[:8]}"
+    config.put_document("_vance", "_tenant", document_path(name), "levels: {global: 1}\nttlSeconds: 30\nwaitMs: 60000\n")
+    return name
+
+
+def kept_ticket():
+    """The pending holder of a ticket the server answered 202 for, or None while the request
+    still waits inside the server (only the 202 path stores the proposed interval on it)."""
+    return store.holders().find_one({"state": "PENDING", "intervalSeconds": {"$exists": True}})
+
+
+def until(condition, what, bound=30.0):
+    give_up = time.monotonic() + bound
+    while not (value := condition()):
+        assert time.monotonic() < give_up, f"timed out waiting for {what}"
+        time.sleep(0.05)
+    return value
+
+
+def test_given_a_busy_lease_when_acquiring_then_the_client_waits_through_the_ticket_and_gets_the_lease(client, one_slot):
+    # Given the only slot held
+    held = client.acquire(type=TYPE, lease=one_slot, project_id="p1", user_id="u1")
+    outcome: dict = {}
+
+    def wait_for_it():
+        try:
+            outcome["lease"] = client.acquire(type=TYPE, lease=one_slot, project_id="p1", user_id="u2",
+                                              wait_ms=20000, interval_seconds=4)
+        except Exception as error:  # reported by the assertions below
+            outcome["error"] = error
+
+    waiter = threading.Thread(target=wait_for_it)
+    waiter.start()
+    try:
+        # When the server answered 202 (the ticket is kept for polling) and then the slot frees
+        ticket = until(kept_ticket, "the server to hand out a ticket")
+        assert held.release() is True
+        waiter.join(30)
+    finally:
+        waiter.join(30)
+    # Then the client got the lease through the ticket: same object as a direct grant
+    assert "error" not in outcome, outcome
+    lease = outcome["lease"]
+    assert isinstance(lease, HttpLease) and lease.token == ticket["_id"] and lease.resource == one_slot
+    assert lease.interval_seconds == 4 and lease.ttl_seconds == 30
+    doc = store.holders().find_one({"_id": lease.token})
+    assert doc["state"] == "HELD" and doc["userId"] == "u2"
+    assert lease.expiry_deadline.replace(tzinfo=None) == doc["expiresAt"]
+    lease.renew()
+    assert lease.release() is True
+    assert store.holders().count_documents({}) == 0
+
+
+def test_given_a_lease_that_stays_busy_when_the_clients_wait_bound_passes_then_busy_with_its_place_and_no_ticket_left(
+        client, one_slot):
+    held = client.acquire(type=TYPE, lease=one_slot, project_id="p1", user_id="u1")
+    with pytest.raises(LeaseBusy) as busy:
+        client.acquire(type=TYPE, lease=one_slot, project_id="p1", user_id="u2", wait_ms=1500)
+    error = busy.value
+    assert error.position == 1 and error.resource == one_slot and error.level == "global"
+    # The client gave its place up: no ticket, no pending holder, the abandonment remembered
+    assert store.holders().count_documents({"state": "PENDING"}) == 0
+    assert store.counters().count_documents({"queue.0": {"$exists": True}}) == 0
+    assert store.tombstones().find_one({"reason": "abandoned"}) is not None
+    assert held.release() is True

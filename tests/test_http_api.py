@@ -157,13 +157,19 @@ def test_given_a_long_definition_wait_when_acquiring_then_the_wait_is_bounded_by
     settings.LEASES_HTTP_MAX_WAIT_MS = 300
     assert acquire(api, key, inline={**inline(), "waitMs": 60000}).status_code == 201
     asked = []
-    real_acquire = service.acquire
+    real_acquire, real_or_ticket = service.acquire, service.acquire_or_ticket
 
     def recording_acquire(request):
         asked.append(request.wait_ms)
         return real_acquire(request)
 
+    def recording_or_ticket(request, **kwargs):
+        asked.append(request.wait_ms)
+        return real_or_ticket(request, **kwargs)
+
+    # Either entry (a waiting acquire may answer with a ticket) must be asked for the HTTP bound.
     monkeypatch.setattr(service, "acquire", recording_acquire)
+    monkeypatch.setattr(service, "acquire_or_ticket", recording_or_ticket)
     started = time.monotonic()
     response = acquire(api, key, inline={**inline(), "waitMs": 60000})
     assert_problem(response, 429, "LEASE_BUSY")
@@ -436,4 +442,5 @@ def test_given_the_openapi_route_when_fetched_without_a_key_then_it_lists_every_
     doc = api.get("/api/v1/openapi.json").json()
     assert doc["openapi"].startswith("3.1")
     operations_ = {op["operationId"] for item in doc["paths"].values() for op in item.values() if isinstance(op, dict) and "operationId" in op}
-    assert operations_ == {"acquireLease", "renewLease", "updateLeasePayload", "releaseLease", "openapiDocument"}
+    assert operations_ == {"acquireLease", "renewLease", "updateLeasePayload", "releaseLease", "openapiDocument",
+                           "pollTicket", "abandonTicket"}

@@ -8,6 +8,7 @@ types, headers and response schemas; no server errors; invalid input is rejected
 from __future__ import annotations
 
 import os
+import uuid
 
 import pytest
 import requests
@@ -16,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
 from api import keys, openapi
-from leases import store
+from leases import config, store
+from leases.definitions import document_path
 from tests.helpers import ensure_tenant
 from tests.http_server import running_server
 
@@ -107,4 +109,37 @@ def test_given_a_real_lease_lifecycle_when_validated_then_every_answer_conforms(
         answer = step.call(base_url=server, session=session)
         step.validate_response(answer)
         assert answer.status_code == status, (path, method, answer.text)
+    assert store.holders().count_documents({}) == 0
+
+
+def test_given_a_ticket_lifecycle_when_validated_then_every_answer_conforms(server, api_schema, bearer):
+    """202 ticket → poll 200 → grant 201 → poll 201 again → DELETE 204 → DELETE 200 → poll 410,
+    and an abandoned second ticket, all through the document's checks."""
+    name = f"contract-{uuid.uuid4().hex[:8]}"  # the server process caches definitions by name
+    config.put_document("_vance", "_tenant", document_path(name), "levels: {global: 1}\nttlSeconds: 30\n")
+    session = requests.Session()
+    session.headers.update(bearer)
+    acquire = api_schema["/api/v1/leases"]["POST"]
+    ticket_ops = api_schema["/api/v1/tickets/{ticket}"]
+    body = {"type": "tex", "projectId": "p1", "userId": "u1", "lease": name}
+
+    def send(operation, expected, **kwargs):
+        case = operation.Case(**kwargs)
+        answer = case.call(base_url=server, session=session)
+        case.validate_response(answer)
+        assert answer.status_code == expected, answer.text
+        return answer
+
+    held = send(acquire, 201, body=body).json()
+    ticket = send(acquire, 202, body={**body, "userId": "u2", "waitMs": 50}).json()["ticket"]
+    other = send(acquire, 202, body={**body, "userId": "u3", "waitMs": 50}).json()["ticket"]
+    assert send(ticket_ops["GET"], 200, path_parameters={"ticket": ticket}).json()["position"] == 1
+    send(api_schema["/api/v1/leases/{token}"]["DELETE"], 200, path_parameters={"token": held["token"]})
+    grant = send(ticket_ops["GET"], 201, path_parameters={"ticket": ticket}).json()
+    assert send(ticket_ops["GET"], 201, path_parameters={"ticket": ticket}).json() == grant
+    send(ticket_ops["DELETE"], 204, path_parameters={"ticket": ticket})
+    send(ticket_ops["DELETE"], 200, path_parameters={"ticket": ticket})
+    send(ticket_ops["GET"], 410, path_parameters={"ticket": ticket})
+    send(ticket_ops["DELETE"], 204, path_parameters={"ticket": other})
+    send(ticket_ops["GET"], 410, path_parameters={"ticket": other})
     assert store.holders().count_documents({}) == 0

@@ -1,0 +1,141 @@
+"""Wait tickets over HTTP: an acquire that outwaits its bound keeps its place in the queue.
+
+``POST /api/v1/leases`` answers ``202`` with a ticket when no slot freed within the bounded
+wait; the client polls ``GET /api/v1/tickets/{id}`` every ``pollIntervalSeconds`` (each poll
+keeps the ticket alive and takes the slot when it is the ticket's turn, answering the
+acquire's ``201`` body) and may give up with ``DELETE``. A ticket not polled within three
+intervals (``deadline``, MongoDB's clock) is dropped: ``EXPIRED``, terminal, as for leases.
+
+Every call is bound to the API key's tenant (and project): the key's scope is part of every
+filter, so another tenant's ticket answers like one that never existed (``STALE_LEASE``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pymongo.errors
+
+from leases import order, service, slots, store, validation, waiting
+from leases.errors import LeaseUnavailable, StaleLease
+
+from . import protocol
+from .models import ApiKey
+
+
+@dataclass(frozen=True)
+class TicketAnswer:
+    """A place in the queue, as the ``Ticket`` schema of the OpenAPI document shows it."""
+
+    ticket: service.Ticket
+    poll_seconds: int
+
+    @property
+    def location(self) -> str:
+        return f"/api/v1/tickets/{self.ticket.id}"
+
+    def to_json(self) -> dict[str, Any]:
+        ticket = self.ticket
+        return {
+            "ticket": ticket.id,
+            "resource": ticket.resource,
+            "leaseName": ticket.lease_name,
+            "position": ticket.position,
+            "level": ticket.level,
+            "pollIntervalSeconds": self.poll_seconds,
+            "deadline": protocol.iso(ticket.deadline),
+            "serverTime": protocol.iso(ticket.server_time),
+        }
+
+
+def answer(ticket: service.Ticket) -> TicketAnswer:
+    """The HTTP view of ``ticket`` with the server-issued poll interval."""
+    return TicketAnswer(ticket=ticket, poll_seconds=protocol.ticket_poll_seconds())
+
+
+def poll(*, key: ApiKey, ticket_id: str) -> "TicketAnswer | protocol.Grant":
+    """Keep the ticket alive; the lease (acquire's grant) once it is the ticket's turn.
+
+    A ticket granted before answers the same lease again, so a lost answer can be fetched
+    by polling once more.
+
+    Raises:
+        InvalidLeaseRequest: malformed ticket id (before any query).
+        StaleLease: no such ticket for this key (including other tenants' tickets).
+        LeaseExpired: the ticket was dropped (not polled in time, abandoned) or its lease ended.
+        LeaseUnavailable: the store is unreachable or the configuration is broken.
+    """
+    validation.token(ticket_id)
+    scope = protocol.key_scope(key)
+    _hold_place(ticket_id, scope)
+    result = service.resume(ticket_id, scope=scope, keep_ms=protocol.ticket_keep_ms())
+    if isinstance(result, service.Ticket):
+        return answer(result)
+    return protocol.granted(result, scope)
+
+
+def _hold_place(ticket_id: str, scope: dict[str, str]) -> None:
+    """Before the poll: keep the ticket's holder document alive, and drop the ticket if its
+    deadline already passed unpolled.
+
+    The holder document of a waiting ticket expires like a lease's (its TTL) and the idle
+    reap would take it while the client keeps polling, so each poll moves its expiry past
+    the ticket's own deadline. The poll's keep-alive matches the queued ticket whatever its
+    age, so a late poll would revive a ticket that nobody happened to prune yet; the order
+    rule already passed it over, so the client must hear EXPIRED: it is dropped through the
+    queue's own prune (holder removed, tombstoned ``ticket-expired``).
+
+    Raises:
+        LeaseUnavailable: the store is unreachable.
+    """
+    keep_ms = protocol.ticket_keep_ms()
+    try:
+        holder = store.holders().find_one_and_update(
+            {"_id": ticket_id, **scope, "state": "PENDING"},
+            [{"$set": {"expiresAt": {"$add": ["$$NOW", {"$max": [keep_ms, {"$multiply": [
+                {"$ifNull": ["$ttlSeconds", 0]}, 1000]}]}]}}}],
+            projection={"keys": 1, "levels": 1})
+        gate_keys = slots.holder_keys(holder) if holder is not None else []
+        if not gate_keys:
+            return  # granted, gone or foreign: the poll itself answers
+        gate = waiting.read_gate(gate_keys[-1])
+        if gate is not None and ticket_id in order.stale_ids(gate, gate["clock"]):
+            waiting.prune(gate)
+    except pymongo.errors.PyMongoError as exc:
+        raise LeaseUnavailable(f"lease store unreachable: {exc.__class__.__name__}") from None
+
+
+def abandon(*, key: ApiKey, ticket_id: str) -> protocol.ReleaseResult | None:
+    """Give up the ticket (or release the lease it was granted as).
+
+    Returns:
+        None when this call ended it (HTTP 204); for a ticket that had ended before, the
+        answer a lease release gives for an ended token (``alreadyReleased`` with the reason).
+
+    Raises:
+        InvalidLeaseRequest: malformed ticket id (before any query).
+        StaleLease: no such ticket for this key (never issued, another tenant's, or so old
+            that its tombstone expired).
+        LeaseUnavailable: the store is unreachable.
+    """
+    validation.token(ticket_id)
+    scope = protocol.key_scope(key)
+    try:
+        held = store.holders().find_one({"_id": ticket_id, **scope, "state": "HELD"}, {"_id": 1})
+    except pymongo.errors.PyMongoError as exc:
+        raise LeaseUnavailable(f"lease store unreachable: {exc.__class__.__name__}") from None
+    if held is not None:
+        # Granted already: a plain release, which also leaves the tombstone that tells a
+        # later poll EXPIRED rather than "unknown".
+        result = protocol.release(key=key, token=ticket_id)
+        return None if result.released else result
+    if service.abandon(ticket_id, scope=scope):
+        return None
+    try:
+        tombstone = store.tombstones().find_one({"_id": ticket_id, **scope}, {"reason": 1})
+    except pymongo.errors.PyMongoError as exc:
+        raise LeaseUnavailable(f"lease store unreachable: {exc.__class__.__name__}") from None
+    if tombstone is None:
+        raise StaleLease(f"unknown ticket {ticket_id}")
+    return protocol.ReleaseResult(token=ticket_id, released=False, reason=tombstone.get("reason"))
