@@ -17,7 +17,7 @@ from typing import Any
 
 import pymongo.errors
 
-from leases import order, service, slots, store, validation, waiting
+from leases import service, store, validation
 from leases.errors import LeaseUnavailable, StaleLease
 
 from . import protocol
@@ -68,42 +68,10 @@ def poll(*, key: ApiKey, ticket_id: str) -> "TicketAnswer | protocol.Grant":
     """
     validation.token(ticket_id)
     scope = protocol.key_scope(key)
-    _hold_place(ticket_id, scope)
     result = service.resume(ticket_id, scope=scope, keep_ms=protocol.ticket_keep_ms())
     if isinstance(result, service.Ticket):
         return answer(result)
     return protocol.granted(result, scope)
-
-
-def _hold_place(ticket_id: str, scope: dict[str, str]) -> None:
-    """Before the poll: keep the ticket's holder document alive, and drop the ticket if its
-    deadline already passed unpolled.
-
-    The holder document of a waiting ticket expires like a lease's (its TTL) and the idle
-    reap would take it while the client keeps polling, so each poll moves its expiry past
-    the ticket's own deadline. The poll's keep-alive matches the queued ticket whatever its
-    age, so a late poll would revive a ticket that nobody happened to prune yet; the order
-    rule already passed it over, so the client must hear EXPIRED: it is dropped through the
-    queue's own prune (holder removed, tombstoned ``ticket-expired``).
-
-    Raises:
-        LeaseUnavailable: the store is unreachable.
-    """
-    keep_ms = protocol.ticket_keep_ms()
-    try:
-        holder = store.holders().find_one_and_update(
-            {"_id": ticket_id, **scope, "state": "PENDING"},
-            [{"$set": {"expiresAt": {"$add": ["$$NOW", {"$max": [keep_ms, {"$multiply": [
-                {"$ifNull": ["$ttlSeconds", 0]}, 1000]}]}]}}}],
-            projection={"keys": 1, "levels": 1})
-        gate_keys = slots.holder_keys(holder) if holder is not None else []
-        if not gate_keys:
-            return  # granted, gone or foreign: the poll itself answers
-        gate = waiting.read_gate(gate_keys[-1])
-        if gate is not None and ticket_id in order.stale_ids(gate, gate["clock"]):
-            waiting.prune(gate)
-    except pymongo.errors.PyMongoError as exc:
-        raise LeaseUnavailable(f"lease store unreachable: {exc.__class__.__name__}") from None
 
 
 def abandon(*, key: ApiKey, ticket_id: str) -> protocol.ReleaseResult | None:
@@ -121,15 +89,6 @@ def abandon(*, key: ApiKey, ticket_id: str) -> protocol.ReleaseResult | None:
     """
     validation.token(ticket_id)
     scope = protocol.key_scope(key)
-    try:
-        held = store.holders().find_one({"_id": ticket_id, **scope, "state": "HELD"}, {"_id": 1})
-    except pymongo.errors.PyMongoError as exc:
-        raise LeaseUnavailable(f"lease store unreachable: {exc.__class__.__name__}") from None
-    if held is not None:
-        # Granted already: a plain release, which also leaves the tombstone that tells a
-        # later poll EXPIRED rather than "unknown".
-        result = protocol.release(key=key, token=ticket_id)
-        return None if result.released else result
     if service.abandon(ticket_id, scope=scope):
         return None
     try:

@@ -791,17 +791,14 @@ def _first(attempt: _Attempt, *, allow_queue: bool) -> "Lease | _Blocked":
         return blocked
 
 
-def _ticket_holder(ticket_id: str, scope: dict[str, str]) -> dict[str, Any] | None:
-    validation.token(ticket_id)
-    return store.holders().find_one({"_id": ticket_id, **scope})
-
-
 def resume(ticket_id: str, *, scope: dict[str, str], keep_ms: int) -> "Lease | Ticket":
     """Poll a kept ticket: keep it alive, and book the slot when it is its turn.
 
     ``scope`` is the caller's tenant binding (``{"tenantId": …}``, plus ``projectId`` for a
     project-bound key): it is part of every filter, so another tenant's ticket is unknown.
     A ticket already granted answers its lease again (a lost answer can be fetched twice).
+    Each poll also moves the waiting holder document's expiry past the ticket's own
+    deadline, so the idle reap never takes a ticket that is being polled. Two commands.
 
     Raises:
         StaleLease: no such ticket in the caller's scope.
@@ -810,9 +807,16 @@ def resume(ticket_id: str, *, scope: dict[str, str], keep_ms: int) -> "Lease | T
     """
     from .errors import LeaseExpired, StaleLease
 
+    validation.token(ticket_id)
     try:
         with _bound():
-            holder = _ticket_holder(ticket_id, scope)
+            holder = store.holders().find_one_and_update(
+                {"_id": ticket_id, **scope, "state": "PENDING"},
+                [{"$set": {"polledAt": "$$NOW", "expiresAt": {"$add": ["$$NOW", {"$max": [
+                    int(keep_ms), {"$multiply": [{"$ifNull": ["$ttlSeconds", 0]}, 1000]}]}]}}}],
+                return_document=ReturnDocument.AFTER)
+            if holder is None:
+                holder = store.holders().find_one({"_id": ticket_id, **scope, "state": "HELD"})
             tombstone = None if holder is not None else store.tombstones().find_one({"_id": ticket_id, **scope})
     except pymongo.errors.PyMongoError as exc:
         raise LeaseUnavailable(f"lease store unreachable: {exc.__class__.__name__}") from None
@@ -835,18 +839,28 @@ def resume(ticket_id: str, *, scope: dict[str, str], keep_ms: int) -> "Lease | T
     attempt.acquired_at = holder.get("acquiredAt")
     attempt.created_at = time.monotonic()
     waiter = _Waiter(attempt, time.monotonic(), time.monotonic(), keep_ms=keep_ms)
-    gate = _step(attempt, lambda: waiting.keep_alive(attempt.gate.key, ticket_id, ttl_ms=keep_ms))
+    gate = _step(attempt, lambda: waiting.keep_alive(attempt.gate.key, ticket_id, ttl_ms=keep_ms,
+                                                     live_at=holder["polledAt"]))
     if gate is None:
-        # Its ticket is gone from the queue (dropped as stale): the waiting is over.
-        _step(attempt, attempt.discard)
+        # Not polled within its deadline (or already dropped): the waiting is over. Drop it
+        # the way the queue drops stale tickets (holder removed, tombstoned).
+        def drop() -> None:
+            current = waiting.read_gate(attempt.gate.key)
+            if current is not None:
+                waiting.prune(current)
+            store.holders().delete_one({"_id": ticket_id, "state": "PENDING"})
+            from . import reaper
+
+            reaper.record_tombstone(holder, "ticket-expired")
+
+        _step(attempt, drop)
         raise LeaseExpired(f"ticket {ticket_id} was not polled in time", reason="ticket-expired")
     waiter.gate = gate
     lease = waiter._decide()
     if lease is not None:
         metrics.ACQUIRE.labels(resource=metrics.resource_tag(definition.resource), outcome="success").inc()
         return lease
-    gate = waiter.gate or gate
-    return Ticket.of(ticket_id, definition, gate, waiter.blocked)
+    return Ticket.of(ticket_id, definition, waiter.gate or gate, waiter.blocked)
 
 
 def abandon(ticket_id: str, *, scope: dict[str, str]) -> bool:
@@ -872,6 +886,13 @@ def abandon(ticket_id: str, *, scope: dict[str, str]) -> bool:
     except pymongo.errors.PyMongoError as exc:
         raise LeaseUnavailable(f"lease store unreachable: {exc.__class__.__name__}") from None
     try:
-        return release_holder({"_id": ticket_id, **scope}) is not None
+        doc = release_holder({"_id": ticket_id, **scope})
+        if doc is None:
+            return False
+        from . import reaper
+
+        # A later poll of the ticket then answers EXPIRED (release), not "unknown".
+        reaper.record_tombstone(doc, "release")
+        return True
     except pymongo.errors.PyMongoError as exc:
         raise LeaseUnavailable(f"lease store unreachable during release: {exc.__class__.__name__}") from None

@@ -84,9 +84,11 @@ def enqueue(gate_key: str, ticket: dict[str, Any]) -> dict[str, Any] | None:
     ) or keep_alive(gate_key, ticket["id"])
 
 
-def keep_alive(gate_key: str, ticket_id: str, *, ttl_ms: int | None = None) -> dict[str, Any] | None:
+def keep_alive(gate_key: str, ticket_id: str, *, ttl_ms: int | None = None,
+               live_at: datetime | None = None) -> dict[str, Any] | None:
     """Refresh the ticket's ``seen`` on MongoDB's clock; the gate after, or None when the
-    ticket is no longer queued (granted, pruned as stale, or the gate is gone).
+    ticket is no longer queued (granted, pruned as stale, or the gate is gone) — or, with
+    ``live_at``, no longer live then.
 
     Raises:
         pymongo.errors.PyMongoError: the store failed.
@@ -96,8 +98,14 @@ def keep_alive(gate_key: str, ticket_id: str, *, ttl_ms: int | None = None) -> d
     update: dict[str, Any] = {"$currentDate": {"queue.$[mine].seen": True, "clock": True}}
     if ttl_ms is not None:  # a ticket kept for an HTTP client lives as long as its poll bound
         update["$set"] = {"queue.$[mine].ttl": int(ttl_ms)}
+    query: dict[str, Any] = {"_id": gate_key, "queue.id": ticket_id}
+    if live_at is not None and ttl_ms is not None:
+        # Only a ticket still live at ``live_at`` (MongoDB's clock): a late poll must not
+        # revive one the order rule already passed over.
+        query = {"_id": gate_key, "queue": {"$elemMatch": {
+            "id": ticket_id, "seen": {"$gte": live_at - timedelta(milliseconds=int(ttl_ms))}}}}
     return store.counters().find_one_and_update(
-        {"_id": gate_key, "queue.id": ticket_id}, update,
+        query, update,
         array_filters=[{"mine.id": ticket_id}],
         return_document=ReturnDocument.AFTER,
     )
