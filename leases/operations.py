@@ -491,7 +491,8 @@ def list_waiters(tenant_id: str | None = None, resource: str | None = None) -> W
     # The numbers of the blocking levels: one read, and in a tenant's view bound to its own
     # counters, so the global counter's numbers are never fetched for it.
     keys = {k for gate, ticket, _, _ in rows
-            if (k := _level_key(gate.get("resource", ""), ticket.get("lvl") or "global", ticket))}
+            if (tenant is None or (ticket.get("lvl") or "global") != "global")
+            and (k := _level_key(gate.get("resource", ""), ticket.get("lvl") or "global", ticket))}
     numbers: dict[str, tuple[int, int | None]] = {}
     if keys:
         counter_query: dict[str, Any] = {"_id": {"$in": sorted(keys)}}

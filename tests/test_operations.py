@@ -13,6 +13,7 @@ from leases import config, definitions, dispatch, handlers, invalidation, listen
 from leases.definitions import document_path
 from leases.errors import AuditEntryNotFound, HolderNotFound, InvalidLeaseRequest, LeaseLost
 from leases.identity import self_pod_id
+from tests.helpers import counted_commands
 
 
 class RecordingHandler(handlers.LeaseHandler):
@@ -359,3 +360,21 @@ def test_given_a_revocation_then_its_audit_entry_is_found_by_id_in_its_tenant_on
     for bad in ({"$ne": ""}, "x" * 24, "abc"):
         with pytest.raises(InvalidLeaseRequest):
             operations.get_audit(bad)
+
+
+def test_given_waiters_blocked_at_the_global_level_then_the_tenant_view_costs_one_find_and_a_clock_read():
+    config.put_document("_vance", "_tenant", document_path("wqlease"),
+                        "resource: wqres\nlevels: {global: 1, user: 5}\nttlSeconds: 60\nwaitMs: 30000")
+    held = [wq_hold("globex", "research", "g1")]
+    waiters = [queue_up("acme", "docs", f"u{n}") for n in range(3)] + [queue_up("globex", "research", "g2")]
+    try:
+        with counted_commands() as counter:
+            mine = operations.list_waiters(tenant_id="acme")
+            # The waiters' own keep-alives run meanwhile (findAndModify); count the reads.
+            reads = [c for c in counter.commands if c != "findAndModify"]
+    finally:
+        finish(held, waiters)
+    # Tenants alternate: after two of acme's (ties go to the older), globex's g2 is third.
+    assert [(w.user_id, w.position) for w in mine.items] == [("u0", 1), ("u1", 2), ("u2", 4)]
+    # One find for the queues and MongoDB's clock; the global level's numbers are not even read.
+    assert sorted(reads) == ["find", "hello"], reads
