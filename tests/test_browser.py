@@ -253,7 +253,11 @@ def _queue_up(tenant, project, user):
     return waiter
 
 
-def test_waiting_tab_shows_own_queue_places_and_blocking_levels_and_counters_flag_a_full_global_level(app, browser):
+def test_waiting_tab_shows_own_queue_places_and_blocking_levels_and_counters_flag_a_full_global_level(app, browser,
+                                                                                                      settings):
+    # The waiters run in this process: their tickets stay fresh for 30 s, so a keep-alive
+    # delayed on a loaded machine cannot reorder the queue under the assertions.
+    settings.LEASES_TICKET_TTL_MS = 30_000
     register_pod(app)
     _tenant("acme", "Acme Corp", ["docs", "web"])
     _tenant("globex", "Globex Inc", ["research"])

@@ -422,7 +422,10 @@ leases.acquire(leases.LeaseRequest(type="clitest", lease="cliwait", tenant_id="i
 """
 
 
-def test_waiters_lists_every_tenants_tickets_with_position_blocking_level_and_marks_stale_ones():
+def test_waiters_lists_every_tenants_tickets_with_position_blocking_level_and_marks_stale_ones(settings):
+    # This process's waiters stay fresh for 30 s (a late keep-alive cannot reorder them);
+    # the child's ticket lives 400 ms, so it goes stale soon after the child is killed.
+    settings.LEASES_TICKET_TTL_MS = 30_000
     config.put_document("_vance", "_tenant", document_path("cliwait"),
                         "resource: cliwres\nlevels: {global: 1, user: 1}\nttlSeconds: 60\nwaitMs: 30000")
     held = hold(tenant="globex", user="gina", lease="cliwait")

@@ -372,9 +372,11 @@ def q_hold(tenant, project, user):
 
 
 @pytest.fixture
-def queue(world):
+def queue(world, settings):
     """qres's global level full (globex holds both slots); globex's dave, then acme's alice
-    and carol wait (the global level blocks them all)."""
+    and carol wait (the global level blocks them all). Tickets stay fresh for 30 s, so a
+    keep-alive delayed on a loaded machine cannot reorder them."""
+    settings.LEASES_TICKET_TTL_MS = 30_000
     config.put_document("_vance", "_tenant", document_path("qlease"),
                         "resource: qres\nlevels: {global: 2, tenant: 4}\nttlSeconds: 60\nwaitMs: 30000")
     held = [q_hold("globex", "research", "dave"), q_hold("globex", "research", "erin")]
