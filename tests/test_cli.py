@@ -395,16 +395,16 @@ class Waiter(threading.Thread):
             self.error = exc
 
 
-def queued():
-    return [t["id"] for t in (store.counters().find_one({"_id": "cliwres|global|*"}) or {}).get("queue") or ()]
+def queued(key="cliwres|global|*"):
+    return [t["id"] for t in (store.counters().find_one({"_id": key}) or {}).get("queue") or ()]
 
 
-def until_queued(before):
+def until_queued(before, key="cliwres|global|*"):
     deadline = time.monotonic() + 20
-    while not set(queued()) - before:
+    while not set(queued(key)) - before:
         assert time.monotonic() < deadline, "the waiter never queued"
         time.sleep(0.01)
-    (ticket,) = set(queued()) - before
+    (ticket,) = set(queued(key)) - before
     return ticket
 
 
@@ -417,7 +417,7 @@ class Q(handlers.LeaseHandler):
     def on_revoked(self, holder): pass
 handlers.register_handler(Q())
 print("ready", flush=True)
-leases.acquire(leases.LeaseRequest(type="clitest", lease="cliwait", tenant_id="initech", project_id="ops",
+leases.acquire(leases.LeaseRequest(type="clitest", lease="cliwait2", tenant_id="initech", project_id="ops",
                                    user_id="ghost", pod="", wait_ms=60000))
 """
 
@@ -426,16 +426,19 @@ def test_waiters_lists_every_tenants_tickets_with_position_blocking_level_and_ma
     # This process's waiters stay fresh for 30 s (a late keep-alive cannot reorder them);
     # the child's ticket lives 400 ms, so it goes stale soon after the child is killed.
     settings.LEASES_TICKET_TTL_MS = 30_000
-    config.put_document("_vance", "_tenant", document_path("cliwait"),
-                        "resource: cliwres\nlevels: {global: 1, user: 1}\nttlSeconds: 60\nwaitMs: 30000")
+    for name, resource in (("cliwait", "cliwres"), ("cliwait2", "cliwres2")):
+        config.put_document("_vance", "_tenant", document_path(name),
+                            f"resource: {resource}\nlevels: {{global: 1, user: 1}}\nttlSeconds: 60\nwaitMs: 30000")
     held = hold(tenant="globex", user="gina", lease="cliwait")
-    # Given a waiter killed with SIGKILL (its ticket goes stale after its short TTL) ...
+    held2 = hold(tenant="globex", user="gina", lease="cliwait2")
+    # Given a waiter killed with SIGKILL (its ticket goes stale after its short TTL; it waits
+    # on a resource nobody else waits for, so no live waiter prunes it before it is listed) ...
     child = subprocess.Popen([PYTHON, "-c", WAIT_CHILD], cwd=REPO, env=child_env(LEASES_TICKET_TTL_MS="400"),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     waiters = []
     try:
         assert child.stdout.readline().strip() == "ready"
-        dead = until_queued(set())
+        dead = until_queued(set(), "cliwres2|global|*")
         os.kill(child.pid, signal.SIGKILL)
         child.wait(10)
         # ... and two live waiters of acme, blocked by the global level ...
@@ -457,6 +460,7 @@ def test_waiters_lists_every_tenants_tickets_with_position_blocking_level_and_ma
         if child.poll() is None:
             child.kill()
         held.release()
+        held2.release()
         for waiter in waiters:
             waiter.join(30)
             if waiter.lease is not None:
@@ -466,7 +470,8 @@ def test_waiters_lists_every_tenants_tickets_with_position_blocking_level_and_ma
     assert rows == [("acme", "alice", 1, "global", False), ("acme", "bob", 2, "global", False),
                     ("initech", "ghost", None, "global", True)]
     assert data["items"][-1]["ticket_id"] == dead
-    assert {(w["blocked_key"], w["blocked_count"], w["blocked_cap"]) for w in data["items"]} == {("cliwres|global|*", 1, 1)}
+    assert [(w["blocked_key"], w["blocked_count"], w["blocked_cap"]) for w in data["items"]] == [
+        ("cliwres|global|*", 1, 1), ("cliwres|global|*", 1, 1), ("cliwres2|global|*", 1, 1)]
     lines = text.splitlines()
     assert lines[0].split() == ["RESOURCE", "TENANT", "PROJECT", "USER", "POS", "WAITING-SINCE", "WAITED",
                                 "BLOCKED-AT", "STALE", "TICKET"]
