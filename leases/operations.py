@@ -443,6 +443,7 @@ class WaiterList:
     server_now: datetime
 
     def by_resource(self) -> list[tuple[str, list[WaiterView]]]:
+        """``(resource, tickets)`` pairs in display order, for one table per resource."""
         groups: dict[str, list[WaiterView]] = {}
         for item in self.items:
             groups.setdefault(item.resource, []).append(item)
