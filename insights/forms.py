@@ -49,12 +49,14 @@ class HolderFilterForm(forms.Form):
     pod = _filter_field("Pod", validation.pod_id, max_length=128)
     project = _filter_field("Project", validation.entity_id, "project id", max_length=64)
     user = _filter_field("User", validation.entity_id, "user id", max_length=64)
+    # A counter key: the holders that book a slot of it (the Counters page links here).
+    counter = _filter_field("Books counter", validation.counter_key, max_length=300)
     page = forms.IntegerField(
         label="Page", required=False, min_value=1, max_value=1_000_000, widget=forms.HiddenInput,
         error_messages={key: "Page must be a whole number from 1 to 1000000." for key in ("invalid", "min_value", "max_value")},
     )
 
-    FILTERS = ("resource", "type", "pod", "project", "user")
+    FILTERS = ("resource", "type", "pod", "project", "user", "counter")
 
     def service_filters(self) -> dict[str, Any]:
         """Keyword arguments for :func:`leases.operations.list_holders` (valid form only)."""
@@ -65,6 +67,7 @@ class HolderFilterForm(forms.Form):
             "pod": data.get("pod") or None,
             "project_id": data.get("project") or None,
             "user_id": data.get("user") or None,
+            "books": data.get("counter") or None,
             "page": data.get("page") or 1,
         }
 

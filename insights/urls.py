@@ -14,7 +14,9 @@ urlpatterns = [
     path("accounts/logout/", auth_views.LogoutView.as_view(next_page="insights:login"), name="logout"),
     path("t/<str:tenant>/insights/leases", views.holders, name="holders"),
     path("t/<str:tenant>/insights/leases/counters", views.counters, name="counters"),
+    path("t/<str:tenant>/insights/leases/waiting", views.waiting, name="waiting"),
     path("t/<str:tenant>/insights/leases/definition", views.definition, name="definition"),
+    path("t/<str:tenant>/insights/leases/audit/<str:entry_id>", views.audit_entry, name="audit"),
     path("t/<str:tenant>/insights/leases/holders/<str:token>", views.holder_detail, name="holder"),
     path("t/<str:tenant>/insights/leases/holders/<str:token>/revoke", views.revoke, name="revoke"),
 ]

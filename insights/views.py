@@ -17,7 +17,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
 from leases import operations
-from leases.errors import HolderNotFound, InvalidLeaseRequest, LeaseUnavailable
+from leases.errors import AuditEntryNotFound, HolderNotFound, InvalidLeaseRequest, LeaseUnavailable
 
 from .access import memberships_of, tenant_admin_required
 from .forms import DefinitionForm, HolderFilterForm, RevokeForm
@@ -88,16 +88,49 @@ def holders(request: HttpRequest, tenant: Tenant) -> HttpResponse:
     return render(request, template, context, status=status)
 
 
+def _holders_url(tenant: Tenant, counter: operations.CounterView) -> str:
+    return reverse("insights:holders", args=[tenant.slug]) + "?" + urlencode({"counter": counter.key})
+
+
 @tenant_admin_required
 def counters(request: HttpRequest, tenant: Tenant) -> HttpResponse:
-    """Counters of the tenant, project and user levels with BOOKED and drift."""
+    """Counters of the tenant, project and user levels with BOOKED and drift, and a flag
+    on the resources whose (shared, unseen) global level is full."""
     rows = operations.list_counters(tenant_id=tenant.slug)
+    full = operations.globally_full(r.resource for r in rows)
     context = {
-        "tenant": tenant, "counters": rows, "drift_count": sum(1 for r in rows if r.drift),
+        "tenant": tenant, "counters": [(r, r.resource in full, _holders_url(tenant, r)) for r in rows],
+        "drift_count": sum(1 for r in rows if r.drift), "global_full": sorted(full),
         "section": "counters", **_refresh_context(request),
     }
     template = "insights/_counters_live.html" if request.GET.get("fragment") else "insights/counters.html"
     return render(request, template, context)
+
+
+@tenant_admin_required
+def waiting(request: HttpRequest, tenant: Tenant) -> HttpResponse:
+    """The tenant's own waiting tickets per resource: place in the queue, since when, and
+    the level that blocks each (the global level without its numbers)."""
+    waiters = operations.list_waiters(tenant_id=tenant.slug)
+    context = {
+        "tenant": tenant, "waiters": waiters, "groups": waiters.by_resource(),
+        "global_note": operations.GLOBAL_BLOCK_NOTE,
+        "global_full": sorted(operations.globally_full({w.resource for w in waiters.items})),
+        "section": "waiting", **_refresh_context(request),
+    }
+    template = "insights/_waiting_live.html" if request.GET.get("fragment") else "insights/waiting.html"
+    return render(request, template, context)
+
+
+@tenant_admin_required
+def audit_entry(request: HttpRequest, tenant: Tenant, entry_id: str) -> HttpResponse:
+    """One audit record of the tenant (a revocation: who, when, why, which holder)."""
+    try:
+        entry = operations.get_audit(entry_id, tenant_id=tenant.slug)
+    except (AuditEntryNotFound, InvalidLeaseRequest):
+        raise Http404("No such audit entry") from None
+    return render(request, "insights/audit_entry.html",
+                  {"tenant": tenant, "entry": entry, "section": "holders"})
 
 
 @tenant_admin_required
@@ -138,7 +171,18 @@ def holder_detail(request: HttpRequest, tenant: Tenant, token: str) -> HttpRespo
     """One holder of the tenant."""
     holder = _tenant_holder(tenant, token)
     return render(request, "insights/holder_detail.html",
-                  {"tenant": tenant, "holder": holder, "section": "holders"})
+                  {"tenant": tenant, "holder": holder, "section": "holders",
+                   "definition_url": _definition_url(tenant, holder, _project_slugs(tenant))})
+
+
+def _definition_url(tenant: Tenant, holder: operations.HolderView, projects: list[str]) -> str:
+    """The definition tab for the holder's lease, seen from its project when Insights
+    knows that project (else tenant-wide, which the form accepts)."""
+    from leases.definitions import TENANT_PROJECT
+
+    project = holder.project_id if holder.project_id in projects else TENANT_PROJECT
+    return (reverse("insights:definition", args=[tenant.slug]) + "?"
+            + urlencode({"name": holder.lease_name or holder.type, "project": project}))
 
 
 @require_http_methods(["GET", "POST"])

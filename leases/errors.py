@@ -83,3 +83,9 @@ class HolderNotFound(LeaseError, LookupError):
     """No holder with that token (in the caller's tenant); also said for other tenants' tokens."""
 
     code = "HOLDER_NOT_FOUND"
+
+
+class AuditEntryNotFound(LeaseError, LookupError):
+    """No audit record with that id (in the caller's tenant); also said for other tenants' ids."""
+
+    code = "AUDIT_ENTRY_NOT_FOUND"

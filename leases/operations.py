@@ -13,12 +13,12 @@ import logging
 import math
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Iterable
 
 from bson import ObjectId
 
-from . import definitions, listener, reaper, store, validation
-from .errors import HolderNotFound, InvalidLeaseRequest
+from . import definitions, listener, order, reaper, store, validation
+from .errors import AuditEntryNotFound, HolderNotFound, InvalidLeaseRequest
 from .handlers import RevokedHolder
 
 log = logging.getLogger(__name__)
@@ -243,10 +243,11 @@ def _holder_view(doc: dict[str, Any], now: datetime, live: set[str] | None) -> H
 
 def list_holders(tenant_id: str | None = None, resource: str | None = None, pod: str | None = None,
                  type: str | None = None, project_id: str | None = None, user_id: str | None = None,
-                 page: int = 1, per_page: int = 50) -> HolderPage:
+                 page: int = 1, per_page: int = 50, books: str | None = None) -> HolderPage:
     """Holders matching the filters, newest first, one page at a time.
 
     ``tenant_id=None`` means all tenants (the CLI); the web view always passes its tenant.
+    ``books`` is a counter key: only the holders that book a slot of that counter.
     TTL remaining is computed against MongoDB's clock.
 
     Raises:
@@ -266,6 +267,8 @@ def list_holders(tenant_id: str | None = None, resource: str | None = None, pod:
         query["projectId"] = pr
     if (u := _optional(user_id, validation.entity_id, "user id")) is not None:
         query["userId"] = u
+    if (k := _optional(books, validation.counter_key)) is not None:
+        query["levels"] = k
     page = _positive_int(page, "page", MAX_PAGE)
     per_page = _positive_int(per_page, "per_page", MAX_PER_PAGE)
     # Held leases only: a waiting request (or an attempt mid-funnel) has a PENDING document
@@ -394,6 +397,148 @@ def known_lease_names(tenant_id: str | None = None) -> list[str]:
     return sorted(names)
 
 
+# --- waiting tickets -------------------------------------------------------------------------
+
+GLOBAL_BLOCK_NOTE = "blocked at the global level, shared with other tenants"
+
+
+@dataclass(frozen=True)
+class WaiterView:
+    """One waiting ticket; ``position`` is its 1-based place in the grant order of the whole
+    queue (None when stale). ``blocked_count``/``blocked_cap`` are filled only for a level
+    the viewer may see (never the global level in a tenant's view)."""
+
+    ticket_id: str
+    resource: str
+    gate: str
+    tenant_id: str
+    project_id: str
+    user_id: str
+    position: int | None
+    waiting_since: datetime | None
+    last_seen: datetime | None
+    ttl_ms: int
+    stale: bool
+    level: str
+    blocked_key: str | None
+    blocked_count: int | None
+    blocked_cap: int | None
+
+    @property
+    def shared_level(self) -> bool:
+        """Blocked at the global level, whose numbers belong to all tenants together."""
+        return self.level == "global"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["sharedLevel"] = self.shared_level
+        return data
+
+
+@dataclass(frozen=True)
+class WaiterList:
+    """Waiting tickets, by resource then position (stale ones last), with MongoDB's time."""
+
+    items: list[WaiterView]
+    server_now: datetime
+
+    def by_resource(self) -> list[tuple[str, list[WaiterView]]]:
+        """``(resource, tickets)`` pairs in display order, for one table per resource."""
+        groups: dict[str, list[WaiterView]] = {}
+        for item in self.items:
+            groups.setdefault(item.resource, []).append(item)
+        return list(groups.items())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"serverNow": self.server_now, "items": [item.to_dict() for item in self.items]}
+
+
+def _level_key(resource: str, level: str, ticket: dict[str, Any]) -> str | None:
+    t, p, u = ticket.get("t", ""), ticket.get("p", ""), ticket.get("u", "")
+    scope = {"global": "*", "tenant": t, "project": f"{t}/{p}", "user": f"{t}/{u}"}.get(level)
+    return None if scope is None else f"{resource}|{level}|{scope}"
+
+
+def list_waiters(tenant_id: str | None = None, resource: str | None = None) -> WaiterList:
+    """Waiting tickets with their place in the queue and the level that blocks them.
+
+    With ``tenant_id`` only that tenant's live tickets come back: the query selects the
+    gates where it waits and the queue entries are filtered here, before anything leaves
+    this function, so another tenant's ids, people and counts never reach a page. The
+    position is still computed over the whole gate (``leases.order``), because that is the
+    place the ticket really has. Without ``tenant_id`` (operators) every ticket comes back,
+    stale ones included and marked, with the numbers of every blocking level.
+
+    Raises:
+        InvalidLeaseRequest: malformed tenant id or resource.
+        pymongo.errors.PyMongoError: the store is unreachable.
+    """
+    tenant = _optional(tenant_id, validation.entity_id, "tenant id")
+    query: dict[str, Any] = {"queue.t": tenant} if tenant is not None else {"queue.id": {"$exists": True}}
+    if (r := _optional(resource, validation.resource_name)) is not None:
+        query["resource"] = r
+    gates = list(store.counters().find(query, {"queue": 1, "holders": 1, "cap": 1, "count": 1, "resource": 1}))
+    now = store.server_now()
+    rows: list[tuple[dict[str, Any], dict[str, Any], int | None, bool]] = []
+    for gate in gates:
+        places = {t.get("id"): i for i, t in enumerate(order.ranked(gate, now), start=1)}
+        for ticket in gate.get("queue") or ():
+            if tenant is not None and ticket.get("t") != tenant:
+                continue
+            stale = order.is_stale(ticket, now)
+            if stale and tenant is not None:
+                continue  # its waiter is gone; the tenant sees live waits only
+            rows.append((gate, ticket, places.get(ticket.get("id")), stale))
+    # The numbers of the blocking levels: one read, and in a tenant's view bound to its own
+    # counters, so the global counter's numbers are never fetched for it.
+    keys = {k for gate, ticket, _, _ in rows
+            if (tenant is None or (ticket.get("lvl") or "global") != "global")
+            and (k := _level_key(gate.get("resource", ""), ticket.get("lvl") or "global", ticket))}
+    numbers: dict[str, tuple[int, int | None]] = {}
+    if keys:
+        counter_query: dict[str, Any] = {"_id": {"$in": sorted(keys)}}
+        if tenant is not None:
+            counter_query["tenantId"] = tenant
+        numbers = {d["_id"]: (int(d.get("count", 0)), d.get("cap"))
+                   for d in store.counters().find(counter_query, {"count": 1, "cap": 1})}
+    items = []
+    for gate, ticket, place, stale in rows:
+        level = ticket.get("lvl") or "global"
+        key = _level_key(gate.get("resource", ""), level, ticket)
+        visible = tenant is None or level != "global"
+        count, cap = numbers.get(key, (None, None)) if visible and key else (None, None)
+        items.append(WaiterView(
+            ticket_id=str(ticket.get("id", "")), resource=gate.get("resource", ""), gate=gate["_id"],
+            tenant_id=ticket.get("t", ""), project_id=ticket.get("p", ""), user_id=ticket.get("u", ""),
+            position=place, waiting_since=ticket.get("at"), last_seen=ticket.get("seen") or ticket.get("at"),
+            ttl_ms=int(ticket.get("ttl", 0)), stale=stale, level=level,
+            blocked_key=key if visible else None, blocked_count=count, blocked_cap=cap))
+    items.sort(key=lambda w: (w.resource, w.gate, w.position is None, w.position or 0,
+                              w.waiting_since or now, w.ticket_id))
+    return WaiterList(items, now)
+
+
+def globally_full(resources: Iterable[str]) -> set[str]:
+    """Which of ``resources`` have a full global level (count ≥ cap).
+
+    Only the names come back, never the numbers: a tenant may learn that the shared level
+    is what holds it back, not how the other tenants use it.
+
+    Raises:
+        InvalidLeaseRequest: a malformed resource name.
+        pymongo.errors.PyMongoError: the store is unreachable.
+    """
+    names = sorted({validation.resource_name(r) for r in resources})
+    if not names:
+        return set()
+    full = set()
+    for doc in store.counters().find({"_id": {"$in": [f"{n}|global|*" for n in names]}},
+                                     {"count": 1, "cap": 1, "resource": 1}):
+        if doc.get("cap") is not None and int(doc.get("count", 0)) >= int(doc["cap"]):
+            full.add(doc.get("resource") or doc["_id"].split("|", 1)[0])
+    return full
+
+
 # Audit kinds of lease revocations; the same collection also records API-key management
 # (``apikey-create``, ``apikey-revoke``), which a list of revocations must not show.
 REVOCATION_ACTIONS = ("revoke", "revoke-pod")
@@ -404,7 +549,7 @@ def list_audit(tenant_id: str | None = None, limit: int = 20,
     """The latest operator actions, newest first (of one tenant and of ``actions`` when given).
 
     The kinds are filtered in the query, so other kinds never push the wanted ones past
-    ``limit``.
+    ``limit``. Each record carries its ``id`` (hex) for :func:`get_audit`.
 
     Raises:
         InvalidLeaseRequest: malformed tenant id, limit or actions.
@@ -417,7 +562,32 @@ def list_audit(tenant_id: str | None = None, limit: int = 20,
             raise InvalidLeaseRequest("actions must be a tuple of audit kinds")
         query["action"] = {"$in": list(actions)}
     limit = _positive_int(limit, "limit", 1000)
-    return list(store.audit().find(query, {"_id": 0}).sort([("at", -1)]).limit(limit))
+    return [_audit_record(doc) for doc in store.audit().find(query).sort([("at", -1)]).limit(limit)]
+
+
+def _audit_record(doc: dict[str, Any]) -> dict[str, Any]:
+    record = {k: v for k, v in doc.items() if k != "_id"}
+    record["id"] = str(doc["_id"])
+    return record
+
+
+def get_audit(entry_id: str, tenant_id: str | None = None) -> dict[str, Any]:
+    """One audit record by its id, bound to ``tenant_id`` when given.
+
+    Raises:
+        InvalidLeaseRequest: the id is not a 24-digit hex ObjectId, or the tenant id is malformed.
+        AuditEntryNotFound: no such record (in that tenant); the same answer for another tenant's.
+        pymongo.errors.PyMongoError: the store is unreachable.
+    """
+    if not isinstance(entry_id, str) or not ObjectId.is_valid(entry_id) or len(entry_id) != 24:
+        raise InvalidLeaseRequest("invalid audit entry id: must be 24 hex digits")
+    query: dict[str, Any] = {"_id": ObjectId(entry_id)}
+    if tenant_id is not None:
+        query["tenantId"] = validation.entity_id(tenant_id, "tenant id")
+    doc = store.audit().find_one(query)
+    if doc is None:
+        raise AuditEntryNotFound(f"no audit entry {entry_id}")
+    return _audit_record(doc)
 
 
 # --- acts -----------------------------------------------------------------------------------

@@ -90,6 +90,30 @@ def resource_name(value: Any) -> str:
     return _check(RESOURCE_RE, value, "resource")
 
 
+def counter_key(value: Any) -> str:
+    """Return ``value`` if it has the shape of a counter key ``<resource>|<level>|<scope>``.
+
+    The scope is ``*`` (global), a tenant id, or ``tenant/project`` / ``tenant/user``.
+
+    Raises:
+        InvalidLeaseRequest: not a counter key of that shape.
+    """
+    if not isinstance(value, str) or len(value) > 300:
+        raise InvalidLeaseRequest("invalid counter key: must be <resource>|<level>|<scope>")
+    parts = value.split("|")
+    if len(parts) != 3:
+        raise InvalidLeaseRequest("invalid counter key: must be <resource>|<level>|<scope>")
+    resource, level, scope = parts
+    resource_name(resource)
+    ids = scope.split("/")
+    shape_ok = ((level == "global" and scope == "*") or (level == "tenant" and len(ids) == 1)
+                or (level in ("project", "user") and len(ids) == 2))
+    if not shape_ok or (scope != "*" and not all(ID_RE.fullmatch(i) for i in ids)):
+        raise InvalidLeaseRequest(f"invalid counter key: level {level!r} does not fit scope {scope!r}"
+                                  if len(level) <= 16 and len(scope) <= 140 else "invalid counter key")
+    return value
+
+
 def token(value: Any) -> str:
     """Return ``value`` if it has the shape of a lease token.
 

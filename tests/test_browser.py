@@ -4,6 +4,7 @@ the app running as a real server process. Screenshots land in docs/screenshots/.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -215,5 +216,149 @@ def test_given_an_over_long_filter_value_then_the_page_keeps_its_width_and_names
         assert any("Resource is too long: at most 128 characters." in e for e in errors)
         assert any("Page must be a whole number" in e for e in errors)
         _shot(page, "holders-bad-filters")
+    finally:
+        context.close()
+
+
+class _Waiter(threading.Thread):
+    """An acquire with a long wait in a thread of this process: a real ticket in the queue,
+    kept alive by its own keep-alive while the page is looked at."""
+
+    def __init__(self, tenant, project, user):
+        super().__init__(daemon=True)
+        self.request = leases.LeaseRequest(type="tex", lease="tex", tenant_id=tenant, project_id=project, user_id=user,
+                                           holder_ref=f"compile:{user}.tex", pod="", wait_ms=60_000)
+        self.lease = self.error = None
+
+    def run(self):
+        try:
+            self.lease = leases.acquire(self.request)
+        except leases.LeaseError as exc:
+            self.error = exc
+
+
+def _queued():
+    return [t["id"] for t in (store.counters().find_one({"_id": "tex2pdf|global|*"}) or {}).get("queue") or ()]
+
+
+def _queue_up(tenant, project, user):
+    before = set(_queued())
+    waiter = _Waiter(tenant, project, user)
+    waiter.start()
+    deadline = time.monotonic() + 10
+    while not set(_queued()) - before:
+        assert time.monotonic() < deadline, "the waiter never queued"
+        time.sleep(0.01)
+    (waiter.ticket,) = set(_queued()) - before
+    return waiter
+
+
+def test_waiting_tab_shows_own_queue_places_and_blocking_levels_and_counters_flag_a_full_global_level(app, browser,
+                                                                                                      settings):
+    # The waiters run in this process: their tickets stay fresh for 30 s, so a keep-alive
+    # delayed on a loaded machine cannot reorder the queue under the assertions.
+    settings.LEASES_TICKET_TTL_MS = 30_000
+    register_pod(app)
+    _tenant("acme", "Acme Corp", ["docs", "web"])
+    _tenant("globex", "Globex Inc", ["research"])
+    # tex2pdf: global 6 (bundled). acme may hold 3, 2 of them in docs; globex 4.
+    config.put_document("acme", TENANT_PROJECT, document_path("tex"), "levels:\n  tenant: 3\nttlSeconds: 600\n")
+    config.put_document("acme", "docs", document_path("tex"), "levels:\n  project: 2\n")
+    config.put_document("acme", "web", document_path("tex"), "levels:\n  project: 2\n")
+    config.put_document("globex", TENANT_PROJECT, document_path("tex"), "levels:\n  tenant: 4\nttlSeconds: 600\n")
+    config.put_document("globex", "research", document_path("tex"), "levels:\n  project: 4\n")
+    held = [_hold("tex", "tex", "acme", "docs", user, f"compile:{user}.tex", {}) for user in ("alice", "bob")]
+    held += [_hold("tex", "tex", "globex", "research", f"g{n}", f"compile:g{n}.tex", {}) for n in range(4)]
+    # The global level is now full (6/6): acme's carol waits at the shared level, globex's
+    # hank at its own levels, and acme's alice at her project (docs 2/2).
+    waiters = [_queue_up("acme", "web", "carol"), _queue_up("globex", "research", "hank"),
+               _queue_up("acme", "docs", "alice")]
+    context = browser.new_context(viewport={"width": 1440, "height": 900})
+    page = context.new_page()
+    try:
+        _login(page, f"{app.url}/t/acme/insights/leases/counters", "acme-admin")
+        # Counters: acme's own levels have room, and its rows say the shared level is full.
+        tenant_row = page.locator('tr[data-key="tex2pdf|tenant|acme"]')
+        assert "2 / 3" in tenant_row.inner_text() and "global level full" in tenant_row.inner_text()
+        assert "global level full" in page.locator('tr[data-key="tex2pdf|project|acme/web"]').inner_text()
+        notice = page.locator("#global-full-notice").inner_text()
+        assert "tex2pdf" in notice and "shared with other tenants" in notice
+        live = page.locator("#live").inner_text()
+        assert "6 / 6" not in live and "globex" not in live and "*" not in live
+        _shot(page, "counters-global-full")
+
+        # Counter → the holders that book it.
+        page.click('tr[data-key="tex2pdf|project|acme/docs"] >> text=Holders')
+        page.wait_for_load_state()
+        assert sorted(page.locator("tr[data-token]").evaluate_all("rs => rs.map(r => r.dataset.token)")) == sorted(
+            h.token for h in held[:2])
+
+        page.click("nav.tabs >> text=Waiting")
+        page.wait_for_load_state()
+        rows = page.locator("tr[data-ticket]")
+        assert rows.evaluate_all("rs => rs.map(r => r.dataset.ticket)") == [waiters[0].ticket, waiters[2].ticket]
+        carol, alice = rows.nth(0).inner_text(), rows.nth(1).inner_text()
+        # carol is first in the whole queue (acme holds fewer than globex); hank (globex,
+        # blocked by its own caps) sits between, so alice is third — hank is never shown.
+        assert "#1" in carol and "carol" in carol and "blocked at the global level, shared with other tenants" in carol
+        assert "#3" in alice and "alice" in alice and "tex2pdf|project|acme/docs" in alice and "2 / 2" in alice
+        body = page.locator("main").inner_text()
+        assert "hank" not in body and "globex" not in body and waiters[1].ticket not in page.content()
+        assert "6 / 6" not in body
+        _shot(page, "waiting")
+
+        # A new waiter shows up by itself (live-region refresh), without a reload.
+        page.evaluate("window.__noReload = true")
+        waiters.append(_queue_up("acme", "web", "dora"))
+        page.wait_for_selector(f'tr[data-ticket="{waiters[-1].ticket}"]', timeout=12_000)
+        assert page.evaluate("window.__noReload") is True
+
+        # The blocking level's link lists alice's and bob's holders.
+        page.click(f'tr[data-ticket="{waiters[2].ticket}"] >> text=tex2pdf|project|acme/docs')
+        page.wait_for_load_state()
+        assert page.locator("tr[data-token]").count() == 2
+
+        # The other tenant sees its own ticket and nothing of acme's.
+        page.click("text=Log out")
+        page.wait_for_load_state()
+        _login(page, f"{app.url}/t/globex/insights/leases/waiting", "globex-admin")
+        assert page.locator("tr[data-ticket]").evaluate_all("rs => rs.map(r => r.dataset.ticket)") == [waiters[1].ticket]
+        assert "carol" not in page.content() and "alice" not in page.content()
+        assert "#2" in page.locator("tr[data-ticket]").inner_text()
+    finally:
+        context.close()
+        for lease in held:
+            lease.release()
+        for waiter in waiters:
+            waiter.join(30)
+            if waiter.lease is not None:
+                waiter.lease.release()
+
+
+def test_holder_links_to_its_definition_revocation_to_its_audit_entry_and_api_keys_is_a_tab(app, browser, world):
+    acme, _ = world
+    from leases import operations
+
+    operations.revoke_holder(acme[1].token, tenant_id="acme", acting_user="acme-admin", reason="stuck compile")
+    context = browser.new_context(viewport={"width": 1440, "height": 900})
+    page = context.new_page()
+    try:
+        _login(page, f"{app.url}/t/acme/insights/leases", "acme-admin")
+        page.click(f'tr[data-token="{acme[0].token}"] >> a.def-link')
+        page.wait_for_load_state()
+        assert "/definition?name=tex&project=docs" in page.url
+        assert "levels.project\t2\tproject" in page.locator("table").inner_text()
+
+        page.goto(f"{app.url}/t/acme/insights/leases")
+        page.click("tr[data-audit] >> text=Audit entry")
+        page.wait_for_load_state()
+        entry = page.locator("#audit-entry").inner_text()
+        assert acme[1].token in entry and "stuck compile" in entry and "acme-admin" in entry
+        _shot(page, "audit-entry")
+
+        page.click("nav.tabs >> text=API keys")
+        page.wait_for_load_state()
+        assert page.url == f"{app.url}/t/acme/insights/api-keys"
+        assert page.locator("nav.tabs a.active").inner_text() == "API keys"
     finally:
         context.close()

@@ -6,7 +6,10 @@ The pod is a real ``runserver`` process (tests.live_app); ``--force`` bypasses i
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
+import threading
 import time
 from datetime import timedelta
 from io import StringIO
@@ -131,6 +134,8 @@ def test_definition_prints_merged_fields_with_layers():
     (["revoke", "$gt"], "invalid lease token"),
     (["revoke-pod", "a b", "--force"], "invalid pod id"),
     (["reconcile", "--safety-ms", "-1"], "--safety-ms"),
+    (["waiters", "--tenant", '{"$ne": 1}'], "invalid tenant id"),
+    (["waiters", "--resource", "$gt"], "invalid resource"),
 ])
 def test_given_bad_input_then_a_clear_error_and_nothing_changes(args, message):
     a = hold()
@@ -370,3 +375,118 @@ def test_given_force_on_a_detached_pod_bound_holder_then_it_says_detached_and_no
     text = lease("revoke", "--force", "--", held.token)
     assert "is detached (no pod" in text and "no pod runs its handler" in text and "NO handler ran" in text
     assert "(none)" not in text and "keeps running there" not in text
+
+
+# --- waiters --------------------------------------------------------------------------------
+
+class Waiter(threading.Thread):
+    """An acquire with a long wait in a thread of this process: a live ticket in the queue."""
+
+    def __init__(self, tenant, user):
+        super().__init__(daemon=True)
+        self.request = leases.LeaseRequest(type="clitest", lease="cliwait", tenant_id=tenant, project_id="docs",
+                                           user_id=user, pod="", wait_ms=30_000)
+        self.lease = self.error = None
+
+    def run(self):
+        try:
+            self.lease = leases.acquire(self.request)
+        except leases.LeaseError as exc:
+            self.error = exc
+
+
+def queued(key="cliwres|global|*"):
+    return [t["id"] for t in (store.counters().find_one({"_id": key}) or {}).get("queue") or ()]
+
+
+def until_queued(before, key="cliwres|global|*"):
+    deadline = time.monotonic() + 20
+    while not set(queued(key)) - before:
+        assert time.monotonic() < deadline, "the waiter never queued"
+        time.sleep(0.01)
+    (ticket,) = set(queued(key)) - before
+    return ticket
+
+
+WAIT_CHILD = """
+import django; django.setup()
+import leases
+from leases import handlers
+class Q(handlers.LeaseHandler):
+    type = "clitest"
+    def on_revoked(self, holder): pass
+handlers.register_handler(Q())
+print("ready", flush=True)
+leases.acquire(leases.LeaseRequest(type="clitest", lease="cliwait2", tenant_id="initech", project_id="ops",
+                                   user_id="ghost", pod="", wait_ms=60000))
+"""
+
+
+def test_waiters_lists_every_tenants_tickets_with_position_blocking_level_and_marks_stale_ones(settings):
+    # This process's waiters stay fresh for 30 s (a late keep-alive cannot reorder them);
+    # the child's ticket lives 400 ms, so it goes stale soon after the child is killed.
+    settings.LEASES_TICKET_TTL_MS = 30_000
+    for name, resource in (("cliwait", "cliwres"), ("cliwait2", "cliwres2")):
+        config.put_document("_vance", "_tenant", document_path(name),
+                            f"resource: {resource}\nlevels: {{global: 1, user: 1}}\nttlSeconds: 60\nwaitMs: 30000")
+    held = hold(tenant="globex", user="gina", lease="cliwait")
+    held2 = hold(tenant="globex", user="gina", lease="cliwait2")
+    # Given a waiter killed with SIGKILL (its ticket goes stale after its short TTL; it waits
+    # on a resource nobody else waits for, so no live waiter prunes it before it is listed) ...
+    child = subprocess.Popen([PYTHON, "-c", WAIT_CHILD], cwd=REPO, env=child_env(LEASES_TICKET_TTL_MS="400"),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    waiters = []
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        dead = until_queued(set(), "cliwres2|global|*")
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(10)
+        # ... and two live waiters of acme, blocked by the global level ...
+        for user in ("alice", "bob"):
+            before = set(queued())
+            waiters.append(Waiter("acme", user))
+            waiters[-1].start()
+            waiters[-1].ticket = until_queued(before)
+        deadline = time.monotonic() + 10
+        while not json.loads(lease("waiters", "--json"))["items"][-1]["stale"]:
+            assert time.monotonic() < deadline, "the dead ticket never went stale"
+            time.sleep(0.05)
+        # When the operator lists the waiters
+        data = json.loads(lease("waiters", "--json"))
+        text = lease("waiters")
+        only_acme = json.loads(lease("waiters", "--tenant", "acme", "--resource", "cliwres", "--json"))
+        nothing = lease("waiters", "--resource", "nosuchres")
+    finally:
+        if child.poll() is None:
+            child.kill()
+        held.release()
+        held2.release()
+        for waiter in waiters:
+            waiter.join(30)
+            if waiter.lease is not None:
+                waiter.lease.release()
+    # Then: every tenant's tickets, live ones by place, the stale one last and marked.
+    rows = [(w["tenant_id"], w["user_id"], w["position"], w["level"], w["stale"]) for w in data["items"]]
+    assert rows == [("acme", "alice", 1, "global", False), ("acme", "bob", 2, "global", False),
+                    ("initech", "ghost", None, "global", True)]
+    assert data["items"][-1]["ticket_id"] == dead
+    assert [(w["blocked_key"], w["blocked_count"], w["blocked_cap"]) for w in data["items"]] == [
+        ("cliwres|global|*", 1, 1), ("cliwres|global|*", 1, 1), ("cliwres2|global|*", 1, 1)]
+    lines = text.splitlines()
+    assert lines[0].split() == ["RESOURCE", "TENANT", "PROJECT", "USER", "POS", "WAITING-SINCE", "WAITED",
+                                "BLOCKED-AT", "STALE", "TICKET"]
+    ghost = next(line for line in lines if "ghost" in line)
+    assert "STALE" in ghost and "global 1/1" in ghost and dead in ghost
+    assert "3 waiting ticket(s), 1 stale" in text
+    assert [w["ticket_id"] for w in only_acme["items"]] == [w.ticket for w in waiters]
+    assert nothing.strip() == "No waiting tickets."
+
+
+def test_waiters_with_json_and_bad_input_prints_the_json_error_object():
+    with pytest.raises(CommandError):
+        out = StringIO()
+        try:
+            call_command("lease", "waiters", "--tenant", "a/b", "--json", stdout=out)
+        finally:
+            error = json.loads(out.getvalue())["error"]
+    assert error["code"] == "INVALID_REQUEST" and "tenant id" in error["message"]

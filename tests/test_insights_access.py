@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import threading
+import time
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -54,6 +56,7 @@ def world():
 def urls(tenant, token):
     base = f"/t/{tenant}/insights/leases"
     return [base, f"{base}?resource=uires", f"{base}?fragment=1", f"{base}/counters", f"{base}/counters?fragment=1",
+            f"{base}/waiting", f"{base}/waiting?fragment=1", f"{base}?counter=uires%7Ctenant%7C{tenant}",
             f"{base}/definition?name=uilease&project=_tenant", f"{base}/holders/{token}", f"{base}/holders/{token}/revoke"]
 
 
@@ -255,7 +258,7 @@ def test_given_api_key_changes_after_a_revocation_then_recent_revocations_shows_
     # Then the revocation is listed and no key management is
     assert holders["acme"].token[:13] in section and "stuck" in section
     assert "cli:root" not in section and "None" not in section
-    assert section.count("<tr><td>") == 1
+    assert section.count("<tr data-audit=") == 1
 
 
 # --- filter input, paging, wording, 403 logging ----------------------------------------------
@@ -326,3 +329,165 @@ def test_given_only_a_tenant_document_when_viewing_the_definition_tenant_wide_th
     body = logged_in(users["acme-admin"]).get("/t/acme/insights/leases/definition?name=browser&project=_tenant").content.decode()
     row = re.search(r"ttlSeconds.*?</tr>", body, re.S).group(0)
     assert "45" in row and "layer-tenant" in row and "layer-project" not in row
+
+
+# --- waiting, the global-full flag, links between the views ----------------------------------
+
+class Waiter(threading.Thread):
+    """An acquire with a long wait in a thread of this process: a real ticket in the queue."""
+
+    def __init__(self, tenant, project, user):
+        super().__init__(daemon=True)
+        self.request = leases.LeaseRequest(type="uitest", lease="qlease", tenant_id=tenant, project_id=project,
+                                           user_id=user, pod="", wait_ms=30_000)
+        self.lease = self.error = None
+
+    def run(self):
+        try:
+            self.lease = leases.acquire(self.request)
+        except leases.LeaseError as exc:
+            self.error = exc
+
+
+def queued():
+    return [t["id"] for t in (store.counters().find_one({"_id": "qres|global|*"}) or {}).get("queue") or ()]
+
+
+def queue_up(tenant, project, user):
+    """Start a waiter; return it once its ticket (``waiter.ticket``) is in the queue."""
+    before = set(queued())
+    waiter = Waiter(tenant, project, user)
+    waiter.start()
+    deadline = time.monotonic() + 10
+    while not set(queued()) - before:
+        assert time.monotonic() < deadline, "the waiter never queued"
+        time.sleep(0.01)
+    (waiter.ticket,) = set(queued()) - before
+    return waiter
+
+
+def q_hold(tenant, project, user):
+    return leases.acquire(leases.LeaseRequest(type="uitest", lease="qlease", tenant_id=tenant, project_id=project,
+                                              user_id=user, pod="", wait_ms=0))
+
+
+@pytest.fixture
+def queue(world, settings):
+    """qres's global level full (globex holds both slots); globex's dave, then acme's alice
+    and carol wait (the global level blocks them all). Tickets stay fresh for 30 s, so a
+    keep-alive delayed on a loaded machine cannot reorder them."""
+    settings.LEASES_TICKET_TTL_MS = 30_000
+    config.put_document("_vance", "_tenant", document_path("qlease"),
+                        "resource: qres\nlevels: {global: 2, tenant: 4}\nttlSeconds: 60\nwaitMs: 30000")
+    held = [q_hold("globex", "research", "dave"), q_hold("globex", "research", "erin")]
+    waiters = [queue_up("globex", "research", "frank"), queue_up("acme", "docs", "alice"),
+               queue_up("acme", "docs", "carol")]
+    yield held, waiters
+    for lease in held:
+        lease.release()
+    for waiter in waiters:
+        waiter.join(30)
+        if waiter.lease is not None:
+            waiter.lease.release()
+
+
+def test_given_waiters_of_two_tenants_then_the_waiting_tab_lists_only_the_own_with_place_and_shared_level(world, queue):
+    users, _ = world
+    _, waiters = queue
+    client = logged_in(users["acme-admin"])
+    page = client.get("/t/acme/insights/leases/waiting").content.decode()
+    rows = re.findall(r'<tr data-ticket="([^"]+)">(.*?)</tr>', page, re.S)
+    # Then: acme's two tickets (acme holds nothing, so they are first and second), not globex's.
+    assert [ticket for ticket, _ in rows] == [waiters[1].ticket, waiters[2].ticket]
+    assert ["#1" in body and "alice" in body for _, body in rows] == [True, False]
+    assert "#2" in rows[1][1] and "carol" in rows[1][1]
+    assert all("blocked at the global level, shared with other tenants" in body for _, body in rows)
+    assert waiters[0].ticket not in page and "frank" not in page and "globex" not in page
+    assert "2 / 2" not in page and "qres|global|*" not in page  # no numbers of the shared level
+    assert "global level full" in page
+    assert '<meta http-equiv="refresh" content="5">' in page
+    fragment = client.get("/t/acme/insights/leases/waiting?fragment=1").content.decode()
+    assert waiters[1].ticket in fragment and "<html" not in fragment and "frank" not in fragment
+    # The other tenant sees its own single ticket, third in line, and none of acme's.
+    other = logged_in(users["globex-admin"]).get("/t/globex/insights/leases/waiting").content.decode()
+    assert waiters[0].ticket in other and "#3" in other
+    assert "alice" not in other and waiters[1].ticket not in other
+
+
+def test_given_nothing_waits_then_the_waiting_tab_says_so(world):
+    users, _ = world
+    page = logged_in(users["acme-admin"]).get("/t/acme/insights/leases/waiting").content.decode()
+    assert "Nothing is waiting" in page and "data-ticket" not in page
+
+
+def test_given_a_full_global_level_then_the_counters_page_flags_the_tenants_rows_without_global_numbers(world, queue):
+    users, _ = world
+    client = logged_in(users["acme-admin"])
+    # (acme's waiting requests created its qres tenant counter: 0 of 4 booked.)
+    page = client.get("/t/acme/insights/leases/counters").content.decode()
+    row = re.search(r'<tr data-key="qres\|tenant\|acme">(.*?)</tr>', page, re.S).group(1)
+    assert "global level full" in row
+    other = re.search(r'<tr data-key="uires\|tenant\|acme">(.*?)</tr>', page, re.S).group(1)
+    assert "global level full" not in other
+    assert "0 / 4" in row and "Busy above your tenant" in page and "2 / 2" not in page and "globex" not in page
+
+
+def test_given_a_counter_row_then_it_links_to_exactly_the_holders_that_book_it(world):
+    users, holders = world
+    client = logged_in(users["acme-admin"])
+    other = leases.acquire(leases.LeaseRequest(type="uitest", lease="uilease", tenant_id="acme", project_id="docs",
+                                               user_id="bob", pod=""))
+    page = client.get("/t/acme/insights/leases/counters").content.decode()
+    link = re.search(r'<tr data-key="uires\|user\|acme/alice">.*?href="([^"]+)"', page, re.S).group(1)
+    assert link == "/t/acme/insights/leases?counter=uires%7Cuser%7Cacme%2Falice"
+    listed = client.get(link).content.decode()
+    assert holders["acme"].token in listed and other.token not in listed
+    # Another tenant's counter key under acme's URL finds nothing of globex.
+    foreign = client.get("/t/acme/insights/leases?counter=uires%7Cuser%7Cglobex%2Fdave").content.decode()
+    assert holders["globex"].token not in foreign and "No holder matches these filters" in foreign
+    bad = client.get("/t/acme/insights/leases?counter=%7B%22%24ne%22%3A1%7D")
+    assert bad.status_code == 400 and "invalid counter key" in bad.content.decode()
+    other.release()
+
+
+def test_given_a_holder_then_its_row_and_detail_link_to_its_definition(world):
+    users, holders = world
+    client = logged_in(users["acme-admin"])
+    page = client.get("/t/acme/insights/leases").content.decode()
+    assert 'href="/t/acme/insights/leases/definition?name=uilease&amp;project=docs"' in page
+    detail = client.get(f"/t/acme/insights/leases/holders/{holders['acme'].token}").content.decode()
+    link = re.search(r'class="def-link" href="([^"]+)"', detail).group(1).replace("&amp;", "&")
+    assert link == "/t/acme/insights/leases/definition?name=uilease&project=docs"
+    shown = client.get(link)
+    assert shown.status_code == 200 and "levels.user" in shown.content.decode()
+
+
+def test_given_a_revocation_then_its_row_links_to_the_audit_entry_which_other_tenants_cannot_open(world):
+    from leases import operations
+
+    users, holders = world
+    operations.revoke_holder(holders["acme"].token, tenant_id="acme", acting_user="acme-admin", reason="stuck")
+    entry_id = str(store.audit().find_one({"token": holders["acme"].token})["_id"])
+    client = logged_in(users["acme-admin"])
+    section = revocations_section(client)
+    assert f'href="/t/acme/insights/leases/audit/{entry_id}"' in section
+    entry = client.get(f"/t/acme/insights/leases/audit/{entry_id}")
+    body = entry.content.decode()
+    assert entry.status_code == 200 and holders["acme"].token in body and "stuck" in body and "acme-admin" in body
+    stranger = logged_in(users["globex-admin"])
+    assert stranger.get(f"/t/acme/insights/leases/audit/{entry_id}").status_code == 404
+    assert stranger.get(f"/t/globex/insights/leases/audit/{entry_id}").status_code == 404
+    assert logged_in(users["acme-member"]).get(f"/t/acme/insights/leases/audit/{entry_id}").status_code == 403
+    for bad in ("%24ne", "x" * 24, "0" * 24):
+        assert client.get(f"/t/acme/insights/leases/audit/{bad}").status_code == 404
+
+
+def test_given_the_api_keys_page_then_it_is_a_tab_of_the_tenant_navigation(world):
+    users, _ = world
+    client = logged_in(users["acme-admin"])
+    holders_page = client.get("/t/acme/insights/leases").content.decode()
+    assert 'href="/t/acme/insights/api-keys"' in holders_page
+    keys_page = client.get("/t/acme/insights/api-keys").content.decode()
+    nav = re.search(r'<nav class="tabs">(.*?)</nav>', keys_page, re.S).group(1)
+    assert re.search(r'href="/t/acme/insights/api-keys" class="active">API keys', nav)
+    assert 'href="/t/acme/insights/leases/waiting"' in nav and 'href="/t/acme/insights/leases"' in nav

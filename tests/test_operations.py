@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 from prometheus_client import REGISTRY
 
 import leases
 from leases import config, definitions, dispatch, handlers, invalidation, listener, operations, store
 from leases.definitions import document_path
-from leases.errors import HolderNotFound, InvalidLeaseRequest, LeaseLost
+from leases.errors import AuditEntryNotFound, HolderNotFound, InvalidLeaseRequest, LeaseLost
 from leases.identity import self_pod_id
+from tests.helpers import counted_commands
 
 
 class RecordingHandler(handlers.LeaseHandler):
@@ -225,3 +229,159 @@ def test_given_holders_on_a_pod_when_revoking_the_pod_then_all_of_its_holders_go
         operations.revoke_pod({"$ne": ""}, acting_user="ops")
     with pytest.raises(InvalidLeaseRequest):
         operations.revoke_pod("", acting_user="ops")
+
+
+# --- waiting tickets ------------------------------------------------------------------------
+
+class Waiter(threading.Thread):
+    """An acquire with a long wait in a thread of this process (a real ticket in the queue)."""
+
+    def __init__(self, tenant, project, user, lease="wqlease"):
+        super().__init__(daemon=True)
+        self.request = leases.LeaseRequest(type="optest", lease=lease, tenant_id=tenant, project_id=project,
+                                           user_id=user, pod="", wait_ms=30_000)
+        self.lease = self.error = None
+
+    def run(self):
+        try:
+            self.lease = leases.acquire(self.request)
+        except leases.LeaseError as exc:
+            self.error = exc
+
+
+@pytest.fixture
+def steady_tickets(settings):
+    """Tickets that stay fresh for 30 s: a keep-alive delayed on a loaded machine must not
+    make a ticket "suspect" (sent behind the fresh ones) and so change the positions."""
+    settings.LEASES_TICKET_TTL_MS = 30_000
+
+
+def queued(key):
+    return [t["id"] for t in (store.counters().find_one({"_id": key}) or {}).get("queue") or ()]
+
+
+def queue_up(tenant, project, user, key="wqres|global|*", lease="wqlease"):
+    """Start a waiter and return once its ticket is queued (so arrival order is fixed)."""
+    before = len(queued(key))
+    waiter = Waiter(tenant, project, user, lease)
+    waiter.start()
+    deadline = time.monotonic() + 10
+    while len(queued(key)) <= before:
+        assert time.monotonic() < deadline, "the waiter never queued"
+        time.sleep(0.01)
+    return waiter
+
+
+def finish(held, waiters):
+    """Free the held slots until every waiter got and returned its lease."""
+    for lease in held:
+        lease.release()
+    for waiter in waiters:
+        waiter.join(30)
+        assert waiter.lease is not None, waiter.error
+        waiter.lease.release()
+
+
+def wq_hold(tenant, project, user):
+    return leases.acquire(leases.LeaseRequest(type="optest", lease="wqlease", tenant_id=tenant, project_id=project,
+                                              user_id=user, pod="", wait_ms=0))
+
+
+def test_given_tickets_of_two_tenants_when_one_tenant_lists_then_only_its_own_with_places_in_the_whole_queue(steady_tickets):
+    config.put_document("_vance", "_tenant", document_path("wqlease"),
+                        "resource: wqres\nlevels: {global: 2, user: 2}\nttlSeconds: 60\nwaitMs: 30000")
+    held = [wq_hold("globex", "research", "g1"), wq_hold("globex", "research", "g2")]  # global full
+    waiters = [queue_up("globex", "research", "g3"), queue_up("acme", "docs", "alice"),
+               queue_up("acme", "web", "bob")]
+    try:
+        mine = operations.list_waiters(tenant_id="acme")
+        everyone = operations.list_waiters()
+    finally:
+        finish(held, waiters)
+
+    # acme holds nothing and globex two: acme's two go first although globex's g3 is older.
+    assert [(w.user_id, w.position) for w in mine.items] == [("alice", 1), ("bob", 2)]
+    assert all(w.tenant_id == "acme" and w.level == "global" and w.shared_level for w in mine.items)
+    # No number of the shared level, no other tenant's ticket, person or id.
+    assert all(w.blocked_count is None and w.blocked_cap is None and w.blocked_key is None for w in mine.items)
+    text = repr(mine.to_dict())
+    assert "globex" not in text and "g3" not in text and waiters[0].request.user_id not in text
+    assert all(w.waiting_since <= mine.server_now for w in mine.items)
+    # The operator sees all three, with the global level's numbers.
+    assert [(w.tenant_id, w.user_id, w.position) for w in everyone.items] == [
+        ("acme", "alice", 1), ("acme", "bob", 2), ("globex", "g3", 3)]
+    assert {(w.blocked_key, w.blocked_count, w.blocked_cap) for w in everyone.items} == {("wqres|global|*", 2, 2)}
+    assert operations.list_waiters(tenant_id="initech").items == []
+
+
+def test_given_a_ticket_blocked_at_its_own_user_level_then_the_tenant_sees_that_level_with_its_numbers(steady_tickets):
+    config.put_document("_vance", "_tenant", document_path("wqlease"),
+                        "resource: wqres\nlevels: {global: 5, user: 1}\nttlSeconds: 60\nwaitMs: 30000")
+    held = [wq_hold("acme", "docs", "alice")]
+    waiters = [queue_up("acme", "docs", "alice")]
+    try:
+        (row,) = operations.list_waiters(tenant_id="acme", resource="wqres").items
+        assert operations.list_waiters(tenant_id="acme", resource="otherres").items == []
+    finally:
+        finish(held, waiters)
+    assert (row.level, row.shared_level, row.blocked_key) == ("user", False, "wqres|user|acme/alice")
+    assert (row.blocked_count, row.blocked_cap, row.position) == (1, 1, 1)
+
+
+def test_given_a_full_global_level_then_only_the_resource_name_is_flagged():
+    config.put_document("_vance", "_tenant", document_path("wqlease"),
+                        "resource: wqres\nlevels: {global: 1, user: 1}\nttlSeconds: 60")
+    hold(user="alice")  # opres: global 50, far from full
+    held = wq_hold("globex", "research", "g1")
+    assert operations.globally_full(["wqres", "opres", "nosuch"]) == {"wqres"}
+    held.release()
+    assert operations.globally_full(["wqres"]) == set()
+    assert operations.globally_full([]) == set()
+
+
+@pytest.mark.parametrize("kwargs", [{"tenant_id": {"$ne": ""}}, {"resource": {"$gt": ""}}, {"tenant_id": "a/b"}])
+def test_given_operator_like_waiter_filters_then_typed_error_before_any_query(kwargs):
+    with pytest.raises(InvalidLeaseRequest):
+        operations.list_waiters(**kwargs)
+    with pytest.raises(InvalidLeaseRequest):
+        operations.globally_full([{"$ne": ""}])
+
+
+def test_given_a_counter_key_then_holders_are_those_booking_it_and_a_bad_key_is_refused():
+    a = hold(user="alice")
+    hold(project="web", user="bob")
+    page = operations.list_holders(tenant_id="acme", books="opres|project|acme/docs")
+    assert [h.token for h in page.items] == [a.token]
+    for bad in ({"$ne": ""}, "opres|project|acme", "opres|global|acme", "a|b", "opres|user|acme/$x"):
+        with pytest.raises(InvalidLeaseRequest):
+            operations.list_holders(tenant_id="acme", books=bad)
+
+
+def test_given_a_revocation_then_its_audit_entry_is_found_by_id_in_its_tenant_only(handler):
+    lease = hold()
+    operations.revoke_holder(lease.token, tenant_id="acme", acting_user="ops", reason="stuck")
+    (entry,) = operations.list_audit("acme")
+    assert operations.get_audit(entry["id"], tenant_id="acme")["token"] == lease.token
+    with pytest.raises(AuditEntryNotFound):
+        operations.get_audit(entry["id"], tenant_id="globex")
+    for bad in ({"$ne": ""}, "x" * 24, "abc"):
+        with pytest.raises(InvalidLeaseRequest):
+            operations.get_audit(bad)
+
+
+def test_given_waiters_blocked_at_the_global_level_then_the_tenant_view_costs_one_find_and_a_clock_read(steady_tickets):
+    config.put_document("_vance", "_tenant", document_path("wqlease"),
+                        "resource: wqres\nlevels: {global: 1, user: 5}\nttlSeconds: 60\nwaitMs: 30000")
+    held = [wq_hold("globex", "research", "g1")]
+    waiters = [queue_up("acme", "docs", f"u{n}") for n in range(3)] + [queue_up("globex", "research", "g2")]
+    try:
+        with counted_commands() as counter:
+            mine = operations.list_waiters(tenant_id="acme")
+            # The waiters' own keep-alives run meanwhile (findAndModify); count the reads.
+            reads = [c for c in counter.commands if c != "findAndModify"]
+    finally:
+        finish(held, waiters)
+    # Tenants alternate: after two of acme's (ties go to the older), globex's g2 is third.
+    assert [(w.user_id, w.position) for w in mine.items] == [("u0", 1), ("u1", 2), ("u2", 4)]
+    # One find for the queues and MongoDB's clock; the global level's numbers are not even read.
+    assert sorted(reads) == ["find", "hello"], reads

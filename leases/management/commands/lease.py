@@ -149,7 +149,8 @@ def _require_pod(pod: str) -> None:
 
 
 class Command(BaseCommand):
-    help = "Operate resource leases across all tenants: list, show, counters, definition, revoke, revoke-pod, sweep, reconcile."
+    help = ("Operate resource leases across all tenants: list, show, counters, waiters, definition, revoke, "
+            "revoke-pod, sweep, reconcile.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -172,6 +173,11 @@ class Command(BaseCommand):
         p = sub.add_parser("counters", help="Counters incl. global, with BOOKED and a drift marker.")
         p.add_argument("--tenant", help="Only this tenant's tenant/project/user counters.")
         p.add_argument("--drift-only", action="store_true", help="Only counters that drifted.")
+        p.add_argument("--json", action="store_true")
+
+        p = sub.add_parser("waiters", help="Every waiting ticket across tenants: place in the queue, blocking level, stale ones marked.")
+        p.add_argument("--tenant", help="Only this tenant's tickets (positions stay those of the whole queue).")
+        p.add_argument("--resource")
         p.add_argument("--json", action="store_true")
 
         p = sub.add_parser("definition", help="Merged definition as an acquisition sees it (caches discarded).")
@@ -320,6 +326,38 @@ class Command(BaseCommand):
             return f"{body}\n\n{tail}."
 
         self.emit(o, [r.to_dict() for r in rows], text)
+
+    def do_waiters(self, o: dict[str, Any]) -> None:
+        # Operators see every tenant's tickets, stale ones too (a waiter that died and whose
+        # ticket nobody has pruned yet); the tenant filter only narrows the rows.
+        tenant = None if o["tenant"] is None else validation.entity_id(o["tenant"], "tenant id")
+        result = operations.list_waiters(resource=o["resource"])
+        if tenant is not None:
+            result = operations.WaiterList([w for w in result.items if w.tenant_id == tenant], result.server_now)
+        now = result.server_now
+
+        def blocked(w: operations.WaiterView) -> str:
+            if w.blocked_cap is None:
+                return w.level
+            return f"{w.level} {w.blocked_count}/{w.blocked_cap}"
+
+        def text() -> str:
+            if not result.items:
+                return "No waiting tickets."
+            rows = [(w.resource, w.tenant_id, w.project_id, w.user_id,
+                     "-" if w.position is None else w.position,
+                     _when(w.waiting_since),
+                     "-" if w.waiting_since is None else f"{int((now - w.waiting_since).total_seconds())}s",
+                     blocked(w), "STALE" if w.stale else "", w.ticket_id) for w in result.items]
+            body = table(["RESOURCE", "TENANT", "PROJECT", "USER", "POS", "WAITING-SINCE", "WAITED", "BLOCKED-AT",
+                          "STALE", "TICKET"], rows, numeric=["POS", "WAITED"])
+            stale = sum(1 for w in result.items if w.stale)
+            tail = f"{len(result.items)} waiting ticket(s), {stale} stale"
+            if stale:
+                tail += " (waiter gone: no keep-alive within its TTL; the next reader of the queue prunes it)"
+            return f"{body}\n\n{tail}. Server time {_when(now)}."
+
+        self.emit(o, result.to_dict(), text)
 
     def do_definition(self, o: dict[str, Any]) -> None:
         validation.lease_name(o["name"])
