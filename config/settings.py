@@ -37,6 +37,8 @@ Environment variables
 | LEASES_WAIT_POLL_MS             | LEASES_WAIT_POLL_MS             | 1000                           | A waiter's keep-alive and safety poll when no wake-up comes (ms).      |
 | LEASES_REPAIR_INTERVAL_MS       | LEASES_REPAIR_INTERVAL_MS       | 500                            | How often one full counter is checked for slots no holder books (ms).  |
 | LEASES_TICKET_POLL_SECONDS      | LEASES_TICKET_POLL_SECONDS      | 2                              | Poll interval issued with an HTTP wait ticket (202); kept 3x as long.   |
+| LEASES_HISTORY_HOURS            | LEASES_HISTORY_HOURS            | 24                             | Per-minute lease history (grants, busy, waits, reaps) is kept this long (TTL index). |
+| LEASES_HISTORY_FLUSH_SECONDS    | LEASES_HISTORY_FLUSH_SECONDS    | 5                              | Each process writes its buffered history this often, in one bulk write (0: only at exit). |
 | DJANGO_STATIC_ROOT              | STATIC_ROOT                     | <project>/staticfiles          | collectstatic target.                                                   |
 | DJANGO_LOG_LEVEL                | LOGGING root level              | INFO                           | Root log level.                                                         |
 """
@@ -245,6 +247,12 @@ LEASES_REPAIR_INTERVAL_MS = _env_int("LEASES_REPAIR_INTERVAL_MS", 500)
 LEASES_TICKET_POLL_SECONDS = _env_int("LEASES_TICKET_POLL_SECONDS", 2)
 if not 1 <= LEASES_TICKET_POLL_SECONDS <= 60:
     raise ImproperlyConfigured(f"LEASES_TICKET_POLL_SECONDS must be between 1 and 60, got {LEASES_TICKET_POLL_SECONDS}")
+# History documents expire through a TTL index on the server's clock; a changed value is
+# applied to the existing index (collMod) the next time a process ensures its indexes.
+LEASES_HISTORY_HOURS = _env_int("LEASES_HISTORY_HOURS", 24)
+if LEASES_HISTORY_HOURS < 1:
+    raise ImproperlyConfigured(f"LEASES_HISTORY_HOURS must be at least 1, got {LEASES_HISTORY_HOURS}")
+LEASES_HISTORY_FLUSH_SECONDS = _env_int("LEASES_HISTORY_FLUSH_SECONDS", 5)
 
 CELERY_BEAT_SCHEDULE = {
     "lease-sweep": {

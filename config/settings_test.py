@@ -37,3 +37,6 @@ LOGGING["root"]["level"] = "WARNING"  # noqa: F405
 
 # Pods: tests start the pod lease renewal explicitly (no thread on the first test request).
 LEASES_POD_AUTOSTART = False
+
+# History: no flusher thread; tests flush explicitly (leases.history.flush) when they read it.
+LEASES_HISTORY_FLUSH_SECONDS = 0

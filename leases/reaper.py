@@ -11,7 +11,7 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from . import listener, metrics, slots, store, waiting
+from . import history, listener, metrics, slots, store, waiting
 from .handlers import RevokedHolder
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,7 @@ def reap(query: dict[str, Any], reason: str) -> tuple[dict[str, Any] | None, Rev
         return None, None
     waiting.give_back(slots.holder_keys(doc), slots.holder_entry(doc))
     metrics.REAP.labels(reason=reason).inc()
+    history.reaped(doc, reason)
     if doc.get("state") != "HELD":
         return doc, None
     record_tombstone(doc, reason)

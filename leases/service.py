@@ -28,7 +28,7 @@ import pymongo
 import pymongo.errors
 from pymongo import ReturnDocument
 
-from . import definitions, handlers, metrics, order, slots, store, validation, waiting, wakeups
+from . import definitions, handlers, history, metrics, order, slots, store, validation, waiting, wakeups
 from .definitions import LeaseDefinition, LevelSpec
 from .errors import InvalidLeaseRequest, LeaseBusy, LeaseLost, LeaseUnavailable
 from .identity import self_pod_id
@@ -510,12 +510,14 @@ def _acquire_request(request: LeaseRequest, *, keep_ms: int | None) -> "Lease | 
         lease = _acquire(attempt, wait_ms, started, keep_ms)
     except LeaseBusy:
         metrics.ACQUIRE.labels(resource=tag, outcome="busy").inc()
+        history.busy(definition.resource, request.tenant_id)
         raise
     except LeaseUnavailable:
         metrics.ACQUIRE.labels(resource=tag, outcome="unavailable").inc()
         raise
     if isinstance(lease, Lease):
         metrics.ACQUIRE.labels(resource=tag, outcome="success").inc()
+        history.grant(definition.resource, request.tenant_id)
     return lease
 
 
@@ -630,6 +632,8 @@ class _Waiter:
             wakeups.unregister(self.attempt.token)
             metrics.WAITING.labels(resource=self.tag).dec()
             metrics.WAIT_SECONDS.labels(resource=self.tag).observe(time.monotonic() - self.started)
+            history.waited(self.attempt.definition.resource, self.attempt.request.tenant_id,
+                           time.monotonic() - self.started, self.gate, outcome, self.attempt.token)
             metrics.WAIT_OUTCOME.labels(resource=self.tag, outcome=outcome).inc()
 
     def _enqueue(self) -> dict[str, Any] | None:
@@ -859,6 +863,7 @@ def resume(ticket_id: str, *, scope: dict[str, str], keep_ms: int) -> "Lease | T
     lease = waiter._decide()
     if lease is not None:
         metrics.ACQUIRE.labels(resource=metrics.resource_tag(definition.resource), outcome="success").inc()
+        history.grant(definition.resource, request.tenant_id)
         return lease
     return Ticket.of(ticket_id, definition, waiter.gate or gate, waiter.blocked)
 

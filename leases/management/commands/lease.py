@@ -99,6 +99,12 @@ class TenantNotFound(LeaseError, LookupError):
     code = "TENANT_NOT_FOUND"
 
 
+class ResourceNotFound(LeaseError, LookupError):
+    """No history, counter or holder names that resource."""
+
+    code = "RESOURCE_NOT_FOUND"
+
+
 class ProjectNotFound(LeaseError, LookupError):
     """The tenant has no such project (in Insights, its config documents or its holders)."""
 
@@ -150,7 +156,7 @@ def _require_pod(pod: str) -> None:
 
 class Command(BaseCommand):
     help = ("Operate resource leases across all tenants: list, show, counters, waiters, definition, revoke, "
-            "revoke-pod, sweep, reconcile.")
+            "revoke-pod, sweep, reconcile, stats.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -206,11 +212,17 @@ class Command(BaseCommand):
                        help="Only counters older than this (default LEASES_RECONCILE_SAFETY_MS).")
         p.add_argument("--json", action="store_true")
 
+        p = sub.add_parser("stats", help="Per-minute history of one resource: grants, busy, waits, occupancy, reaps.")
+        p.add_argument("resource")
+        p.add_argument("--tenant", help="Only this tenant's minutes (default: all tenants summed).")
+        p.add_argument("--since", default="1h", help="Window: 30m, 1h, 2d … (at most LEASES_HISTORY_HOURS).")
+        p.add_argument("--json", action="store_true")
+
     # --- plumbing ----------------------------------------------------------------------
 
     # Options of this command (and Django's) that take a value: the word after them is theirs.
     VALUE_OPTIONS = frozenset({"--tenant", "--resource", "--pod", "--type", "--project", "--user", "--page",
-                               "--per-page", "--endpoint", "--reason", "--safety-ms", "--settings",
+                               "--per-page", "--endpoint", "--reason", "--safety-ms", "--since", "--settings",
                                "--pythonpath", "-v", "--verbosity"})
 
     # Set when run from a shell: a --json error then exits 1 after printing the JSON object
@@ -575,3 +587,39 @@ class Command(BaseCommand):
             rounds += 1
         self.emit(o, {"corrected": total, "rounds": rounds, "hasMore": more},
                   lambda: f"Reconcile: {total} counter(s) corrected or removed{'; more remain' if more else ''}.")
+
+    def do_stats(self, o: dict[str, Any]) -> None:
+        from leases import history, store
+        from leases.definitions import TENANT_PROJECT
+
+        resource = o["resource"]
+        since = history.parse_since(o["since"])
+        if o["tenant"] is not None:
+            validation.entity_id(o["tenant"], "tenant id")
+            _require_tenant(o["tenant"], TENANT_PROJECT)
+        known = (history.collection().find_one({"resource": {"$eq": resource}}, {"_id": 1})
+                 or store.counters().find_one({"resource": {"$eq": resource}}, {"_id": 1})
+                 or store.holders().find_one({"resource": {"$eq": resource}}, {"_id": 1}))
+        if not known:
+            raise ResourceNotFound(f"no resource {resource!r} (no history, counter or holder names it)")
+        data = history.query(resource, tenant_id=o["tenant"], since=since, fill=False)
+
+        def text() -> str:
+            who = f"tenant {o['tenant']}" if o["tenant"] else "all tenants (peak = sum of the tenants' peaks)"
+            head = f"{resource}, {who}, {_when(data.since)} .. {_when(data.until)} UTC"
+            if not data.rows:
+                return f"{head}\n\nNo minutes recorded."
+            reasons = sorted(data.totals.reaps)
+
+            def row(r, label):
+                return [label, r.grants, r.busy, r.waits, r.wait_p50_ms, r.wait_p95_ms, r.peak,
+                        *[r.reaps.get(x, 0) for x in reasons]]
+
+            body = table(["MINUTE", "GRANTS", "BUSY", "WAITS", "P50-MS", "P95-MS", "PEAK",
+                          *[f"REAP-{x.upper()}" for x in reasons]],
+                         [row(r, r.minute.strftime("%Y-%m-%d %H:%M")) for r in data.rows] + [row(data.totals, "TOTAL")],
+                         numeric=["GRANTS", "BUSY", "WAITS", "P50-MS", "P95-MS", "PEAK",
+                                  *[f"REAP-{x.upper()}" for x in reasons]])
+            return f"{head}\n\n{body}"
+
+        self.emit(o, data.to_dict(), text)
