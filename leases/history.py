@@ -10,9 +10,10 @@ buckets. Documents expire through a TTL index on ``updatedAt`` (set by the serve
 
 *Peak occupancy* is the highest number of slots the tenant held on the resource's gate
 counter (its widest capped level) in a gate document this process read anyway: the
-document a waiter saw last when its wait ended, counting its own slot when it was granted.
-An acquisition granted without waiting reads no counter, so a minute without waits has no
-occupancy sample (``None``), never a guessed one.
+document a queued acquisition saw last when its wait ended, plus its own slot when it was
+granted (capped at the gate's cap; one too many when the slot that freed was the tenant's
+own). An acquisition granted without queueing reads no counter, so a minute without queued
+acquisitions has no occupancy sample (``None``), never a guessed one.
 
 Tenant ids and resource names are data in these documents, never metric labels.
 """
@@ -292,9 +293,9 @@ class Recorder:
         self._guarded(lambda: self.aggregator.busy(resource, tenant))
 
     def wait(self, resource: str, tenant: str, seconds: float, gate: dict[str, Any] | None,
-             granted: bool, token: str = "") -> None:
+             granted: bool, token: str = "", cap: int | None = None) -> None:
         self._guarded(lambda: self.aggregator.wait(
-            resource, tenant, seconds, occupancy_of(gate, tenant, token if granted else None)))
+            resource, tenant, seconds, occupancy_of(gate, tenant, token if granted else None, cap)))
 
     def reap(self, resource: str | None, tenant: str | None, reason: str) -> None:
         if isinstance(resource, str) and isinstance(tenant, str):
@@ -309,8 +310,14 @@ class Recorder:
             log.exception("lease history: recording failed")
 
 
-def occupancy_of(gate: dict[str, Any] | None, tenant: str, own_token: str | None = None) -> int | None:
-    """Slots ``tenant`` books on a gate document (plus its own, when granted after it was read)."""
+def occupancy_of(gate: dict[str, Any] | None, tenant: str, own_token: str | None = None,
+                 cap: int | None = None) -> int | None:
+    """Slots ``tenant`` books on a gate document, plus the granted waiter's own slot when the
+    document was read before its grant, never above the gate's ``cap``.
+
+    The document predates the grant, so when the slot that freed was the tenant's own this
+    counts one too many (bounded by the cap); it never misses a slot the document shows.
+    """
     if not gate or not isinstance(gate.get("holders"), list):
         return None
     held = 0
@@ -320,7 +327,8 @@ def occupancy_of(gate: dict[str, Any] | None, tenant: str, own_token: str | None
             held += 1
             if own_token and slots.token_of(value) == own_token:
                 mine = True
-    return held + (1 if own_token and not mine else 0)
+    held += 1 if own_token and not mine else 0
+    return held if cap is None else min(held, int(cap))
 
 
 recorder = Recorder()
@@ -353,9 +361,12 @@ def busy(resource: str, tenant: str) -> None:
     recorder.busy(resource, tenant)
 
 
-def waited(resource: str, tenant: str, seconds: float, gate: dict[str, Any] | None, outcome: str,
-           token: str = "") -> None:
-    recorder.wait(resource, tenant, seconds, gate, outcome == "granted", token)
+def waited(waiter: Any, outcome: str, seconds: float) -> None:
+    """A queued acquisition ended (``outcome`` granted, timeout, ticket or error) after
+    ``seconds``; reads the waiter's resource, tenant, token and last gate document."""
+    attempt = waiter.attempt
+    recorder.wait(attempt.definition.resource, attempt.request.tenant_id, seconds, waiter.gate,
+                  outcome == "granted", attempt.token, attempt.gate.cap)
 
 
 def reaped(doc: dict[str, Any], reason: str) -> None:

@@ -632,8 +632,7 @@ class _Waiter:
             wakeups.unregister(self.attempt.token)
             metrics.WAITING.labels(resource=self.tag).dec()
             metrics.WAIT_SECONDS.labels(resource=self.tag).observe(time.monotonic() - self.started)
-            history.waited(self.attempt.definition.resource, self.attempt.request.tenant_id,
-                           time.monotonic() - self.started, self.gate, outcome, self.attempt.token)
+            history.waited(self, outcome, time.monotonic() - self.started)
             metrics.WAIT_OUTCOME.labels(resource=self.tag, outcome=outcome).inc()
 
     def _enqueue(self) -> dict[str, Any] | None:

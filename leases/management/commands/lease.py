@@ -596,7 +596,9 @@ class Command(BaseCommand):
         since = history.parse_since(o["since"])
         if o["tenant"] is not None:
             validation.entity_id(o["tenant"], "tenant id")
-            _require_tenant(o["tenant"], TENANT_PROJECT)
+            # A tenant that left history is known even when its holders and documents are gone.
+            if not history.collection().find_one({"tenantId": {"$eq": o["tenant"]}}, {"_id": 1}):
+                _require_tenant(o["tenant"], TENANT_PROJECT)
         known = (history.collection().find_one({"resource": {"$eq": resource}}, {"_id": 1})
                  or store.counters().find_one({"resource": {"$eq": resource}}, {"_id": 1})
                  or store.holders().find_one({"resource": {"$eq": resource}}, {"_id": 1}))
