@@ -10,10 +10,11 @@ buckets. Documents expire through a TTL index on ``updatedAt`` (set by the serve
 
 *Peak occupancy* is the highest number of slots the tenant held on the resource's gate
 counter (its widest capped level) in a gate document this process read anyway: the
-document a queued acquisition saw last when its wait ended, plus its own slot when it was
-granted (capped at the gate's cap; one too many when the slot that freed was the tenant's
-own). An acquisition granted without queueing reads no counter, so a minute without queued
-acquisitions has no occupancy sample (``None``), never a guessed one.
+document a queued acquisition saw last when its wait ended (at least 1 when it was
+granted). Every sample is a number of slots the tenant really held at that moment, so the
+peak never over-states; it can miss a moment between two reads. An acquisition granted
+without queueing reads no counter, so a minute without queued acquisitions has no
+occupancy sample (``None``), never a guessed one.
 
 Tenant ids and resource names are data in these documents, never metric labels.
 """
@@ -293,9 +294,9 @@ class Recorder:
         self._guarded(lambda: self.aggregator.busy(resource, tenant))
 
     def wait(self, resource: str, tenant: str, seconds: float, gate: dict[str, Any] | None,
-             granted: bool, token: str = "", cap: int | None = None) -> None:
+             granted: bool, token: str = "") -> None:
         self._guarded(lambda: self.aggregator.wait(
-            resource, tenant, seconds, occupancy_of(gate, tenant, token if granted else None, cap)))
+            resource, tenant, seconds, occupancy_of(gate, tenant, token if granted else None)))
 
     def reap(self, resource: str | None, tenant: str | None, reason: str) -> None:
         if isinstance(resource, str) and isinstance(tenant, str):
@@ -310,25 +311,18 @@ class Recorder:
             log.exception("lease history: recording failed")
 
 
-def occupancy_of(gate: dict[str, Any] | None, tenant: str, own_token: str | None = None,
-                 cap: int | None = None) -> int | None:
-    """Slots ``tenant`` books on a gate document, plus the granted waiter's own slot when the
-    document was read before its grant, never above the gate's ``cap``.
+def occupancy_of(gate: dict[str, Any] | None, tenant: str, own_token: str | None = None) -> int | None:
+    """Slots ``tenant`` books on a gate document; a granted waiter (``own_token``) counts at
+    least its own slot.
 
-    The document predates the grant, so when the slot that freed was the tenant's own this
-    counts one too many (bounded by the cap); it never misses a slot the document shows.
+    The document predates the grant, and the slot that freed may have been the tenant's own
+    or another tenant's, so the waiter's own slot is not added on top: the value is one the
+    tenant really held (at the read, or right after the grant), never more.
     """
     if not gate or not isinstance(gate.get("holders"), list):
         return None
-    held = 0
-    mine = False
-    for value in gate["holders"]:
-        if slots.parts_of(value)[0] == tenant:
-            held += 1
-            if own_token and slots.token_of(value) == own_token:
-                mine = True
-    held += 1 if own_token and not mine else 0
-    return held if cap is None else min(held, int(cap))
+    held = sum(1 for value in gate["holders"] if slots.parts_of(value)[0] == tenant)
+    return max(held, 1) if own_token else held
 
 
 recorder = Recorder()
@@ -366,7 +360,7 @@ def waited(waiter: Any, outcome: str, seconds: float) -> None:
     ``seconds``; reads the waiter's resource, tenant, token and last gate document."""
     attempt = waiter.attempt
     recorder.wait(attempt.definition.resource, attempt.request.tenant_id, seconds, waiter.gate,
-                  outcome == "granted", attempt.token, attempt.gate.cap)
+                  outcome == "granted", attempt.token)
 
 
 def reaped(doc: dict[str, Any], reason: str) -> None:
