@@ -365,3 +365,32 @@ def test_lease_stats_errors_are_typed(args, code):
         call_command("lease", *args, "--json", stdout=out)
     assert json.loads(out.getvalue())["error"]["code"] == code
     assert str(raised.value).startswith(code)
+
+
+# --- real OS processes: each buffers, flushes from its thread and at exit -------------------------
+
+def test_two_os_processes_add_their_grants_and_busy_answers_to_the_same_minute_documents():
+    import subprocess
+    import time
+
+    from tests.helpers import PYTHON, REPO, child_env
+
+    config.put_document("_vance", TENANT_PROJECT, document_path("shared"),
+                        "levels: {tenant: 1}\nttlSeconds: 30\nwaitMs: 0")
+    start_at = time.time() + 1.0
+    children = [subprocess.Popen([PYTHON, "-m", "tests.workers.cycler", str(i), "30", str(start_at)], cwd=REPO,
+                                 env=child_env(LEASES_MONGO_TIMEOUT_MS="30000"), stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+                for i in range(2)]
+    stats = []
+    for child in children:
+        out, err = child.communicate(timeout=120)
+        assert child.returncode == 0, err[-2000:]
+        stats.append(json.loads(out.strip().splitlines()[-1]))
+    # Nothing was flushed by this process: the children wrote it (thread or exit flush).
+    docs = list(store.db()[history.COLLECTION].find({"resource": "shared"}))
+    assert {d["tenantId"] for d in docs} <= {"t1", "t2"}
+    assert sum(d["grants"] for d in docs) == sum(s["ok"] for s in stats) > 0
+    assert sum(d["busy"] for d in docs) == sum(s["busy"] for s in stats)
+    # One document per (tenant, minute), however many processes wrote to it.
+    assert len({d["_id"] for d in docs}) == len(docs) <= 2 * 3
