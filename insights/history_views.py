@@ -6,8 +6,6 @@ occupancy row (all tenants summed) is added for Django superusers only.
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pymongo.errors
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render

@@ -29,7 +29,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable
+from typing import Any
 
 import pymongo.errors
 from pymongo import UpdateOne
@@ -530,6 +530,3 @@ def parse_since(value: str | None, *, default: str = "1h") -> timedelta:
     limit = timedelta(hours=history_hours())
     return min(span, limit)
 
-
-def iter_tenants(resource: str) -> Iterable[str]:
-    return sorted(t for t in collection().distinct("tenantId", {"resource": {"$eq": resource}}) if isinstance(t, str))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
-from datetime import datetime, timedelta
+from datetime import timedelta
 from io import StringIO
 
 import pytest
