@@ -394,3 +394,39 @@ def test_two_os_processes_add_their_grants_and_busy_answers_to_the_same_minute_d
     assert sum(d["busy"] for d in docs) == sum(s["busy"] for s in stats)
     # One document per (tenant, minute), however many processes wrote to it.
     assert len({d["_id"] for d in docs}) == len(docs) <= 2 * 3
+
+
+def test_minutes_older_than_the_window_are_left_out():
+    now = store.server_now().timestamp()
+    clock = FakeClock(now - 2 * 3600)
+    rec = history.Recorder()
+    rec.aggregator = history.Aggregator(clock=clock)
+    rec.aggregator.grant("win", "acme")  # two hours ago
+    clock.t = now
+    rec.aggregator.grant("win", "acme")
+    rec.aggregator.grant("win", "acme")
+    assert rec.flush() == 2
+    assert history.query("win", tenant_id="acme", since=timedelta(hours=1)).totals.grants == 2
+    assert history.query("win", tenant_id="acme", since=timedelta(hours=3)).totals.grants == 3
+    assert len(history.query("win", tenant_id="acme", since=timedelta(minutes=30)).rows) == 30  # one per minute
+
+
+def test_given_an_unreachable_store_when_flushing_then_nothing_is_lost_and_the_next_flush_writes_it():
+    import pymongo
+
+    from leases.embedded import free_port
+
+    rec = history.Recorder()
+    rec.aggregator.grant("outage", "acme")
+    dead = pymongo.MongoClient(f"mongodb://127.0.0.1:{free_port()}", serverSelectionTimeoutMS=200,
+                               connectTimeoutMS=200, timeoutMS=300)
+    store.set_client(dead)
+    try:
+        assert rec.flush() == 0  # no exception into the caller
+    finally:
+        store.set_client(None)
+        dead.close()
+    assert len(rec.aggregator) == 1
+    rec.aggregator.grant("outage", "acme")
+    assert rec.flush() == 1
+    assert store.db()[history.COLLECTION].find_one({"resource": "outage"})["grants"] == 2
