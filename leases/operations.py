@@ -477,7 +477,8 @@ def list_waiters(tenant_id: str | None = None, resource: str | None = None) -> W
     query: dict[str, Any] = {"queue.t": tenant} if tenant is not None else {"queue.id": {"$exists": True}}
     if (r := _optional(resource, validation.resource_name)) is not None:
         query["resource"] = r
-    gates = list(store.counters().find(query, {"queue": 1, "holders": 1, "cap": 1, "count": 1, "resource": 1}))
+    gates = list(store.counters().find(query, {"queue": 1, "holders": 1, "cap": 1, "count": 1, "resource": 1,
+                                               "level": 1}))
     now = store.server_now()
     rows: list[tuple[dict[str, Any], dict[str, Any], int | None, bool]] = []
     for gate in gates:
@@ -488,6 +489,9 @@ def list_waiters(tenant_id: str | None = None, resource: str | None = None) -> W
             stale = order.is_stale(ticket, now)
             if stale and tenant is not None:
                 continue  # its waiter is gone; the tenant sees live waits only
+            # The level that blocks it now, as the order rule sees it (not only the one it
+            # hit when it queued: a newcomer that saw a queue queues before booking any).
+            ticket = {**ticket, "lvl": order.blocking_level(gate, ticket, now)}
             rows.append((gate, ticket, places.get(ticket.get("id")), stale))
     # The numbers of the blocking levels: one read, and in a tenant's view bound to its own
     # counters, so the global counter's numbers are never fetched for it.

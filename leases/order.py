@@ -133,6 +133,22 @@ def position(gate: dict[str, Any], ticket_id: str, now: datetime) -> int | None:
     return None
 
 
+def blocking_level(gate: dict[str, Any], ticket: dict[str, Any], now: datetime) -> str:
+    """The level that holds ``ticket`` back now: its narrowest own cap that the gate's
+    entries show full, else the narrower level it last found full (while it sits out), else
+    the gate's own level (its turn has not come)."""
+    held = Occupancy.of(gate.get("holders") or ())
+    caps = ticket.get("caps") or {}
+    t, p, u = ticket.get("t", ""), ticket.get("p", ""), ticket.get("u", "")
+    for level, count in (("user", held.user[(t, u)]), ("project", held.project[(t, p)]),
+                         ("tenant", held.tenant[t])):
+        if level in caps and count >= caps[level]:
+            return level
+    if sits_out(ticket, now):
+        return str(ticket.get("lvl"))
+    return str(gate.get("level") or "global")
+
+
 def stale_ids(gate: dict[str, Any], now: datetime) -> list[str]:
     """Ids of the tickets nobody keeps alive any more."""
     return [t["id"] for t in gate.get("queue") or () if is_stale(t, now)]

@@ -768,7 +768,8 @@ class Ticket:
         mine = next((t for t in gate.get("queue") or () if t.get("id") == token), {})
         seen = mine.get("seen") or now
         return cls(id=token, resource=definition.resource, lease_name=definition.name,
-                   level=mine.get("lvl") or (blocked.spec.level if blocked else "global"),
+                   level=order.blocking_level(gate, mine, now) if mine else (
+                       blocked.spec.level if blocked else "global"),
                    position=order.position(gate, token, now), server_time=now,
                    deadline=seen + timedelta(milliseconds=int(mine.get("ttl") or 0)))
 
