@@ -591,7 +591,8 @@ class _Waiter:
         caps = {spec.level: spec.cap for spec in self.attempt.specs if spec is not self.attempt.gate}
         return {"id": self.attempt.token, "t": request.tenant_id, "p": request.project_id, "u": request.user_id,
                 "at": self.attempt.acquired_at, "seen": self.attempt.acquired_at, "ttl": waiting.ticket_ttl_ms(),
-                "caps": caps, "lvl": self.blocked.spec.level if self.blocked else self.attempt.gate.level}
+                "caps": caps, "lvl": self.blocked.spec.level if self.blocked else self.attempt.gate.level,
+                "w": wakeups.process_id()}
 
     def wait(self, blocked: _Blocked) -> "Lease | Ticket":
         if blocked.spec is not self.attempt.gate and waiting.is_full(blocked.counter) and _step(
@@ -672,15 +673,15 @@ class _Waiter:
             gate = self.gate = _step(self.attempt, lambda: waiting.prune(gate))
         picked = order.next_grants(gate, now)
         if self.attempt.token in picked:
-            others = [t for t in picked if t != self.attempt.token]
-            wakeups.publish(others)
+            waiting.wake(gate, [t for t in picked if t != self.attempt.token])
             lease = self._try(woken=False)
             if lease is None:
                 # We sat out (a narrower level was full): pass the turn on right away.
                 waiting.hand_off(self.gate, skip=self.attempt.token)
             return lease
         if picked:
-            wakeups.publish(picked)  # their waker may have died; cheap to repeat
+            # Their waker may have died, or their process: wake again (dropping the dead).
+            waiting.hand_off(gate, skip=self.attempt.token)
         elif _step(self.attempt, lambda: waiting.repair(gate, now)):
             # Full, or free but nobody fits: either way entries decide, so make sure each
             # has a live holder (throttled to one check per interval for all processes).

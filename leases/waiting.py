@@ -96,8 +96,10 @@ def keep_alive(gate_key: str, ticket_id: str, *, ttl_ms: int | None = None,
     # arrayFilters, not the positional "$": the embedded server's findAndModify does not
     # resolve "$" (MongoDB takes both).
     update: dict[str, Any] = {"$currentDate": {"queue.$[mine].seen": True, "clock": True}}
-    if ttl_ms is not None:  # a ticket kept for an HTTP client lives as long as its poll bound
-        update["$set"] = {"queue.$[mine].ttl": int(ttl_ms)}
+    if ttl_ms is not None:
+        # A ticket kept for an HTTP client lives as long as its poll bound, and no process
+        # waits on it any more: its liveness is the client's polling, not a process's.
+        update["$set"] = {"queue.$[mine].ttl": int(ttl_ms), "queue.$[mine].w": None}
     query: dict[str, Any] = {"_id": gate_key, "queue.id": ticket_id}
     if live_at is not None and ttl_ms is not None:
         # Only a ticket still live at ``live_at`` (MongoDB's clock): a late poll must not
@@ -141,50 +143,69 @@ def read_gate(gate_key: str) -> dict[str, Any] | None:
         {"_id": gate_key}, {"$currentDate": {"clock": True}}, return_document=ReturnDocument.AFTER)
 
 
-def prune(gate: dict[str, Any]) -> dict[str, Any]:
-    """Drop the gate's stale tickets (their waiters are gone); returns the gate as it is now.
+def prune(gate: dict[str, Any], ids: list[str] | None = None, *, reason: str = "ticket-expired") -> dict[str, Any]:
+    """Drop the gate's stale tickets — or ``ids``, whose waiters are known to be gone —
+    and their holder documents (they book nothing); returns the gate as it is now.
 
     Raises:
         pymongo.errors.PyMongoError: the store failed.
     """
-    stale = order.stale_ids(gate, gate["clock"])
+    stale = order.stale_ids(gate, gate["clock"]) if ids is None else list(ids)
     if not stale:
         return gate
     after = store.counters().find_one_and_update(
         {"_id": gate["_id"]}, {"$pull": {"queue": {"id": {"$in": stale}}}, "$currentDate": {"clock": True}},
         return_document=ReturnDocument.AFTER)
-    # Their waiters are gone: drop the holder documents they wrote (they book nothing) and
-    # remember the ids, so a client polling a ticket late is told EXPIRED, not "unknown".
+    # Remember the ids, so a client polling a ticket late is told EXPIRED, not "unknown".
     store.holders().delete_many({"_id": {"$in": stale}, "state": "PENDING"})
     by_id = {t["id"]: t for t in gate.get("queue") or ()}
     store.tombstones().bulk_write([
-        UpdateOne({"_id": tid}, [{"$set": {"tenantId": {"$literal": by_id[tid].get("t")},
-                                          "projectId": {"$literal": by_id[tid].get("p")},
-                                          "reason": "ticket-expired", "at": "$$NOW"}}], upsert=True)
+        UpdateOne({"_id": tid}, [{"$set": {"tenantId": {"$literal": by_id.get(tid, {}).get("t")},
+                                          "projectId": {"$literal": by_id.get(tid, {}).get("p")},
+                                          "reason": reason, "at": "$$NOW"}}], upsert=True)
         for tid in stale], ordered=False)
-    log.info("queue %s: pruned %d stale tickets", gate["_id"], len(stale))
+    log.info("queue %s: dropped %d tickets (%s)", gate["_id"], len(stale), reason)
     return after or gate
+
+
+def wake(gate: dict[str, Any], ids: list[str]) -> list[str]:
+    """Wake the waiters of ``ids``; returns those whose process is gone (nobody got the
+    message). Never raises."""
+    by_id = {t["id"]: t for t in gate.get("queue") or ()}
+    return [tid for tid in ids if tid in by_id and wakeups.wake(tid, by_id[tid].get("w")) == wakeups.DEAD]
 
 
 def hand_off(gate: dict[str, Any] | None, *, skip: str | None = None) -> list[str]:
     """Wake the tickets the order rule picks for the gate's free slots. Never raises.
 
+    A picked ticket whose process is gone is dropped and the next one is picked, so a
+    freed slot does not idle until a dead waiter's ticket goes stale.
+
     Returns:
-        The ids picked (``skip``, the caller's own ticket, is not woken).
+        The ids picked and woken (``skip``, the caller's own ticket, is not woken).
     """
     if not gate or not gate.get("queue") or gate.get("clock") is None:
         return []
-    picked = order.next_grants(gate, gate["clock"])
-    if picked:
-        wakeups.publish([t for t in picked if t != skip])
-    elif not is_full(gate) and not order.stale_ids(gate, gate["clock"]):
-        # Free slots, live tickets, yet nobody fits: the entries say a tenant holds what
-        # maybe nobody holds any more. Check them (throttled); a repair hands off itself.
-        try:
+    try:
+        for _ in range(MAX_DEAD_ROUNDS):
+            picked = order.next_grants(gate, gate["clock"])
+            dead = wake(gate, [t for t in picked if t != skip])
+            if not dead:
+                break
+            gate = {**prune(gate, dead, reason="waiter-gone"), "clock": gate["clock"]}
+        else:
+            return picked
+        if not picked and not is_full(gate) and not order.stale_ids(gate, gate["clock"]):
+            # Free slots, live tickets, yet nobody fits: the entries say a tenant holds what
+            # maybe nobody holds any more. Check them (throttled); a repair hands off itself.
             repair(gate, gate["clock"])
-        except pymongo.errors.PyMongoError as exc:
-            log.info("repair check of %s failed (%s)", gate["_id"], exc)
+    except pymongo.errors.PyMongoError as exc:
+        log.info("hand-off on %s failed (%s); waiters find their turn by polling", gate["_id"], exc)
+        return []
     return picked
+
+
+MAX_DEAD_ROUNDS = 3
 
 
 def give_back(keys: list[str], booking: str) -> dict[str, Any] | None:
@@ -228,8 +249,10 @@ def repair(counter: dict[str, Any], now: datetime) -> bool:
         after = slots.pull_entry(counter["_id"], booking)
         if after is not None:
             freed = True
-            log.warning("repair: %s held a slot for %s, whose holder is gone; returned",
-                        counter["_id"], slots.token_of(booking))
+            # Also the harmless race with a release between its delete and its pull (the
+            # releaser's pull then finds nothing): either way the slot is returned once.
+            log.info("repair: %s held a slot for %s, whose holder is gone; returned",
+                     counter["_id"], slots.token_of(booking))
             hand_off(after)
     for token in expired:
         doc, revoked = reaper.reap({"_id": token, "expiresAt": {"$lt": now}}, "idle")

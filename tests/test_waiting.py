@@ -144,7 +144,7 @@ def test_given_wait_timeout_then_busy_names_the_level_and_the_place_and_the_tick
 
 def test_given_wakeups_are_lost_then_waiters_are_still_granted_by_their_own_poll(monkeypatch, settings):
     settings.LEASES_WAIT_POLL_MS = 200
-    monkeypatch.setattr(wakeups, "publish", lambda ids: None)  # as if Redis were down
+    monkeypatch.setattr(wakeups, "wake", lambda ticket_id, process: wakeups.UNKNOWN)  # as if Redis were down
     put("res", "levels: {global: 1}\nwaitMs: 10000")
     held = leases.acquire(req(user="h"))
     waiter = queue_up(req(user="w"))
@@ -155,6 +155,8 @@ def test_given_wakeups_are_lost_then_waiters_are_still_granted_by_their_own_poll
 
 
 def test_given_a_release_then_only_the_picked_waiter_is_woken():
+    # (The waiters run in this process: delivery is local, through the same events the
+    # subscriber sets for messages from other processes.)
     put("res", "levels: {global: 1}\nwaitMs: 10000")
     held = leases.acquire(req(user="h"))
     waiters = [queue_up(req(user=f"w{i}")) for i in range(3)]
@@ -242,7 +244,9 @@ print("granted", flush=True)
 """
 
 
-def test_given_a_waiter_killed_with_sigkill_then_its_ticket_leaves_within_the_ticket_ttl(settings):
+def test_given_a_waiter_killed_with_sigkill_then_its_ticket_leaves_within_the_ticket_ttl(settings, monkeypatch):
+    # Without Redis nothing tells that the waiter's process is gone: its ticket's TTL does.
+    monkeypatch.setattr(wakeups, "wake", lambda ticket_id, process: wakeups.UNKNOWN)
     put("res", "levels: {global: 1}\nwaitMs: 60000")
     held = leases.acquire(req(user="h"))
     child = _child(WAIT_CHILD)
@@ -266,6 +270,31 @@ def test_given_a_waiter_killed_with_sigkill_then_its_ticket_leaves_within_the_ti
         assert dead not in queued_ids()
         assert store.holders().find_one({"_id": dead}) is None  # its pending document went too
         newcomer.release()
+    finally:
+        if child.poll() is None:
+            child.kill()
+
+
+def test_given_the_picked_waiter_was_killed_then_the_next_one_gets_the_slot_without_waiting_for_its_ttl(settings):
+    # Given: a dead waiter first in line (its ticket still fresh) and a live one behind it.
+    settings.LEASES_TICKET_TTL_MS = 60_000  # its TTL alone would keep the slot idle a minute
+    put("res", "levels: {global: 1}\nwaitMs: 60000")
+    held = leases.acquire(req(user="h"))
+    child = _child(WAIT_CHILD)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        dead = until(lambda: queued_ids() and queued_ids()[0])
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(10)
+        follower = queue_up(req(user="follower"))
+        # When: the holder releases. Then: PUBLISH reaches nobody for the dead ticket, so it
+        # is dropped at once and the live waiter is woken and granted.
+        held.release()
+        follower.join(10)
+        assert follower.lease is not None
+        assert dead not in queued_ids()
+        assert store.tombstones().find_one({"_id": dead})["reason"] == "waiter-gone"
+        follower.lease.release()
     finally:
         if child.poll() is None:
             child.kill()
