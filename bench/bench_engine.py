@@ -95,11 +95,12 @@ def _normalise(value: Any) -> Any:
 def expected_counts(levels: int) -> dict[str, int]:
     """What the engine states an uncontended cycle costs with ``levels`` capped levels.
 
-    Acquire: the holder (PENDING, upsert), one conditional push per level, the holder HELD.
+    Acquire: the holder (PENDING, upsert), every level's conditional push in one ordered
+    bulk, the holder HELD.
     Check: one update. Release: the holder's delete, one bulk for the narrower levels (only
     when there are any), the gate's update (which returns the queue for the hand-off).
     """
-    return {"acquire": levels + 2, "check": 1, "release": 2 if levels == 1 else 3}
+    return {"acquire": 3, "check": 1, "release": 2 if levels == 1 else 3}
 
 
 BUDGET = {"acquire": lambda n: 2 * n + 1, "check": lambda n: 1, "release": lambda n: 3}
@@ -157,7 +158,7 @@ def command_counts() -> bool:
     store.set_client(None)
     client.close()
     print("### MongoDB commands per operation (uncontended, command monitoring)\n")
-    print("Measured on the engine's own client; *stated* is what the engine documents (acquire L+2,")
+    print("Measured on the engine's own client; *stated* is what the engine documents (acquire 3,")
     print("check 1, release 2 for one level else 3), *budget* the ceiling (acquire ≤ 2L+1, release ≤ 3).")
     print("*raw = engine*: the raw floor below sends the same commands (same collection, filter and")
     print("update shape, in the same order).\n")
@@ -214,15 +215,21 @@ def _raw_cycle(db, levels: Sequence[str], i: int, *, recorder: CommandRecorder |
             "lastSeenAt": "$$NOW", "expiresAt": {"$add": ["$$NOW", ttl_ms]},
         }}],
         upsert=True, projection={"acquiredAt": 1}, return_document=ReturnDocument.AFTER)
-    # ... one conditional push per level, narrow → wide (the gate: only while nobody queues) ...
+    # ... every level's conditional push, narrow → wide, in one ordered bulk of upserts (the
+    # gate: only while nobody queues) ...
+    ops = []
     for n, key in enumerate(keys):
         query: dict[str, Any] = {"_id": key, "count": {"$lt": RAW_CAP}, "holders": {"$ne": booking, "$exists": True}}
         if n == len(keys) - 1:
             query["queue.0"] = {"$exists": False}
-        taken = c.update_one(query, {"$push": {"holders": booking}, "$inc": {"count": 1},
-                                     "$currentDate": {"updatedAt": True}, "$set": {"cap": RAW_CAP}})
-        if not taken.matched_count:
-            raise RuntimeError(f"raw floor: {key} not booked")
+        ops.append(UpdateOne(query, {"$push": {"holders": booking}, "$inc": {"count": 1},
+                                     "$currentDate": {"updatedAt": True}, "$set": {"cap": RAW_CAP},
+                                     "$setOnInsert": {"resource": "raw", "level": key.split("|")[1], "scope": "x",
+                                                      "tenantId": None if key.startswith("raw|global")
+                                                      else "acme"}}, upsert=True))
+    result = c.bulk_write(ops, ordered=True)
+    if result.matched_count + result.upserted_count != len(keys):
+        raise RuntimeError("raw floor: a level was not booked")
     # ... then HELD.
     held = h.find_one_and_update(
         {"_id": token},
