@@ -140,12 +140,15 @@ def reconcile(*, now: datetime | None = None, safety_ms: int | None = None,
     booked = list(counters.find({"holders.0": {"$exists": True}}, {"holders": 1}).limit(limit + 1))
     has_more = has_more or len(booked) > limit
     booked = booked[:limit]
-    # One holder query per batch of tokens, not one per counter.
+    # The holders that exist, read after the counters (a holder is written before its first
+    # entry, so an entry read above whose holder is missing here is an orphan). Few tokens:
+    # look them up; many: one projected scan is cheaper than many long $in lists.
     tokens = sorted({slots.token_of(e) for doc in booked for e in doc["holders"]})
     alive: set[str] = set()
-    for start in range(0, len(tokens), ORPHAN_BATCH):
-        alive.update(d["_id"] for d in store.holders().find(
-            {"_id": {"$in": tokens[start:start + ORPHAN_BATCH]}}, {"_id": 1}))
+    if len(tokens) <= ORPHAN_BATCH:
+        alive.update(d["_id"] for d in store.holders().find({"_id": {"$in": tokens}}, {"_id": 1}))
+    else:
+        alive.update(d["_id"] for d in store.holders().find({}, {"_id": 1}))
     for doc in booked:
         for booking in [e for e in doc["holders"] if slots.token_of(e) not in alive]:
             after = slots.pull_entry(doc["_id"], booking)
