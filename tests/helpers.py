@@ -133,3 +133,38 @@ def wait_for(predicate, timeout: float, step: float = 0.05):
             return value
         time.sleep(step)
     return predicate()
+
+
+def queued_ids(gate_key: str) -> list[str]:
+    """The ticket ids waiting in the queue of the gate counter ``gate_key``."""
+    return [t["id"] for t in (store.counters().find_one({"_id": gate_key}) or {}).get("queue") or ()]
+
+
+class Waiter(threading.Thread):
+    """An acquire in a thread of this process (a real ticket in the queue); ``lease`` or
+    ``error`` once it ends, ``ticket`` once :func:`queue_up` saw it queue."""
+
+    def __init__(self, request) -> None:
+        super().__init__(daemon=True)
+        self.request = request
+        self.lease = self.error = self.ticket = None
+
+    def run(self) -> None:
+        import leases
+
+        try:
+            self.lease = leases.acquire(self.request)
+        except leases.LeaseError as exc:
+            self.error = exc
+
+
+def queue_up(request, gate_key: str, timeout: float = 10.0) -> Waiter:
+    """Start a waiter for ``request``; return it once its ticket is in the gate's queue, so
+    the order of arrivals is the order of calls."""
+    before = set(queued_ids(gate_key))
+    waiter = Waiter(request)
+    waiter.start()
+    new = wait_for(lambda: set(queued_ids(gate_key)) - before, timeout, step=0.01)
+    assert new, "the waiter never queued"
+    (waiter.ticket,) = new
+    return waiter

@@ -4,7 +4,6 @@ the app running as a real server process. Screenshots land in docs/screenshots/.
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -17,6 +16,7 @@ from leases.definitions import TENANT_PROJECT, document_path
 from leases.errors import LeaseLost
 from insights.models import Membership, Project, Tenant
 from tests.browser import SHOTS, chromium
+from tests.helpers import queue_up
 from tests.live_app import register_pod, running_app
 
 PASSWORD = "demo-pass-123"
@@ -220,37 +220,10 @@ def test_given_an_over_long_filter_value_then_the_page_keeps_its_width_and_names
         context.close()
 
 
-class _Waiter(threading.Thread):
-    """An acquire with a long wait in a thread of this process: a real ticket in the queue,
-    kept alive by its own keep-alive while the page is looked at."""
-
-    def __init__(self, tenant, project, user):
-        super().__init__(daemon=True)
-        self.request = leases.LeaseRequest(type="tex", lease="tex", tenant_id=tenant, project_id=project, user_id=user,
-                                           holder_ref=f"compile:{user}.tex", pod="", wait_ms=60_000)
-        self.lease = self.error = None
-
-    def run(self):
-        try:
-            self.lease = leases.acquire(self.request)
-        except leases.LeaseError as exc:
-            self.error = exc
-
-
-def _queued():
-    return [t["id"] for t in (store.counters().find_one({"_id": "tex2pdf|global|*"}) or {}).get("queue") or ()]
-
-
 def _queue_up(tenant, project, user):
-    before = set(_queued())
-    waiter = _Waiter(tenant, project, user)
-    waiter.start()
-    deadline = time.monotonic() + 10
-    while not set(_queued()) - before:
-        assert time.monotonic() < deadline, "the waiter never queued"
-        time.sleep(0.01)
-    (waiter.ticket,) = set(_queued()) - before
-    return waiter
+    return queue_up(leases.LeaseRequest(type="tex", lease="tex", tenant_id=tenant, project_id=project, user_id=user,
+                                        holder_ref=f"compile:{user}.tex", pod="", wait_ms=60_000),
+                    "tex2pdf|global|*")
 
 
 def test_waiting_tab_shows_own_queue_places_and_blocking_levels_and_counters_flag_a_full_global_level(app, browser,

@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import threading
 import time
 from datetime import timedelta
 from io import StringIO
@@ -22,7 +21,7 @@ from leases import config, dispatch, handlers, operations, store
 from leases.definitions import document_path
 from leases.embedded import free_port
 from leases.errors import LeaseLost
-from tests.helpers import PYTHON, REPO, child_env
+from tests.helpers import PYTHON, REPO, child_env, queue_up, queued_ids, wait_for
 from tests.live_app import register_pod, running_app
 
 APP_POD = "cli-test-pod"
@@ -379,32 +378,15 @@ def test_given_force_on_a_detached_pod_bound_holder_then_it_says_detached_and_no
 
 # --- waiters --------------------------------------------------------------------------------
 
-class Waiter(threading.Thread):
-    """An acquire with a long wait in a thread of this process: a live ticket in the queue."""
-
-    def __init__(self, tenant, user):
-        super().__init__(daemon=True)
-        self.request = leases.LeaseRequest(type="clitest", lease="cliwait", tenant_id=tenant, project_id="docs",
-                                           user_id=user, pod="", wait_ms=30_000)
-        self.lease = self.error = None
-
-    def run(self):
-        try:
-            self.lease = leases.acquire(self.request)
-        except leases.LeaseError as exc:
-            self.error = exc
-
-
-def queued(key="cliwres|global|*"):
-    return [t["id"] for t in (store.counters().find_one({"_id": key}) or {}).get("queue") or ()]
+def wait_request(tenant, user):
+    return leases.LeaseRequest(type="clitest", lease="cliwait", tenant_id=tenant, project_id="docs", user_id=user,
+                               pod="", wait_ms=30_000)
 
 
 def until_queued(before, key="cliwres|global|*"):
-    deadline = time.monotonic() + 20
-    while not set(queued(key)) - before:
-        assert time.monotonic() < deadline, "the waiter never queued"
-        time.sleep(0.01)
-    (ticket,) = set(queued(key)) - before
+    new = wait_for(lambda: set(queued_ids(key)) - before, 20, step=0.01)
+    assert new, "the waiter never queued"
+    (ticket,) = new
     return ticket
 
 
@@ -443,10 +425,7 @@ def test_waiters_lists_every_tenants_tickets_with_position_blocking_level_and_ma
         child.wait(10)
         # ... and two live waiters of acme, blocked by the global level ...
         for user in ("alice", "bob"):
-            before = set(queued())
-            waiters.append(Waiter("acme", user))
-            waiters[-1].start()
-            waiters[-1].ticket = until_queued(before)
+            waiters.append(queue_up(wait_request("acme", user), "cliwres|global|*"))
         deadline = time.monotonic() + 10
         while not json.loads(lease("waiters", "--json"))["items"][-1]["stale"]:
             assert time.monotonic() < deadline, "the dead ticket never went stale"

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import re
-import threading
-import time
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -15,6 +13,7 @@ from leases import config, handlers, store
 from leases.definitions import document_path
 from leases.errors import LeaseLost
 from insights.models import Membership, Project, Tenant
+from tests.helpers import queue_up as helpers_queue_up, queued_ids
 
 
 class NullHandler(handlers.LeaseHandler):
@@ -333,37 +332,14 @@ def test_given_only_a_tenant_document_when_viewing_the_definition_tenant_wide_th
 
 # --- waiting, the global-full flag, links between the views ----------------------------------
 
-class Waiter(threading.Thread):
-    """An acquire with a long wait in a thread of this process: a real ticket in the queue."""
-
-    def __init__(self, tenant, project, user):
-        super().__init__(daemon=True)
-        self.request = leases.LeaseRequest(type="uitest", lease="qlease", tenant_id=tenant, project_id=project,
-                                           user_id=user, pod="", wait_ms=30_000)
-        self.lease = self.error = None
-
-    def run(self):
-        try:
-            self.lease = leases.acquire(self.request)
-        except leases.LeaseError as exc:
-            self.error = exc
-
-
 def queued():
-    return [t["id"] for t in (store.counters().find_one({"_id": "qres|global|*"}) or {}).get("queue") or ()]
+    return queued_ids("qres|global|*")
 
 
 def queue_up(tenant, project, user):
     """Start a waiter; return it once its ticket (``waiter.ticket``) is in the queue."""
-    before = set(queued())
-    waiter = Waiter(tenant, project, user)
-    waiter.start()
-    deadline = time.monotonic() + 10
-    while not set(queued()) - before:
-        assert time.monotonic() < deadline, "the waiter never queued"
-        time.sleep(0.01)
-    (waiter.ticket,) = set(queued()) - before
-    return waiter
+    return helpers_queue_up(leases.LeaseRequest(type="uitest", lease="qlease", tenant_id=tenant, project_id=project,
+                                                user_id=user, pod="", wait_ms=30_000), "qres|global|*")
 
 
 def q_hold(tenant, project, user):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-import time
 
 import pytest
 from prometheus_client import REGISTRY
@@ -13,7 +11,7 @@ from leases import config, definitions, dispatch, handlers, invalidation, listen
 from leases.definitions import document_path
 from leases.errors import AuditEntryNotFound, HolderNotFound, InvalidLeaseRequest, LeaseLost
 from leases.identity import self_pod_id
-from tests.helpers import counted_commands
+from tests.helpers import counted_commands, queue_up as helpers_queue_up
 
 
 class RecordingHandler(handlers.LeaseHandler):
@@ -233,22 +231,6 @@ def test_given_holders_on_a_pod_when_revoking_the_pod_then_all_of_its_holders_go
 
 # --- waiting tickets ------------------------------------------------------------------------
 
-class Waiter(threading.Thread):
-    """An acquire with a long wait in a thread of this process (a real ticket in the queue)."""
-
-    def __init__(self, tenant, project, user, lease="wqlease"):
-        super().__init__(daemon=True)
-        self.request = leases.LeaseRequest(type="optest", lease=lease, tenant_id=tenant, project_id=project,
-                                           user_id=user, pod="", wait_ms=30_000)
-        self.lease = self.error = None
-
-    def run(self):
-        try:
-            self.lease = leases.acquire(self.request)
-        except leases.LeaseError as exc:
-            self.error = exc
-
-
 @pytest.fixture
 def steady_tickets(settings):
     """Tickets that stay fresh for 30 s: a keep-alive delayed on a loaded machine must not
@@ -256,20 +238,10 @@ def steady_tickets(settings):
     settings.LEASES_TICKET_TTL_MS = 30_000
 
 
-def queued(key):
-    return [t["id"] for t in (store.counters().find_one({"_id": key}) or {}).get("queue") or ()]
-
-
 def queue_up(tenant, project, user, key="wqres|global|*", lease="wqlease"):
     """Start a waiter and return once its ticket is queued (so arrival order is fixed)."""
-    before = len(queued(key))
-    waiter = Waiter(tenant, project, user, lease)
-    waiter.start()
-    deadline = time.monotonic() + 10
-    while len(queued(key)) <= before:
-        assert time.monotonic() < deadline, "the waiter never queued"
-        time.sleep(0.01)
-    return waiter
+    return helpers_queue_up(leases.LeaseRequest(type="optest", lease=lease, tenant_id=tenant, project_id=project,
+                                                user_id=user, pod="", wait_ms=30_000), key)
 
 
 def finish(held, waiters):

@@ -6,13 +6,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import threading
 
 import pytest
 
 import leases
 from leases import config, handlers, order, store, waiting, wakeups
 from leases.definitions import document_path
+from tests import helpers
 from tests.helpers import PYTHON, REPO, child_env, wait_for
 
 
@@ -43,7 +43,7 @@ def gate_doc(key="res|global|*"):
 
 
 def queued_ids(key="res|global|*"):
-    return [t["id"] for t in gate_doc(key).get("queue") or ()]
+    return helpers.queued_ids(key)
 
 
 def until(predicate, timeout=10.0, step=0.01):
@@ -53,27 +53,9 @@ def until(predicate, timeout=10.0, step=0.01):
     return value
 
 
-class Waiter(threading.Thread):
-    """An acquire in a thread of this process; ``lease`` or ``error`` once it ends."""
-
-    def __init__(self, request):
-        super().__init__(daemon=True)
-        self.request, self.lease, self.error = request, None, None
-
-    def run(self):
-        try:
-            self.lease = leases.acquire(self.request)
-        except leases.LeaseError as exc:
-            self.error = exc
-
-
 def queue_up(request, key="res|global|*"):
     """Start a waiter and return once its ticket is in the queue (arrival order is fixed)."""
-    before = len(queued_ids(key))
-    w = Waiter(request)
-    w.start()
-    until(lambda: len(queued_ids(key)) > before)
-    return w
+    return helpers.queue_up(request, key)
 
 
 def test_given_a_queue_when_a_slot_frees_then_a_newcomer_cannot_barge():
