@@ -167,7 +167,8 @@ def orphans(bookings: Iterable[str], now: datetime) -> tuple[list[str], list[str
     passed its TTL (on ``now``, MongoDB's clock); one query for all of them.
 
     A holder document is always written before its first entry, so an entry without one
-    is left by a crash after a delete (release, rollback, reap) and is safe to pull.
+    is left by a delete (release, rollback, reap) whose pull has not come — yet, or ever,
+    after a crash — and is safe to pull: whoever pulls it first returns the slot, once.
 
     Raises:
         pymongo.errors.PyMongoError: the store is unreachable.
