@@ -105,16 +105,22 @@ class Cell:
     reaps: dict[str, int] = field(default_factory=dict)
 
     def merge(self, other: "Cell") -> None:
-        self.grants += other.grants
-        self.busy += other.busy
-        self.waits += other.waits
-        self.wait_max_ms = max(self.wait_max_ms, other.wait_max_ms)
-        for b, n in other.buckets.items():
-            self.buckets[b] = self.buckets.get(b, 0) + n
-        if other.peak is not None:
-            self.peak = other.peak if self.peak is None else max(self.peak, other.peak)
-        for r, n in other.reaps.items():
-            self.reaps[r] = self.reaps.get(r, 0) + n
+        merge_counts(self, other)
+
+
+def merge_counts(into: Any, other: Any) -> None:
+    """Add ``other``'s counts to ``into`` (a buffered cell or a read minute): sums, merged
+    wait buckets, the larger longest wait and peak."""
+    into.grants += other.grants
+    into.busy += other.busy
+    into.waits += other.waits
+    into.wait_max_ms = max(into.wait_max_ms, other.wait_max_ms)
+    for b, n in other.buckets.items():
+        into.buckets[b] = into.buckets.get(b, 0) + n
+    if other.peak is not None:
+        into.peak = other.peak if into.peak is None else max(into.peak, other.peak)
+    for r, n in other.reaps.items():
+        into.reaps[r] = into.reaps.get(r, 0) + n
 
 
 Key = tuple[str, str, int]  # resource, tenant, minute (epoch minutes, server clock)
@@ -479,16 +485,7 @@ def query(resource: str, *, tenant_id: str | None, since: timedelta, now: dateti
         _add(row, doc, sum_peaks=tenant_id is None)
     for row in by_minute.values():
         _finish(row)
-        for b, n in row.buckets.items():
-            totals.buckets[b] = totals.buckets.get(b, 0) + n
-        totals.grants += row.grants
-        totals.busy += row.busy
-        totals.waits += row.waits
-        totals.wait_max_ms = max(totals.wait_max_ms, row.wait_max_ms)
-        for r, n in row.reaps.items():
-            totals.reaps[r] = totals.reaps.get(r, 0) + n
-        if row.peak is not None:
-            totals.peak = row.peak if totals.peak is None else max(totals.peak, row.peak)
+        merge_counts(totals, row)
     _finish(totals)
     if fill:
         rows = []
