@@ -18,15 +18,16 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 class CommandCounter(monitoring.CommandListener):
     """Counts commands sent to MongoDB (pymongo command monitoring is exact)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, all_threads: bool = False) -> None:
         self.commands: list[str] = []
         # Command events fire in the calling thread: count only the test's own thread, not
-        # background threads (pod renewal, dispatch) that share the process's client.
-        self.thread = threading.get_ident()
+        # background threads (pod renewal, dispatch) that share the process's client —
+        # unless the work under test runs in threads of its own (waiters).
+        self.thread = None if all_threads else threading.get_ident()
 
     def started(self, event: monitoring.CommandStartedEvent) -> None:
         # Handshakes and heartbeats are not command events; endSessions is client cleanup.
-        if event.command_name != "endSessions" and threading.get_ident() == self.thread:
+        if event.command_name != "endSessions" and self.thread in (None, threading.get_ident()):
             self.commands.append(event.command_name)
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
@@ -37,11 +38,11 @@ class CommandCounter(monitoring.CommandListener):
 
 
 @contextmanager
-def counted_commands():
+def counted_commands(*, all_threads: bool = False):
     """Route the engine through a monitored client; yields the counter."""
     from django.conf import settings
 
-    counter = CommandCounter()
+    counter = CommandCounter(all_threads=all_threads)
     client = pymongo.MongoClient(settings.MONGODB_URI, event_listeners=[counter])
     store.set_client(client)
     try:

@@ -4,6 +4,7 @@ dead waiters leave, outages end in LeaseUnavailable, budgets per grant."""
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 import signal
 import subprocess
 
@@ -170,12 +171,6 @@ def test_contended_grant_command_budget(settings):
     # more if the machine is slow enough for a poll to fall due).
     put("res", "levels: {global: 1}\nwaitMs: 10000")
     from leases import invalidation
-    from tests.helpers import CommandCounter
-
-    class AllThreads(CommandCounter):
-        def started(self, event):
-            if event.command_name != "endSessions":
-                self.commands.append(event.command_name)
 
     assert invalidation.wait_listening()
     leases.acquire(req(user="warm")).release()
@@ -184,14 +179,7 @@ def test_contended_grant_command_budget(settings):
     # processes) is not part of a grant: stamp it done for this test.
     settings.LEASES_REPAIR_INTERVAL_MS = 600000
     assert waiting.repair(gate_doc(), store.server_now()) is False
-    import pymongo
-    from django.conf import settings as dj
-    counter = AllThreads()
-    client = pymongo.MongoClient(dj.MONGODB_URI, event_listeners=[counter])
-    store.set_client(client)
-    try:
-        store.ensure_indexes(client[store.database_name()])
-        counter.commands.clear()
+    with helpers.counted_commands(all_threads=True) as counter:  # the waiter runs in its own thread
         waiter = queue_up(req(user="w"))
         queued = len([c for c in counter.commands if c != "find"])  # queue_up's own reads
         held.release()
@@ -199,9 +187,6 @@ def test_contended_grant_command_budget(settings):
         assert waiter.lease is not None
         waiter.lease.release()
         work = [c for c in counter.commands if c != "find"]
-    finally:
-        store.set_client(None)
-        client.close()
     assert queued == 3, counter.commands
     assert 9 <= len(work) <= 10, work
 
@@ -226,17 +211,28 @@ print("granted", flush=True)
 """
 
 
-def test_given_a_waiter_killed_with_sigkill_then_its_ticket_leaves_within_the_ticket_ttl(settings, monkeypatch):
-    # Without Redis nothing tells that the waiter's process is gone: its ticket's TTL does.
-    monkeypatch.setattr(wakeups, "wake", lambda ticket_id, process: wakeups.UNKNOWN)
-    put("res", "levels: {global: 1}\nwaitMs: 60000")
-    held = leases.acquire(req(user="h"))
+@contextmanager
+def dead_waiter_first_in_line():
+    """A child process that queued first and was then killed with ``kill -9``; yields its
+    ticket id (its ticket stays fresh in the queue until its TTL says otherwise)."""
     child = _child(WAIT_CHILD)
     try:
         assert child.stdout.readline().strip() == "ready"
         dead = until(lambda: queued_ids() and queued_ids()[0])
         os.kill(child.pid, signal.SIGKILL)
         child.wait(10)
+        yield dead
+    finally:
+        if child.poll() is None:
+            child.kill()
+
+
+def test_given_a_waiter_killed_with_sigkill_then_its_ticket_leaves_within_the_ticket_ttl(settings, monkeypatch):
+    # Without Redis nothing tells that the waiter's process is gone: its ticket's TTL does.
+    monkeypatch.setattr(wakeups, "wake", lambda ticket_id, process: wakeups.UNKNOWN)
+    put("res", "levels: {global: 1}\nwaitMs: 60000")
+    held = leases.acquire(req(user="h"))
+    with dead_waiter_first_in_line() as dead:
         # The dead ticket is first in line; once it is stale the next waiter gets the slot.
         follower = queue_up(req(user="follower"))
         held.release()
@@ -252,9 +248,6 @@ def test_given_a_waiter_killed_with_sigkill_then_its_ticket_leaves_within_the_ti
         assert dead not in queued_ids()
         assert store.holders().find_one({"_id": dead}) is None  # its pending document went too
         newcomer.release()
-    finally:
-        if child.poll() is None:
-            child.kill()
 
 
 def test_given_the_picked_waiter_was_killed_then_the_next_one_gets_the_slot_without_waiting_for_its_ttl(settings):
@@ -262,12 +255,7 @@ def test_given_the_picked_waiter_was_killed_then_the_next_one_gets_the_slot_with
     settings.LEASES_TICKET_TTL_MS = 60_000  # its TTL alone would keep the slot idle a minute
     put("res", "levels: {global: 1}\nwaitMs: 60000")
     held = leases.acquire(req(user="h"))
-    child = _child(WAIT_CHILD)
-    try:
-        assert child.stdout.readline().strip() == "ready"
-        dead = until(lambda: queued_ids() and queued_ids()[0])
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait(10)
+    with dead_waiter_first_in_line() as dead:
         follower = queue_up(req(user="follower"))
         # When: the holder releases. Then: PUBLISH reaches nobody for the dead ticket, so it
         # is dropped at once and the live waiter is woken and granted.
@@ -277,6 +265,3 @@ def test_given_the_picked_waiter_was_killed_then_the_next_one_gets_the_slot_with
         assert dead not in queued_ids()
         assert store.tombstones().find_one({"_id": dead})["reason"] == "waiter-gone"
         follower.lease.release()
-    finally:
-        if child.poll() is None:
-            child.kill()
