@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         import django
 
         django.setup()
-        from api import keys
+        from leases.api import keys
         from leases import store
         from tests.http_server import running_server
 

@@ -93,7 +93,7 @@ INSTALLED_APPS = [
     "django_prometheus",
     "leases",
     "insights",
-    "api",
+    "leases.api",
 ]
 
 # Contrib apps' own migrations use AutoField; these MongoDB-specific ones (generated with
@@ -126,7 +126,7 @@ ASGI_APPLICATION = "config.asgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        "DIRS": [BASE_DIR / "config" / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [

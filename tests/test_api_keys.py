@@ -11,9 +11,9 @@ from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from django.test import Client
 
-from api import keys
-from api.errors import ApiKeyNotFound, ApiKeyScopeGone, Unauthenticated, UnknownProject, UnknownTenant
-from api.models import ApiKey
+from leases.api import keys
+from leases.api.errors import ApiKeyNotFound, ApiKeyScopeGone, Unauthenticated, UnknownProject, UnknownTenant
+from leases.api.models import ApiKey
 from insights.models import Membership, Project, Tenant
 from leases import store
 from leases.errors import InvalidLeaseRequest

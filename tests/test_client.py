@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 import leases
-from api import keys
+from leases.api import keys
 from leases import LeaseBusy, LeaseLost, LeaseUnavailable, config, operations, store
 from leases.definitions import document_path
 from leases.client import ApiKeyRejected, HttpLease, HttpLeaseClient

@@ -16,7 +16,7 @@ import pymongo
 import pytest
 from django.test import Client
 
-from api import bodies, keys, protocol
+from leases.api import bodies, keys, protocol
 from leases import config, operations, service, store
 from leases.definitions import document_path
 from insights.models import Project, Tenant

@@ -16,7 +16,7 @@ from datetime import timedelta
 import pytest
 import requests
 
-from api import keys, protocol
+from leases.api import keys, protocol
 from leases import config, reaper, store
 from leases.definitions import document_path
 from tests.helpers import PYTHON, REPO, child_env, ensure_tenant

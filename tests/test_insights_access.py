@@ -243,7 +243,7 @@ def revocations_section(client, tenant="acme"):
 
 
 def test_given_api_key_changes_after_a_revocation_then_recent_revocations_shows_only_the_revocation(world):
-    from api import keys
+    from leases.api import keys
     from leases import operations
 
     users, holders = world

@@ -16,7 +16,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
-from api import keys, openapi
+from leases.api import keys, openapi
 from leases import config, store
 from leases.definitions import document_path
 from tests.helpers import ensure_tenant

@@ -1,4 +1,4 @@
-"""Form of the API-key page: parses and validates; :mod:`api.keys` decides."""
+"""Form of the API-key page: parses and validates; :mod:`leases.api.keys` decides."""
 
 from __future__ import annotations
 

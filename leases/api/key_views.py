@@ -32,7 +32,7 @@ def _page(request: HttpRequest, tenant: Tenant, form: CreateKeyForm, *, created=
         "tenant": tenant, "form": form, "keys": keys.list_keys(tenant_id=tenant.slug),
         "created": created, "plaintext": plaintext, "error": error, "section": "api-keys",
     }
-    response = render(request, "api/keys.html", context, status=status)
+    response = render(request, "leases_api/keys.html", context, status=status)
     # The page may carry a plaintext key: never cache it anywhere.
     response["Cache-Control"] = "no-store"
     return response

@@ -18,7 +18,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from api.internal_auth import authorized, error
+from leases.api.internal_auth import authorized, error
 from leases import dispatch, operations, tasks
 from leases.dispatch import SECRET_HEADER, get_dispatcher
 from leases.errors import HolderNotFound, InvalidLeaseRequest

@@ -154,7 +154,7 @@ def acquire(*, key: ApiKey, type: str, user_id: str, project_id: str, lease: str
     The wait for a slot is ``min(definition waitMs, LEASES_HTTP_MAX_WAIT_MS, wait_ms)`` so a
     web worker is never held for long. When that wait ends without a slot, a named lease
     keeps its place: the answer is a :class:`leases.service.Ticket` the client polls
-    (:func:`api.tickets.poll`). ``wait_ms=0`` asks not to wait at all, so it never queues
+    (:func:`leases.api.tickets.poll`). ``wait_ms=0`` asks not to wait at all, so it never queues
     (busy at once); inline definitions never queue either.
 
     Raises:

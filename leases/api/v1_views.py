@@ -1,4 +1,4 @@
-"""``/api/v1/`` views: parse the request, call :mod:`api.protocol`, answer JSON or a problem.
+"""``/api/v1/`` views: parse the request, call :mod:`leases.api.protocol`, answer JSON or a problem.
 
 The views are ``csrf_exempt`` because they authenticate by bearer API key only and never
 look at session cookies (``request.user`` is never read here): a cross-site form post

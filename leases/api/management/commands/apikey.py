@@ -14,7 +14,7 @@ import os
 
 from django.core.management.base import BaseCommand, CommandError
 
-from api import keys
+from leases.api import keys
 from leases.errors import LeaseError
 
 
