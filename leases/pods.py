@@ -39,18 +39,12 @@ import pymongo.errors
 from leases.conf import lease_settings
 
 from . import store, validation
-from .errors import InvalidLeaseRequest, LeaseError
+from .errors import InvalidLeaseRequest, LeaseError, PodLeaseError
 from .identity import self_pod_id
 
 log = logging.getLogger(__name__)
 
 ENDPOINT_MAX = 1024
-
-
-class PodLeaseError(LeaseError):
-    """A pod-lease request that was refused because its input was bad; nothing was written."""
-
-    code = "POD_LEASE_INVALID"
 
 
 class Outcome(str, enum.Enum):

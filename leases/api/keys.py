@@ -27,16 +27,16 @@ from django.db import DatabaseError
 from django.utils import timezone
 
 from leases import store, validation
-from leases.errors import LeaseUnavailable
-
-from .errors import (
+from leases.errors import (
     ApiKeyNotFound,
     ApiKeyScopeGone,
     InvalidApiKeyRequest,
+    LeaseUnavailable,
     Unauthenticated,
     UnknownProject,
     UnknownTenant,
 )
+
 from .models import ApiKey
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,15 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from leases import operations, validation
 from leases.conf import lease_settings
-from leases.errors import HolderNotFound, LeaseError
+from leases.errors import (
+    HolderNotFound,
+    LeaseError,
+    PodCallError,
+    PodNotFound,
+    ProjectNotFound,
+    ResourceNotFound,
+    TenantNotFound,
+)
 
 ADMIN_PATH = "/internal/lease/admin"
 POD_TIMEOUT_SECONDS = 15.0
@@ -79,36 +87,6 @@ def _operator() -> str:
     except Exception:  # noqa: BLE001 - no login name in some containers
         who = "unknown"
     return f"cli:{who}@{socket.gethostname()}"
-
-
-class PodCallError(LeaseError):
-    """No pod could carry out the request (none alive, none reachable, or refused)."""
-
-    code = "POD_UNREACHABLE"
-
-
-class PodNotFound(LeaseError, LookupError):
-    """The pod is neither registered nor named by any holder."""
-
-    code = "POD_NOT_FOUND"
-
-
-class TenantNotFound(LeaseError, LookupError):
-    """No Insights tenant, config document or holder has that tenant id."""
-
-    code = "TENANT_NOT_FOUND"
-
-
-class ResourceNotFound(LeaseError, LookupError):
-    """No history, counter or holder names that resource."""
-
-    code = "RESOURCE_NOT_FOUND"
-
-
-class ProjectNotFound(LeaseError, LookupError):
-    """The tenant has no such project (in Insights, its config documents or its holders)."""
-
-    code = "PROJECT_NOT_FOUND"
 
 
 def _require_tenant(tenant_id: str, project_id: str) -> None:
