@@ -66,7 +66,9 @@ class LeaseExpired(LeaseLost):
     code = "EXPIRED"
 
     def __init__(self, message: str = "", *, reason: str | None = None):
-        self.reason = reason  # idle, pod, revoke, release, deadline (past expiresAt, not reaped yet)
+        # idle (also: a renewal that came after the deadline), pod, revoke, release,
+        # ticket-expired, abandoned, waiter-gone.
+        self.reason = reason
         super().__init__(message)
 
 

@@ -15,10 +15,8 @@ included; what a failed step could not undo is left to repair, reap and reconcil
 from __future__ import annotations
 
 import logging
-import os
 import random
 import secrets
-import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -28,25 +26,15 @@ import pymongo
 import pymongo.errors
 from pymongo import ReturnDocument
 
-from . import definitions, handlers, history, metrics, order, slots, store, validation, waiting, wakeups
+from . import definitions, handlers, history, holders, metrics, order, slots, store, validation, waiting, wakeups
 from .definitions import LeaseDefinition, LevelSpec
 from .errors import InvalidLeaseRequest, LeaseBusy, LeaseLost, LeaseUnavailable
 from .identity import self_pod_id
+from .pausepoints import pause_point as _pause_point
 
 log = logging.getLogger(__name__)
 
-PAUSE_ENV = "LEASES_TEST_PAUSE"
 NARROW_RETRY_S = 0.0
-
-
-def _pause_point(name: str) -> None:
-    """Test-only: block forever between two commands when ``LEASES_TEST_PAUSE`` names this
-    point, so a test can ``kill -9`` the process exactly inside a crash window."""
-    if os.environ.get(PAUSE_ENV) == name:
-        sys.stderr.write(f"LEASES-PAUSED {name}\n")
-        sys.stderr.flush()
-        while True:
-            time.sleep(3600)
 
 
 def _bound() -> Any:
@@ -71,6 +59,7 @@ class LeaseRequest:
     pod: str | None = None  # None: this process's pod; "": detached (HTTP clients), idle reap only
     pod_bound: bool = False
     wait_ms: int | None = None  # override the definition's waitMs (e.g. the HTTP request bound)
+    interval_seconds: int | None = None  # proposed renewal interval; the server clamps it (HTTP)
 
     def validated(self) -> "LeaseRequest":
         """Check every field; returns self.
@@ -97,6 +86,9 @@ class LeaseRequest:
             validation.lease_name(self.lease)
         if self.wait_ms is not None and (isinstance(self.wait_ms, bool) or not isinstance(self.wait_ms, int) or self.wait_ms < 0):
             raise InvalidLeaseRequest("wait_ms must be a non-negative int")
+        if self.interval_seconds is not None and (isinstance(self.interval_seconds, bool) or not isinstance(
+                self.interval_seconds, int) or self.interval_seconds < 1):
+            raise InvalidLeaseRequest("interval_seconds must be a positive int")
         return self
 
 
@@ -108,13 +100,16 @@ class Lease:
     is_noop = False
 
     def __init__(self, token: str, definition: LeaseDefinition, request: LeaseRequest, levels: list[str],
-                 expires_at: datetime | None = None, acquired_at: datetime | None = None):
+                 expires_at: datetime | None = None, acquired_at: datetime | None = None,
+                 last_seen_at: datetime | None = None, interval_seconds: int | None = None):
         self.token = token
         self.definition = definition
         self.request = request
         self.levels = levels
-        self.expires_at = expires_at  # MongoDB's clock, as of the grant
+        self.expires_at = expires_at  # MongoDB's clock, as of the grant or the last renewal
         self.acquired_at = acquired_at
+        self.last_seen_at = last_seen_at  # MongoDB's clock at the grant or the last renewal
+        self.interval_seconds = interval_seconds  # the server-issued renewal interval
         self._released = False
         self._release_failed = False
 
@@ -137,56 +132,41 @@ class Lease:
     def __repr__(self) -> str:
         return f"<Lease {self.definition.name} {self.token[:8]}… on {self.resource}>"
 
-    def _touch(self, extra: dict[str, Any] | None = None) -> bool:
-        update: dict[str, Any] = {
-            "lastSeenAt": "$$NOW",
-            "expiresAt": store.now_plus_ms(self.definition.ttl_seconds * 1000),
-        }
-        if extra:
-            update.update(extra)
-        # A touch counts as held when it *matched*: two touches in one millisecond write
-        # the same value and MongoDB reports nModified = 0.
-        result = store.holders().update_one({"_id": self.token, "state": "HELD"}, [{"$set": update}])
-        return result.matched_count == 1
+    def _scope(self) -> holders.Scope:
+        return holders.scope(self.request.tenant_id, self.request.project_id)
+
+    def _renew(self, payload: dict[str, Any] | None = None) -> None:
+        doc = holders.renew(self.token, bound=self._scope(), payload=payload)
+        self.expires_at, self.last_seen_at = doc["expiresAt"], doc["lastSeenAt"]
 
     def check(self) -> None:
-        """Check-at-use and touch: call at every usage step; the TTL runs from here.
+        """Check-at-use and renew: call at every usage step; the TTL runs from here.
+
+        The renewal rule is the one of every path (:func:`leases.holders.renew`): a lease
+        past its deadline is not revived but ends (``LeaseExpired``, reaped now).
 
         Raises:
-            LeaseLost: the lease was reaped, revoked or released.
+            LeaseLost: the lease ended: ``LeaseExpired`` (reaped, revoked, released — the
+                reason says which) or ``StaleLease`` (the store forgot it).
             LeaseUnavailable: the store is unreachable.
         """
-        tag = metrics.resource_tag(self.resource)
         if self._released:
-            metrics.CHECK.labels(resource=tag, outcome="lost").inc()
+            metrics.CHECK.labels(resource=metrics.resource_tag(self.resource), outcome="lost").inc()
             raise LeaseLost(f"lease {self.token} was released")
-        try:
-            held = self._touch()
-        except pymongo.errors.PyMongoError as exc:
-            raise LeaseUnavailable(f"lease store unreachable during check: {exc.__class__.__name__}") from None
-        if not held:
-            metrics.CHECK.labels(resource=tag, outcome="lost").inc()
-            raise LeaseLost(f"lease {self.token} on {self.resource} was lost (reaped or revoked)")
-        metrics.CHECK.labels(resource=tag, outcome="ok").inc()
+        self._renew()
 
     def update_payload(self, payload: dict[str, Any]) -> None:
-        """Replace the payload the revocation handler will get (also a touch).
+        """Replace the payload the revocation handler will get (also a renewal).
 
         Raises:
             InvalidLeaseRequest: the payload is not a safe JSON-like dict.
-            LeaseLost: the lease is no longer held.
+            LeaseLost: the lease is no longer held (``LeaseExpired`` / ``StaleLease``).
             LeaseUnavailable: the store is unreachable.
         """
         validation.payload(payload)
         if self._released:
             raise LeaseLost(f"lease {self.token} was released")
-        try:
-            # $literal: a payload string such as "$x" must stay a string in a pipeline update.
-            held = self._touch({"payload": {"$literal": payload}})
-        except pymongo.errors.PyMongoError as exc:
-            raise LeaseUnavailable(f"lease store unreachable: {exc.__class__.__name__}") from None
-        if not held:
-            raise LeaseLost(f"lease {self.token} on {self.resource} was lost (reaped or revoked)")
+        self._renew(payload)
 
     def release(self) -> bool:
         """Give the slots back. Idempotent; True only for the call that actually released.
@@ -202,7 +182,7 @@ class Lease:
             metrics.RELEASE.labels(resource=tag, outcome="already-released").inc()
             return False
         try:
-            doc = release_holder({"_id": self.token}, resource=self.resource)
+            doc = holders.release(self.token, bound=self._scope())
             if doc is None and self._release_failed:
                 # The failed call's delete may have landed after all (a timeout does not say):
                 # return our own entries by value; nobody can pull one twice.
@@ -255,40 +235,6 @@ NOOP = _NoopLease()
 
 
 
-def release_holder(query: dict[str, Any], *, resource: str | None = None) -> dict[str, Any] | None:
-    """Delete the holder matching ``query`` (``findOneAndDelete``), then return its slots by
-    entry and hand the freed gate slot to the next waiting ticket.
-
-    Only the one who deletes the holder returns its slots. A failure after the delete is
-    logged and left to repair (an entry whose holder is gone is pulled by the next process
-    that finds the counter full, or by the sweep); the holder is released all the same.
-
-    Returns:
-        The deleted holder (``keys``, ``resource``, ``tenantId``, ``projectId``, ``userId``),
-        or ``None`` when nothing matched.
-
-    Raises:
-        pymongo.errors.PyMongoError: the delete failed; nothing was released.
-    """
-    with _bound():
-        doc = store.holders().find_one_and_delete(
-            query, projection={"keys": 1, "levels": 1, "resource": 1, "tenantId": 1, "projectId": 1,
-                               "userId": 1, "state": 1})
-    if doc is None:
-        return None
-    tag = metrics.resource_tag(doc.get("resource") or resource or "unknown")
-    _pause_point("release")
-    try:
-        with _bound():
-            waiting.give_back(slots.holder_keys(doc), slots.holder_entry(doc))
-    except pymongo.errors.PyMongoError as exc:
-        metrics.RELEASE.labels(resource=tag, outcome="error").inc()
-        log.warning("release of %s: returning its slots failed (%s); repair returns them", doc["_id"], exc)
-        return doc
-    metrics.RELEASE.labels(resource=tag, outcome="ok").inc()
-    return doc
-
-
 def release_token(token: str, *, resource: str | None = None) -> bool:
     """Release the holder ``token``.
 
@@ -299,7 +245,7 @@ def release_token(token: str, *, resource: str | None = None) -> bool:
         LeaseUnavailable: the store failed before the holder was deleted (retryable).
     """
     try:
-        doc = release_holder({"_id": token}, resource=resource)
+        doc = holders.release(token)
     except pymongo.errors.PyMongoError as exc:
         metrics.RELEASE.labels(resource=metrics.resource_tag(resource or "unknown"), outcome="error").inc()
         raise LeaseUnavailable(f"lease store unreachable during release: {exc.__class__.__name__}") from None
@@ -351,6 +297,8 @@ class _Attempt:
                 "pod": {"$literal": self.pod},
                 "podBound": {"$literal": request.pod_bound},
                 "ttlSeconds": {"$literal": definition.ttl_seconds},
+                "intervalSeconds": {"$literal": holders.choose_interval(definition.ttl_seconds,
+                                                                        request.interval_seconds)},
                 "keys": {"$literal": self.keys},
                 "levels": {"$literal": []},
                 "payload": {"$literal": {}},
@@ -408,7 +356,7 @@ class _Attempt:
                 {"_id": self.token},
                 [{"$set": {"state": "HELD", "levels": {"$literal": self.keys}, "lastSeenAt": "$$NOW",
                            "expiresAt": store.now_plus_ms(self.definition.ttl_seconds * 1000)}}],
-                projection={"expiresAt": 1, "acquiredAt": 1},
+                projection={"expiresAt": 1, "acquiredAt": 1, "lastSeenAt": 1, "intervalSeconds": 1},
                 return_document=ReturnDocument.AFTER,
             )
             if held is None:
@@ -419,7 +367,8 @@ class _Attempt:
                 self.give_back(taken)
             raise
         return Lease(self.token, self.definition, self.request, list(self.keys),
-                     expires_at=held.get("expiresAt"), acquired_at=held.get("acquiredAt"))
+                     expires_at=held.get("expiresAt"), acquired_at=held.get("acquiredAt"),
+                     last_seen_at=held.get("lastSeenAt"), interval_seconds=held.get("intervalSeconds"))
 
     def give_back(self, keys: list[str]) -> None:
         waiting.give_back(keys, self.booking)
@@ -832,11 +781,12 @@ def resume(ticket_id: str, *, scope: dict[str, str], keep_ms: int) -> "Lease | T
     request = LeaseRequest(type=holder.get("type", ""), lease=holder.get("leaseName"), tenant_id=holder["tenantId"],
                            project_id=holder["projectId"], user_id=holder["userId"],
                            holder_ref=holder.get("holderRef", ""), pod=holder.get("pod", ""),
-                           pod_bound=bool(holder.get("podBound")))
+                           pod_bound=bool(holder.get("podBound")), interval_seconds=holder.get("intervalSeconds"))
     definition = definitions.resolve(request.lease, request.tenant_id, request.project_id)
     if holder.get("state") == "HELD":
         return Lease(ticket_id, definition, request, list(holder.get("levels") or ()),
-                     expires_at=holder.get("expiresAt"), acquired_at=holder.get("acquiredAt"))
+                     expires_at=holder.get("expiresAt"), acquired_at=holder.get("acquiredAt"),
+                     last_seen_at=holder.get("lastSeenAt"), interval_seconds=holder.get("intervalSeconds"))
     specs = definition.level_specs(request.tenant_id, request.project_id, request.user_id)
     attempt = _Attempt(request, definition, specs, request.pod or "")
     attempt.token = ticket_id
@@ -854,9 +804,7 @@ def resume(ticket_id: str, *, scope: dict[str, str], keep_ms: int) -> "Lease | T
             if current is not None:
                 waiting.prune(current)
             store.holders().delete_one({"_id": ticket_id, "state": "PENDING"})
-            from . import reaper
-
-            reaper.record_tombstone(holder, "ticket-expired")
+            holders.record_tombstone(holder, "ticket-expired")
 
         _step(attempt, drop)
         raise LeaseExpired(f"ticket {ticket_id} was not polled in time", reason="ticket-expired")
@@ -885,20 +833,12 @@ def abandon(ticket_id: str, *, scope: dict[str, str]) -> bool:
                 keys = slots.holder_keys(holder)
                 if keys:
                     waiting.dequeue(keys[-1], ticket_id)
-                from . import reaper
-
-                reaper.record_tombstone(holder, "abandoned")
+                holders.record_tombstone(holder, "abandoned")
                 return True
     except pymongo.errors.PyMongoError as exc:
         raise LeaseUnavailable(f"lease store unreachable: {exc.__class__.__name__}") from None
     try:
-        doc = release_holder({"_id": ticket_id, **scope})
-        if doc is None:
-            return False
-        from . import reaper
-
-        # A later poll of the ticket then answers EXPIRED (release), not "unknown".
-        reaper.record_tombstone(doc, "release")
-        return True
+        # Tombstoned: a later poll of the ticket answers EXPIRED (release), not "unknown".
+        return holders.release(ticket_id, bound=scope) is not None
     except pymongo.errors.PyMongoError as exc:
         raise LeaseUnavailable(f"lease store unreachable during release: {exc.__class__.__name__}") from None

@@ -143,6 +143,13 @@ def ensure_indexes(database: Database | None = None) -> None:
     _indexed.add(database.name)
 
 
+def bounded() -> Any:
+    """One store timeout (``LEASES_MONGO_TIMEOUT_MS``) for a whole step of several commands
+    (an attempt with its rollback, a release with its give-back): an outage ends the step
+    within this bound instead of once per command."""
+    return pymongo.timeout(_settings()[1] / 1000.0)
+
+
 def server_now() -> datetime:
     """MongoDB's clock (``hello.localTime``), the only clock TTLs are decided by.
 

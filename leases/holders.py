@@ -1,0 +1,276 @@
+"""The holder protocol: renewing, updating and ending a holder, the same way for every caller.
+
+A holder document (``resource_lease_holders``) is a lease once it is ``HELD``. Whoever
+renews it (``Lease.check`` in process, ``POST …/renew`` over HTTP), replaces its payload,
+releases it, revokes it or reaps it goes through this module, so a token answers the same
+whichever path touched it last:
+
+* **Renewal** moves the deadline to ``max(previous deadline, now + ttl)`` on MongoDB's
+  clock, so duplicate, delayed or replayed renewals never move it backwards. A holder
+  already past its deadline is not revived: the renewal answers ``EXPIRED`` and reaps it
+  on the spot (the slot comes back and the handler is dispatched, as the sweep would).
+* **Ending** a holder (release, revocation, idle or pod reap) deletes it, returns its
+  slots by entry (handing the gate slot to the next waiter) and leaves a tombstone, so a
+  later renewal or release answers ``EXPIRED`` with the reason, not ``STALE_LEASE``.
+* **Scope**: a caller bound to a tenant (an API key, a tenant's operator) passes its
+  scope; it is part of every filter, so another tenant's token answers like one that
+  never existed.
+
+The embedded server answers comparisons against ``$$NOW`` wrongly inside one command, so
+a renewal never compares with ``$$NOW``: it keeps the previous deadline in
+``priorExpiresAt`` and the decision is made on the two server-clock values the command
+returns. The common renewal is therefore one command; only a kept later deadline costs a
+second one.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any, TypedDict
+
+import pymongo
+import pymongo.errors
+from pymongo import ReturnDocument
+
+from . import history, listener, metrics, slots, store, waiting
+from .errors import InvalidLeaseRequest, LeaseExpired, LeaseUnavailable, StaleLease
+from .handlers import RevokedHolder
+from .pausepoints import pause_point
+
+log = logging.getLogger(__name__)
+
+#: What a renewal returns and a grant answers from.
+GRANT_FIELDS = {"resource": 1, "leaseName": 1, "type": 1, "ttlSeconds": 1, "expiresAt": 1, "lastSeenAt": 1,
+                "intervalSeconds": 1, "priorExpiresAt": 1}
+#: What ending a holder needs to return its slots, tombstone it and dispatch its handler.
+_SCOPE_FIELDS = ("tenantId", "projectId")
+
+
+class Scope(TypedDict, total=False):
+    """The tenant binding of a caller, as it appears in holder and tombstone filters."""
+
+    tenantId: str
+    projectId: str
+
+
+def scope(tenant_id: str, project_id: str | None = None) -> Scope:
+    """The filter part binding a query to ``tenant_id`` (and ``project_id``, when given).
+
+    Raises:
+        InvalidLeaseRequest: an id that is not a plain string (never an operator).
+    """
+    bound: Scope = {"tenantId": _plain(tenant_id, "tenant id")}
+    if project_id:
+        bound["projectId"] = _plain(project_id, "project id")
+    return bound
+
+
+def _plain(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidLeaseRequest(f"{what} must be a non-empty string")
+    return value
+
+
+def scoped(token: str, bound: Scope | None) -> dict[str, Any]:
+    """The tenant-bound filter of one holder or tombstone: ``{_id, tenantId[, projectId]}``.
+
+    Raises:
+        InvalidLeaseRequest: ``bound`` has other keys or non-string values.
+    """
+    query: dict[str, Any] = {"_id": token}
+    for name, value in (bound or {}).items():
+        if name not in _SCOPE_FIELDS:
+            raise InvalidLeaseRequest(f"a scope binds only {', '.join(_SCOPE_FIELDS)}, not {name!r}")
+        query[name] = _plain(value, name)
+    return query
+
+
+def interval_bounds(ttl_seconds: int) -> tuple[int, int]:
+    """The renewal intervals the server accepts for a lease of ``ttl_seconds``.
+
+    ``[max(1, ttl // 10), max(lo, ttl // 2)]``: at most half the TTL, so one lost or late
+    renewal never loses the lease; at least a tenth, so clients cannot hammer the store.
+    """
+    low = max(1, ttl_seconds // 10)
+    return low, max(low, ttl_seconds // 2)
+
+
+def choose_interval(ttl_seconds: int, proposed: int | None) -> int:
+    """The server-issued interval: ``proposed`` clamped into :func:`interval_bounds`;
+    without a proposal a third of the TTL (two renewals may be lost before expiry)."""
+    low, high = interval_bounds(ttl_seconds)
+    wanted = ttl_seconds // 3 if proposed is None else proposed
+    return min(high, max(low, wanted))
+
+
+def _interval_expression(proposed: int) -> dict[str, Any]:
+    """:func:`choose_interval` as a pipeline expression on the holder's own ``ttlSeconds``."""
+    ttl = {"$ifNull": ["$ttlSeconds", 1]}
+    low = {"$max": [1, {"$floor": {"$divide": [ttl, 10]}}]}
+    high = {"$max": [low, {"$floor": {"$divide": [ttl, 2]}}]}
+    return {"$toInt": {"$min": [high, {"$max": [low, int(proposed)]}]}}
+
+
+def renew(token: str, *, bound: Scope | None = None, payload: dict[str, Any] | None = None,
+          proposed_interval: int | None = None) -> dict[str, Any]:
+    """Renew the ``HELD`` holder ``token``: deadline ``max(previous, now + ttl)``, and
+    optionally a new payload (stored literally) and a re-negotiated interval.
+
+    The caller validated ``token`` and ``payload``. One command; a second one only when
+    the previous deadline was later than ``now + ttl`` (a replayed renewal after a clock
+    step, or a deadline set further out by a poll) and is kept.
+
+    Returns:
+        The holder after the renewal (:data:`GRANT_FIELDS`).
+
+    Raises:
+        StaleLease: no such holder (in ``bound``), never issued or long forgotten.
+        LeaseExpired: it ended (with the tombstone's reason), or it was past its deadline:
+            then it is reaped now, reason ``idle``.
+        LeaseUnavailable: the store is unreachable.
+    """
+    ttl_ms = {"$multiply": [{"$ifNull": ["$ttlSeconds", 0]}, 1000]}
+    update: dict[str, Any] = {
+        "priorExpiresAt": "$expiresAt",
+        "lastSeenAt": "$$NOW",
+        "expiresAt": {"$add": ["$$NOW", ttl_ms]},
+    }
+    if payload is not None:
+        # $literal: a payload string such as "$x" must stay a string in a pipeline update.
+        update["payload"] = {"$literal": payload}
+    if proposed_interval is not None:
+        update["intervalSeconds"] = _interval_expression(proposed_interval)
+    error: LeaseExpired | StaleLease | None = None
+    try:
+        with store.bounded():
+            doc = store.holders().find_one_and_update(
+                {**scoped(token, bound), "state": "HELD"}, [{"$set": update}],
+                projection=GRANT_FIELDS, return_document=ReturnDocument.AFTER)
+            if doc is None:
+                error = ended(token, bound)
+            elif doc.get("priorExpiresAt") is not None and doc["priorExpiresAt"] < doc["lastSeenAt"]:
+                error = _expired_on_renewal(token)
+            elif doc.get("priorExpiresAt") is not None and doc["priorExpiresAt"] > doc["expiresAt"]:
+                prior = doc["priorExpiresAt"]
+                store.holders().update_one({"_id": token, "state": "HELD"},
+                                           [{"$set": {"expiresAt": {"$max": ["$expiresAt", prior]}}}])
+                doc["expiresAt"] = prior
+    except pymongo.errors.PyMongoError as exc:
+        raise LeaseUnavailable(f"lease store unreachable during renewal: {exc.__class__.__name__}") from None
+    tag = metrics.resource_tag((doc or {}).get("resource") or "unknown")
+    if error is not None:
+        metrics.CHECK.labels(resource=tag, outcome="lost").inc()
+        raise error
+    metrics.CHECK.labels(resource=tag, outcome="ok").inc()
+    return doc
+
+
+def _expired_on_renewal(token: str) -> LeaseExpired:
+    """The renewal came after the deadline: the holder must not live on (the reaper may
+    already count on its slot), so end it now instead of waiting for the sweep."""
+    try:
+        doc = end({"_id": token, "state": "HELD"}, "idle")
+        if doc is not None:
+            listener.notify([RevokedHolder.from_doc(doc, "idle")])
+    except pymongo.errors.PyMongoError as exc:
+        # The sweep reaps it; the next renewal finds it expired again.
+        log.warning("holder %s past its deadline: reaping it failed (%s)", token, exc)
+    return LeaseExpired(f"lease {token} passed its expiry deadline", reason="idle")
+
+
+def ended(token: str, bound: Scope | None) -> LeaseExpired | StaleLease:
+    """Why ``token`` is no lease (any more): a tombstone says it ended (EXPIRED with the
+    reason), otherwise it is unknown (STALE_LEASE). One read.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store is unreachable.
+    """
+    tombstone = store.tombstones().find_one(scoped(token, bound), {"reason": 1})
+    if tombstone is not None:
+        return LeaseExpired(f"lease {token} has ended ({tombstone.get('reason', 'ended')})",
+                            reason=tombstone.get("reason"))
+    return StaleLease(f"unknown lease token {token}")
+
+
+def record_tombstone(doc: dict[str, Any], reason: str) -> None:
+    """Remember that a token ended (reaped, revoked, released) so protocols can tell
+    "expired" from "never existed"; tombstones expire through a MongoDB TTL index
+    (they book no counter, so plain deletion is right for them).
+
+    Raises:
+        pymongo.errors.PyMongoError: the store is unreachable.
+    """
+    store.tombstones().update_one(
+        {"_id": doc["_id"]},
+        [{"$set": {"tenantId": {"$literal": doc.get("tenantId")},
+                   # projectId lets project-bound API keys see only their project's tombstones.
+                   "projectId": {"$literal": doc.get("projectId")}, "reason": {"$literal": reason},
+                   "resource": {"$literal": doc.get("resource")}, "at": "$$NOW"}}],
+        upsert=True,
+    )
+
+
+def end(query: dict[str, Any], reason: str) -> dict[str, Any] | None:
+    """Delete one holder matching ``query``, return its slots, tombstone it.
+
+    Only the one who deletes the holder returns its slots (by entry, so a repairer racing
+    it returns each at most once). A holder that was handed out (``HELD``) — or released
+    by its caller — gets a tombstone with ``reason``; a ``PENDING`` one that is reaped
+    never reached its consumer, so nobody will ask about it as a lease.
+
+    What fails after the delete is logged and left to repair (an entry whose holder is
+    gone is pulled by the next process that finds the counter full, or by the sweep) and
+    to the dispatcher's claim (which writes a missing tombstone): the holder has ended
+    all the same.
+
+    Returns:
+        The deleted holder document, or ``None`` when nothing matched.
+
+    Raises:
+        pymongo.errors.PyMongoError: the delete failed; nothing ended.
+    """
+    releasing = reason == "release"
+    with store.bounded():
+        doc = store.holders().find_one_and_delete(query)
+    if doc is None:
+        return None
+    tag = metrics.resource_tag(doc.get("resource") or "unknown")
+    if releasing:
+        pause_point("release")  # crash-window tests stop here: deleted, slots not yet returned
+    try:
+        with store.bounded():
+            waiting.give_back(slots.holder_keys(doc), slots.holder_entry(doc))
+            if releasing or doc.get("state") == "HELD":
+                record_tombstone(doc, reason)
+    except pymongo.errors.PyMongoError as exc:
+        log.warning("%s of %s: returning its slots or its tombstone failed (%s); repair returns them",
+                    reason, doc["_id"], exc)
+        if releasing:
+            metrics.RELEASE.labels(resource=tag, outcome="error").inc()
+            return doc
+    if releasing:
+        metrics.RELEASE.labels(resource=tag, outcome="ok").inc()
+    else:
+        metrics.REAP.labels(reason=reason).inc()
+        history.reaped(doc, reason)
+    return doc
+
+
+def release(token: str, *, bound: Scope | None = None) -> dict[str, Any] | None:
+    """Release ``token`` (its caller gives it back): :func:`end` with reason ``release``.
+
+    A regular release never calls the type's handler: the holder cleans up itself.
+
+    Returns:
+        The deleted holder, or ``None`` when it was already gone.
+
+    Raises:
+        pymongo.errors.PyMongoError: the delete failed; nothing was released.
+    """
+    return end(scoped(token, bound), "release")
+
+
+def server_time(doc: dict[str, Any]) -> datetime:
+    """The server time a renewal or grant wrote on the holder (MongoDB's clock)."""
+    return doc["lastSeenAt"]
