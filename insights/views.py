@@ -217,10 +217,10 @@ def revoke(request: HttpRequest, tenant: Tenant, token: str) -> HttpResponse:
 
 def _dispatch_note(handler_type: str, pod: str, pod_bound: bool) -> str:
     # Liveness read now: the dispatcher decides on the same definition right after the reap.
-    from leases import dispatch, pods
+    from leases import dispatch, pod_liveness
 
     try:
-        alive = pods.liveness.is_alive(pod)
+        alive = pod_liveness.liveness.is_alive(pod)
     except pymongo.errors.PyMongoError:
         alive = False  # the dispatcher treats an unknown liveness as dead too
     return dispatch.dispatch_note(handler_type, pod, pod_bound, alive)

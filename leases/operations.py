@@ -187,7 +187,7 @@ def _reason(reason: Any) -> str:
 # --- pod liveness -----------------------------------------------------------------------------
 
 def live_pod_ids() -> set[str] | None:
-    """Pods alive by the one liveness definition (``leases.pods``), this process included.
+    """Pods alive by the one liveness definition (``leases.pod_liveness``), this process included.
 
     Returns ``None`` when the pod registry is not available, so callers show "unknown"
     instead of guessing "dead".
@@ -196,7 +196,7 @@ def live_pod_ids() -> set[str] | None:
         pymongo.errors.PyMongoError: the store is unreachable.
     """
     try:
-        from .pods import liveness
+        from .pod_liveness import liveness
     except ImportError:
         return None
     return liveness.alive_pods()
@@ -208,7 +208,7 @@ def live_pod_endpoints() -> list[tuple[str, str]]:
     Raises:
         pymongo.errors.PyMongoError: the store is unreachable.
     """
-    from .pods import pod_view
+    from .pod_liveness import pod_view
 
     return [(row["podId"], row["endpoint"]) for row in pod_view()
             if row["alive"] and not row["self"] and row.get("endpoint")]
