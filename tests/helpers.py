@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import pymongo
 from pymongo import monitoring
 
-from leases import store
+from leases import handlers, store
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -228,3 +228,38 @@ def celery_worker(pod_id: str, *, pool: str = "solo", concurrency: int = 1, logl
                 process.kill()
                 process.wait(timeout=10)
         os.unlink(log_file.name)
+
+
+class RecordingHandler(handlers.LeaseHandler):
+    """The ``optest`` lease type's handler for the operator tests: records each revoked holder."""
+
+    type = "optest"
+
+    def __init__(self):
+        self.revoked = []
+
+    def on_revoked(self, holder):
+        self.revoked.append(holder)
+
+
+@contextmanager
+def operator_leases():
+    """Register :class:`RecordingHandler` and the ``oplease`` definition (resource ``opres``); yields the handler."""
+    from leases import config
+    from leases.definitions import document_path
+
+    handler = handlers.register_handler(RecordingHandler())
+    config.put_document("_vance", "_tenant", document_path("oplease"),
+                        "resource: opres\nlevels: {global: 50, tenant: 20, project: 10, user: 5}\nttlSeconds: 60")
+    try:
+        yield handler
+    finally:
+        handlers.unregister_handler("optest")
+
+
+def hold(tenant="acme", project="docs", user="alice", pod=None, ref=""):
+    """Acquire an ``oplease`` lease (see :func:`operator_leases`)."""
+    import leases
+
+    return leases.acquire(leases.LeaseRequest(type="optest", lease="oplease", tenant_id=tenant, project_id=project,
+                                              user_id=user, pod=pod, holder_ref=ref))
