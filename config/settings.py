@@ -94,6 +94,9 @@ INSTALLED_APPS = [
     "leases",
     "insights",
     "leases.api",
+    # The reference consumers (the demo's ``tex`` and ``browser`` types): opt-in apps.
+    "leases.contrib.jobs",
+    "leases.contrib.sessions",
 ]
 
 # Contrib apps' own migrations use AutoField; these MongoDB-specific ones (generated with
