@@ -17,6 +17,7 @@ Environment variables
 | CELERY_BROKER_URL               | CELERY_BROKER_URL               | redis://127.0.0.1:6379/0       | Celery broker.                                                          |
 | CELERY_RESULT_BACKEND           | CELERY_RESULT_BACKEND           | (none)                         | Celery result backend, e.g. redis://127.0.0.1:6379/2. Empty: disabled.  |
 | LEASES_MONGO_TIMEOUT_MS         | LEASES_MONGO_TIMEOUT_MS         | 2000                           | Bound for server selection / connect / socket / operation timeouts.    |
+| (settings only)                 | LEASES_DATABASE                 | default                        | Django alias (django-mongodb-backend) of the lease apps' models; see leases.routers. |
 | LEASES_REAP_INTERVAL            | LEASES_REAP_INTERVAL            | 30                             | Seconds between "lease-sweep" beat runs.                                |
 | LEASES_RECONCILE_SAFETY_MS      | LEASES_RECONCILE_SAFETY_MS      | 60000                          | Counter-reconcile safety margin (ms).                                   |
 | LEASES_INTERNAL_SECRET          | LEASES_INTERNAL_SECRET          | insecure dev secret            | Shared secret for internal (pod-to-pod) endpoints.                      |

@@ -38,10 +38,16 @@ def _settings() -> tuple[str, int]:
 
 
 def database_name() -> str:
-    """The database the engine shares with Django (the test database under pytest)."""
+    """The database the engine shares with the lease apps' models (the test database under pytest).
+
+    That is the ``NAME`` of the alias ``LEASES_DATABASE`` names (``default`` unless the host
+    routes the lease apps to a MongoDB alias of their own).
+    """
     from django.db import connections
 
-    return connections["default"].settings_dict["NAME"]
+    from leases.conf import lease_settings
+
+    return connections[lease_settings.DATABASE].settings_dict["NAME"]
 
 
 def client() -> pymongo.MongoClient:
