@@ -50,6 +50,8 @@ DEFAULTS: dict[str, Any] = {
     # History
     "HISTORY_HOURS": 24,
     "HISTORY_FLUSH_SECONDS": 5,
+    # Tenancy: who may see which tenant in which role (a leases.tenancy.TenantAccess)
+    "TENANT_ACCESS": "insights.access.ModelTenantAccess",
     # Reference consumers
     "SESSION_TOOLS": {},
 }
