@@ -33,6 +33,7 @@ Environment variables
 | LEASES_POD_AUTOSTART            | LEASES_POD_AUTOSTART            | 1                              | Web processes register as pods on their first request (tests: off).    |
 | LEASES_WORKER_INTERNAL_BIND     | LEASES_WORKER_INTERNAL_BIND     | 127.0.0.1:0                    | host:port a Celery worker serves /internal/lease/ on (0 = free port).  |
 | LEASES_SESSION_TOOLS            | LEASES_SESSION_TOOLS            | {}                             | JSON {tool: {endpoint, auth}} for leases.contrib.sessions.             |
+| (settings only)                 | LEASES_TENANT_ACCESS            | insights.access.ModelTenantAccess | Dotted path of the tenancy hook (a leases.tenancy.TenantAccess).     |
 | LEASES_HTTP_MAX_WAIT_MS         | LEASES_HTTP_MAX_WAIT_MS         | 5000                           | Upper bound (ms) of an HTTP acquire's wait for a slot (then 202 ticket). |
 | LEASES_TICKET_TTL_MS            | LEASES_TICKET_TTL_MS            | 3000                           | A waiting ticket not kept alive this long is dropped (dead waiter).    |
 | LEASES_WAIT_POLL_MS             | LEASES_WAIT_POLL_MS             | 1000                           | A waiter's keep-alive and safety poll when no wake-up comes (ms).      |

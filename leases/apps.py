@@ -13,7 +13,7 @@ class LeasesConfig(AppConfig):
 
         from leases.conf import lease_settings
 
-        from . import definitions, dispatch, invalidation, pods, tasks  # noqa: F401 - tasks wires the Celery worker signals
+        from . import checks, definitions, dispatch, invalidation, pods, tasks  # noqa: F401 - checks registers, tasks wires the Celery worker signals
 
         # The cache asks the subscription whether it may serve; without this it never caches.
         definitions.cache.attach(invalidation.liveness)
