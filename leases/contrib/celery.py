@@ -55,9 +55,9 @@ IdSource = str | Callable[..., str]
 def poll_seconds() -> float:
     """The countdown of a retry that polls a kept ticket (``LEASES_TICKET_POLL_SECONDS``,
     the interval the HTTP ticket flow issues as well)."""
-    from django.conf import settings
+    from leases.conf import lease_settings
 
-    return float(getattr(settings, "LEASES_TICKET_POLL_SECONDS", 2))
+    return float(lease_settings.TICKET_POLL_SECONDS)
 
 
 def keep_ms() -> int:
