@@ -550,6 +550,17 @@ def _acquire(attempt: _Attempt, wait_ms: int, started: float, keep_ms: int | Non
     return _Waiter(attempt, deadline, started, keep_ms=keep_ms).wait(result)
 
 
+def contended(attempt: _Attempt, wait_ms: int, started: float) -> Lease:
+    """Acquire for an attempt whose uncontended try (the async executor's) found no room:
+    the funnel once more with its diagnosis and repair, then the queue, up to ``wait_ms``
+    from ``started``.
+
+    Raises:
+        LeaseBusy, LeaseUnavailable: as :func:`acquire`.
+    """
+    return _acquire(attempt, wait_ms, started, None)
+
+
 def _fail_fast(attempt: _Attempt, blocked: _Blocked) -> Lease:
     """No wait allowed: repair a full counter once (a leaked slot must not turn a free
     resource into Busy) or drop stale tickets at the gate, try again if that freed

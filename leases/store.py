@@ -12,7 +12,7 @@ import os
 import threading
 import weakref
 from datetime import datetime
-from typing import Any
+from typing import Any, Callable
 
 import pymongo
 from pymongo.collection import Collection
@@ -76,16 +76,30 @@ _async_clients: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[int,
     weakref.WeakKeyDictionary())
 
 
+_async_factory: Callable[[], pymongo.AsyncMongoClient] | None = None
+
+
 def async_client() -> pymongo.AsyncMongoClient:
     """The running event loop's async client (created on first use in that loop)."""
     loop = asyncio.get_running_loop()
     pid = os.getpid()
     known = _async_clients.get(loop)
     if known is None or known[0] != pid:
-        uri, options = client_options()
-        known = (pid, pymongo.AsyncMongoClient(uri, **options))
+        if _async_factory is not None:
+            made = _async_factory()
+        else:
+            uri, options = client_options()
+            made = pymongo.AsyncMongoClient(uri, **options)
+        known = (pid, made)
         _async_clients[loop] = known
     return known[1]
+
+
+def set_async_client_factory(factory: Callable[[], pymongo.AsyncMongoClient] | None) -> None:
+    """Build each loop's async client with ``factory`` (benchmarks add command listeners);
+    None goes back to the settings-built client. Clients already made stay until closed."""
+    global _async_factory
+    _async_factory = factory
 
 
 async def aclose() -> None:
