@@ -13,12 +13,14 @@ errors and the same bounds: every step runs under one ``pymongo.timeout`` of
 ``LEASES_MONGO_TIMEOUT_MS``. The uncontended path — holder, the one ordered bulk over the
 stacked levels, HELD; check; release — runs on the event loop's ``AsyncMongoClient``.
 
-A level found full hands the attempt (same token, same booking entry) to the sync engine
-in a thread of its own: the fair queue's waiting, hand-off, wake-up over the process's
-Redis subscriber, repair and rollback are the engine's, not a second copy of them, and the
-wait is bounded by ``waitMs`` as there. The event loop stays free meanwhile. A caller
-cancelled while its request waits leaves the queue at the wait's end; if the slot was
-granted by then, it is released at once.
+A level found full hands the attempt (same token, same booking entry) to the sync engine's
+queue as steps (``service.contended_steps``): the fair queue's order, hand-off, repair and
+rollback are the engine's, not a second copy of them. Its store steps run in a small thread
+pool (each ends within the store bound); between them the request sleeps on the event loop
+until the process's Redis subscriber wakes it (a thread-safe bridge: no thread per waiter)
+or its keep-alive poll is due; ``waitMs`` bounds the whole wait as on the sync path. A
+caller cancelled while it waits leaves the queue at once (its ticket and holder document are
+dropped); a slot granted in that moment is released.
 
 One async client per event loop (pymongo's async client must not cross loops); call
 :func:`aclose` before a loop that used it ends.
@@ -30,6 +32,7 @@ import asyncio
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pymongo.errors
@@ -41,6 +44,7 @@ from .errors import LeaseLost, LeaseUnavailable
 log = logging.getLogger(__name__)
 
 aclose = store.aclose
+STEP_THREADS = 16
 
 
 class AsyncLease:
@@ -240,7 +244,7 @@ async def _acquire(request: service.LeaseRequest) -> "AsyncLease | _AsyncNoopLea
     with service.outcome(attempt) as record:
         lease = await _uncontended(attempt, queues=wait_ms > 0)
         if lease is None:
-            lease = await _engine_in_thread(attempt, wait_ms, started)
+            lease = await _wait_in_queue(attempt, wait_ms, started)
         return AsyncLease(record(lease))
 
 
@@ -287,7 +291,7 @@ async def _uncontended(attempt: Any, *, queues: bool) -> service.Lease | None:
                 raise
             except asyncio.CancelledError:
                 # Cancelled between two commands: undo off the loop (the caller is gone).
-                threading.Thread(target=_rollback, args=(attempt,), name="leases-aio-rollback", daemon=True).start()
+                _EXECUTOR.submit(_rollback, attempt)
                 raise
     except pymongo.errors.PyMongoError as exc:
         log.warning("store step failed: %r", exc)
@@ -328,39 +332,91 @@ async def _give_back(keys: list[str], booking: str) -> dict[str, Any] | None:
     return gate
 
 
-async def _engine_in_thread(attempt: Any, wait_ms: int, started: float) -> service.Lease:
-    """Run the sync engine's contended acquire for ``attempt`` in a thread and await it.
+# Runs the queue's store steps; the waiting between them happens on the event loop, so a
+# waiting request holds no thread. Each step ends within the store bound.
+_EXECUTOR = ThreadPoolExecutor(max_workers=STEP_THREADS, thread_name_prefix="leases-aio")
+
+
+class _LoopEvent(threading.Event):
+    """A waiter's wake-up event: the process's Redis subscriber thread sets it, and that also
+    wakes the coroutine sleeping on the loop (a thread-safe bridge, no thread of its own)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        super().__init__()
+        self.loop = loop
+        self.aio = asyncio.Event()
+
+    def set(self) -> None:
+        super().set()
+        try:
+            self.loop.call_soon_threadsafe(self.aio.set)
+        except RuntimeError:  # the loop has closed; nobody sleeps on it any more
+            pass
+
+    async def sleep(self, timeout: float) -> bool:
+        """Until set or ``timeout`` passes; whether it was set."""
+        try:
+            await asyncio.wait_for(self.aio.wait(), timeout)
+        except TimeoutError:
+            pass
+        self.aio.clear()
+        return self.is_set()
+
+
+def _advance(steps: Any, woken: bool | None) -> tuple[bool, Any]:
+    """One store step of the queue: (False, sleep timeout) or (True, the lease).
 
     Raises:
-        LeaseBusy, LeaseUnavailable: as the sync path, within ``waitMs`` from ``started``.
+        LeaseBusy, LeaseUnavailable: the waiting ended so.
+    """
+    try:
+        _, timeout = steps.send(woken)
+        return False, timeout
+    except StopIteration as done:
+        return True, done.value
+
+
+async def _wait_in_queue(attempt: Any, wait_ms: int, started: float) -> service.Lease:
+    """Wait in the resource's queue with the sync engine's steps (``service.contended_steps``):
+    its store steps in a thread, its sleeps on this loop, woken over the process's Redis
+    subscriber; bounded by ``waitMs`` from ``started`` as the sync path.
+
+    Raises:
+        LeaseBusy, LeaseUnavailable: as the sync path.
     """
     loop = asyncio.get_running_loop()
-    future: asyncio.Future[service.Lease] = loop.create_future()
+    event = _LoopEvent(loop)
+    steps = service.contended_steps(attempt, wait_ms, started, event)
+    woken: bool | None = None
+    while True:
+        step = loop.run_in_executor(_EXECUTOR, _advance, steps, woken)
+        try:
+            done, value = await asyncio.shield(step)
+        except asyncio.CancelledError:
+            # The step still runs in its thread: clean up once it is over.
+            step.add_done_callback(lambda finished: _EXECUTOR.submit(_abandon, steps, finished))
+            raise
+        if done:
+            return value
+        try:
+            woken = await event.sleep(value)
+        except asyncio.CancelledError:
+            _EXECUTOR.submit(_abandon, steps, None)
+            raise
 
-    def deliver(ok: bool, value: Any) -> None:
-        if future.cancelled():
-            if ok:  # the caller left while it waited: the slot goes straight back
-                threading.Thread(target=_release_quietly, args=(value,), name="leases-aio-release",
-                                 daemon=True).start()
+
+def _abandon(steps: Any, finished: "asyncio.Future[tuple[bool, Any]] | None") -> None:
+    """The caller was cancelled while it waited: a lease granted meanwhile goes straight
+    back; a request still in the queue leaves it (closing the steps dequeues it and drops
+    its holder document)."""
+    if finished is not None:
+        if finished.cancelled() or finished.exception() is not None:
+            return  # the waiting ended on its own (Busy, Unavailable) and cleaned up
+        done, value = finished.result()
+        if done:
+            _release_quietly(value)
             return
-        if ok:
-            future.set_result(value)
-        else:
-            future.set_exception(value)
-
-    def run() -> None:
-        try:
-            value, ok = service.contended(attempt, wait_ms, started), True
-        except BaseException as exc:  # handed to the awaiting task, never lost here
-            value, ok = exc, False
-        try:
-            loop.call_soon_threadsafe(deliver, ok, value)
-        except RuntimeError:  # the loop has closed
-            if ok:
-                _release_quietly(value)
-
-    threading.Thread(target=run, name="leases-aio-wait", daemon=True).start()
-    return await future
+    steps.close()
 
 
 def _release_quietly(lease: service.Lease) -> None:

@@ -19,8 +19,9 @@ import os
 import random
 import secrets
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -550,15 +551,23 @@ def _acquire(attempt: _Attempt, wait_ms: int, started: float, keep_ms: int | Non
     return _Waiter(attempt, deadline, started, keep_ms=keep_ms).wait(result)
 
 
-def contended(attempt: _Attempt, wait_ms: int, started: float) -> Lease:
-    """Acquire for an attempt whose uncontended try (the async executor's) found no room:
-    the funnel once more with its diagnosis and repair, then the queue, up to ``wait_ms``
-    from ``started``.
+def contended_steps(attempt: _Attempt, wait_ms: int, started: float,
+                    event: threading.Event | None = None) -> Generator["tuple[threading.Event, float]", "bool | None", Lease]:
+    """Acquire for an attempt whose uncontended try (the async executor's) found no room,
+    as steps (see :meth:`_Waiter.steps`): the funnel once more with its diagnosis and
+    repair, then the queue, up to ``wait_ms`` from ``started``.
 
     Raises:
         LeaseBusy, LeaseUnavailable: as :func:`acquire`.
     """
-    return _acquire(attempt, wait_ms, started, None)
+    queues = wait_ms > 0
+    result = _step(attempt, lambda: _first(attempt, allow_queue=queues))
+    if isinstance(result, Lease):
+        return result
+    if not queues:
+        return _step(attempt, lambda: _fail_fast(attempt, result))
+    waiter = _Waiter(attempt, started + wait_ms / 1000.0, started)
+    return (yield from waiter.steps(result, event))
 
 
 def _fail_fast(attempt: _Attempt, blocked: _Blocked) -> Lease:
@@ -604,6 +613,31 @@ class _Waiter:
                 "w": wakeups.process_id()}
 
     def wait(self, blocked: _Blocked) -> "Lease | Ticket":
+        """Wait in the queue until granted, out of time (Busy) or kept as a ticket.
+
+        Raises:
+            LeaseBusy, LeaseUnavailable: as :func:`acquire`.
+        """
+        steps = self.steps(blocked)
+        woken: bool | None = None
+        try:
+            while True:
+                try:
+                    event, timeout = steps.send(woken)
+                except StopIteration as done:
+                    return done.value
+                woken = event.wait(timeout)
+        finally:
+            steps.close()
+
+    def steps(self, blocked: _Blocked, event: threading.Event | None = None) -> Generator[
+            "tuple[threading.Event, float]", "bool | None", "Lease | Ticket"]:
+        """The waiting as steps: each ``yield (event, timeout)`` asks the driver to sleep until
+        the wake-up ``event`` is set or ``timeout`` passes, and to send back whether it was
+        woken. The store work between two yields is blocking; the async executor runs it in
+        a thread and sleeps on the event loop. Closed at a yield (the caller went away), it
+        leaves the queue and drops its holder document.
+        """
         if blocked.spec is not self.attempt.gate and waiting.is_full(blocked.counter) and _step(
                 self.attempt, lambda: waiting.repair(blocked.counter, blocked.counter["clock"])):
             # A slot nobody booked came back: try again before queueing.
@@ -612,7 +646,7 @@ class _Waiter:
                 return lease
             blocked = lease
         self.blocked = blocked
-        event = wakeups.register(self.attempt.token)
+        event = wakeups.register(self.attempt.token, event)
         metrics.WAITING.labels(resource=self.tag).inc()
         outcome = "error"
         try:
@@ -630,7 +664,12 @@ class _Waiter:
                     outcome = "timeout"
                     raise self._give_up()
                 period = waiting.poll_ms() / 1000.0 * random.uniform(1.0, 1.25)
-                woken = event.wait(min(remaining, period))
+                try:
+                    woken = yield event, min(remaining, period)
+                except GeneratorExit:
+                    outcome = "cancelled"
+                    self._give_up()
+                    raise
                 event.clear()
                 if woken:
                     lease = self._try(woken=True)

@@ -161,24 +161,61 @@ def test_given_a_wait_that_stays_full_when_it_ends_then_busy_after_wait_ms_with_
     held.release()
 
 
-def test_given_a_waiter_cancelled_when_the_slot_frees_then_it_does_not_keep_the_slot():
-    put("levels: {global: 1}\nwaitMs: 2000")
+def gate_queue():
+    return [t["id"] for t in (store.counters().find_one({"_id": "aio|global|*"}) or {}).get("queue") or ()]
+
+
+def test_given_a_waiter_cancelled_while_it_waits_then_it_leaves_the_queue_at_once():
+    put("levels: {global: 1}\nwaitMs: 5000")
     held = leases.acquire(req(tenant="other"))
 
     async def scenario():
         waiter = asyncio.ensure_future(leases.aacquire(req()))
-        await asyncio.sleep(0.3)
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if gate_queue():
+                break
+        queued = gate_queue()
         waiter.cancel()
-        await asyncio.to_thread(held.release)
-        await asyncio.sleep(0.1)
-        return waiter.cancelled()
+        started = time.monotonic()
+        while gate_queue() and time.monotonic() - started < 2:
+            await asyncio.sleep(0.01)
+        return queued, time.monotonic() - started, waiter.cancelled()
 
-    assert run(scenario())
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and (count("aio|global|*") or store.holders().count_documents({})):
-        time.sleep(0.05)
-    assert count("aio|global|*") == 0 and store.holders().count_documents({}) == 0
+    queued, left_after, cancelled = run(scenario())
+    assert len(queued) == 1 and cancelled
+    assert left_after < 1.0  # dequeued by the cancellation, not by the ticket going stale (3 s)
+    assert store.holders().find_one({"_id": queued[0]}) is None
+    held.release()
+    assert count("aio|global|*") == 0
     leases.acquire(req(tenant="third")).release()
+
+
+def test_given_many_async_waiters_then_they_hold_no_thread_while_they_wait():
+    put("levels: {global: 1}\nwaitMs: 5000")
+    held = leases.acquire(req(tenant="other"))
+
+    async def take_and_give_back(user):
+        lease = await leases.aacquire(req(user=user))
+        await lease.arelease()  # at once: the queue drains in its own order
+        return 1
+
+    async def scenario():
+        before = threading.active_count()
+        waiters = [asyncio.ensure_future(take_and_give_back(f"w{i}")) for i in range(40)]
+        for _ in range(400):
+            await asyncio.sleep(0.01)
+            if len(gate_queue()) == 40:
+                break
+        queued, threads = len(gate_queue()), threading.active_count() - before
+        await asyncio.to_thread(held.release)
+        granted = sum(await asyncio.gather(*waiters))
+        return queued, threads, granted
+
+    queued, threads, granted = run(scenario())
+    assert queued == 40 and granted == 40
+    assert threads <= aio.STEP_THREADS + 2  # the step pool (and the subscriber), not one per waiter
+    assert count("aio|global|*") == 0 and store.holders().count_documents({}) == 0
 
 
 def test_given_concurrent_async_tasks_in_three_processes_then_holders_never_exceed_the_cap():
