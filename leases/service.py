@@ -561,7 +561,15 @@ def contended_steps(attempt: _Attempt, wait_ms: int, started: float,
         LeaseBusy, LeaseUnavailable: as :func:`acquire`.
     """
     queues = wait_ms > 0
-    result = _step(attempt, lambda: _first(attempt, allow_queue=queues))
+
+    def again() -> "Lease | _Blocked":
+        # The uncontended try wrote the holder document a moment ago.
+        try:
+            return attempt.book(privileged=False, allow_queue=queues)
+        except _Blocked as blocked:
+            return blocked
+
+    result = _step(attempt, again)
     if isinstance(result, Lease):
         return result
     if not queues:
