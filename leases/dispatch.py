@@ -47,7 +47,7 @@ import pymongo.errors
 from . import handlers, store
 from .errors import LeaseError, LeaseStillHeld
 from .handlers import RevokedHolder
-from .pods import LeasePodLiveness, liveness as default_liveness
+from .pod_liveness import LeasePodLiveness, liveness as default_liveness
 
 log = logging.getLogger(__name__)
 
@@ -290,7 +290,7 @@ class LeaseRevocationDispatcher:
         Raises:
             pymongo.errors.PyMongoError: the store is unreachable.
         """
-        from .pods import pod_view
+        from .pod_liveness import pod_view
 
         return [(row["podId"], row["endpoint"]) for row in pod_view()
                 if row["alive"] and not row["self"] and row.get("endpoint")]

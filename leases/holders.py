@@ -33,7 +33,7 @@ import pymongo
 import pymongo.errors
 from pymongo import ReturnDocument
 
-from . import history, listener, metrics, slots, store, waiting
+from . import commands, history, listener, metrics, slots, store, waiting
 from .errors import InvalidLeaseRequest, LeaseExpired, LeaseUnavailable, StaleLease
 from .handlers import RevokedHolder
 from .pausepoints import pause_point
@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 #: What a renewal returns and a grant answers from.
 GRANT_FIELDS = {"resource": 1, "leaseName": 1, "type": 1, "ttlSeconds": 1, "expiresAt": 1, "lastSeenAt": 1,
                 "intervalSeconds": 1, "priorExpiresAt": 1}
-#: What ending a holder needs to return its slots, tombstone it and dispatch its handler.
+#: The fields a caller's scope may bind.
 _SCOPE_FIELDS = ("tenantId", "projectId")
 
 
@@ -112,6 +112,64 @@ def _interval_expression(proposed: int) -> dict[str, Any]:
     return {"$toInt": {"$min": [high, {"$max": [low, int(proposed)]}]}}
 
 
+def renewal(token: str, *, bound: Scope | None = None, payload: dict[str, Any] | None = None,
+            proposed_interval: int | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The renewal command (filter, pipeline) of ``token``: the sync and the async path
+    send exactly this, as ``findAndModify`` returning the document after (:data:`GRANT_FIELDS`).
+
+    It writes ``now + ttl`` and keeps the deadline it replaced in ``priorExpiresAt``;
+    :func:`verdict` then decides on the two server times the command returned.
+    """
+    ttl_ms = {"$multiply": [{"$ifNull": ["$ttlSeconds", 0]}, 1000]}
+    update: dict[str, Any] = {
+        "priorExpiresAt": "$expiresAt",
+        "lastSeenAt": "$$NOW",
+        "expiresAt": {"$add": ["$$NOW", ttl_ms]},
+    }
+    if payload is not None:
+        # $literal: a payload string such as "$x" must stay a string in a pipeline update.
+        update["payload"] = {"$literal": payload}
+    if proposed_interval is not None:
+        update["intervalSeconds"] = _interval_expression(proposed_interval)
+    return {**scoped(token, bound), "state": "HELD"}, [{"$set": update}]
+
+
+RENEWED = "renewed"
+EXPIRED = "expired"      # it was past its deadline: end it, answer EXPIRED
+KEEP_LATER = "keep-later"  # renewed, but the replaced deadline was later: keep that one
+
+
+def verdict(doc: dict[str, Any]) -> str:
+    """What the renewal that returned ``doc`` means: :data:`RENEWED`, :data:`EXPIRED` or
+    :data:`KEEP_LATER` (both times are MongoDB's, from the same command)."""
+    prior = doc.get("priorExpiresAt")
+    if prior is None:
+        return RENEWED
+    if prior < doc["lastSeenAt"]:
+        return EXPIRED
+    return KEEP_LATER if prior > doc["expiresAt"] else RENEWED
+
+
+def keep_later(token: str, prior: datetime) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The second command of a renewal whose replaced deadline ``prior`` was later."""
+    return {"_id": token, "state": "HELD"}, [{"$set": {"expiresAt": {"$max": ["$expiresAt", prior]}}}]
+
+
+def answer_for(token: str, tombstone: dict[str, Any] | None) -> LeaseExpired | StaleLease:
+    """Why ``token`` matched no renewal: its tombstone says it ended (EXPIRED with the
+    reason), without one it is unknown in the caller's scope (STALE_LEASE)."""
+    if tombstone is not None:
+        return LeaseExpired(f"lease {token} has ended ({tombstone.get('reason', 'ended')})",
+                            reason=tombstone.get("reason"))
+    return StaleLease(f"unknown lease token {token}")
+
+
+def count_check(doc: dict[str, Any] | None, ok: bool) -> None:
+    """The check metric of one renewal (resource from the document, never from input)."""
+    tag = metrics.resource_tag((doc or {}).get("resource") or "unknown")
+    metrics.CHECK.labels(resource=tag, outcome="ok" if ok else "lost").inc()
+
+
 def renew(token: str, *, bound: Scope | None = None, payload: dict[str, Any] | None = None,
           proposed_interval: int | None = None) -> dict[str, Any]:
     """Renew the ``HELD`` holder ``token``: deadline ``max(previous, now + ttl)``, and
@@ -130,45 +188,32 @@ def renew(token: str, *, bound: Scope | None = None, payload: dict[str, Any] | N
             then it is reaped now, reason ``idle``.
         LeaseUnavailable: the store is unreachable.
     """
-    ttl_ms = {"$multiply": [{"$ifNull": ["$ttlSeconds", 0]}, 1000]}
-    update: dict[str, Any] = {
-        "priorExpiresAt": "$expiresAt",
-        "lastSeenAt": "$$NOW",
-        "expiresAt": {"$add": ["$$NOW", ttl_ms]},
-    }
-    if payload is not None:
-        # $literal: a payload string such as "$x" must stay a string in a pipeline update.
-        update["payload"] = {"$literal": payload}
-    if proposed_interval is not None:
-        update["intervalSeconds"] = _interval_expression(proposed_interval)
     error: LeaseExpired | StaleLease | None = None
     try:
         with store.bounded():
             doc = store.holders().find_one_and_update(
-                {**scoped(token, bound), "state": "HELD"}, [{"$set": update}],
+                *renewal(token, bound=bound, payload=payload, proposed_interval=proposed_interval),
                 projection=GRANT_FIELDS, return_document=ReturnDocument.AFTER)
             if doc is None:
-                error = ended(token, bound)
-            elif doc.get("priorExpiresAt") is not None and doc["priorExpiresAt"] < doc["lastSeenAt"]:
-                error = _expired_on_renewal(token)
-            elif doc.get("priorExpiresAt") is not None and doc["priorExpiresAt"] > doc["expiresAt"]:
-                prior = doc["priorExpiresAt"]
-                store.holders().update_one({"_id": token, "state": "HELD"},
-                                           [{"$set": {"expiresAt": {"$max": ["$expiresAt", prior]}}}])
-                doc["expiresAt"] = prior
+                error = answer_for(token, store.tombstones().find_one(scoped(token, bound), {"reason": 1}))
+            elif verdict(doc) == EXPIRED:
+                error = expire(token)
+            elif verdict(doc) == KEEP_LATER:
+                store.holders().update_one(*keep_later(token, doc["priorExpiresAt"]))
+                doc["expiresAt"] = doc["priorExpiresAt"]
     except pymongo.errors.PyMongoError as exc:
         raise LeaseUnavailable(f"lease store unreachable during renewal: {exc.__class__.__name__}") from None
-    tag = metrics.resource_tag((doc or {}).get("resource") or "unknown")
+    count_check(doc, error is None)
     if error is not None:
-        metrics.CHECK.labels(resource=tag, outcome="lost").inc()
         raise error
-    metrics.CHECK.labels(resource=tag, outcome="ok").inc()
     return doc
 
 
-def _expired_on_renewal(token: str) -> LeaseExpired:
-    """The renewal came after the deadline: the holder must not live on (the reaper may
-    already count on its slot), so end it now instead of waiting for the sweep."""
+def expire(token: str) -> LeaseExpired:
+    """A renewal came after the deadline: the holder must not live on (the reaper may
+    already count on its slot), so end it now instead of waiting for the sweep — slot
+    back, tombstone ``idle``, handler dispatched. Never raises; returns the answer.
+    """
     try:
         doc = end({"_id": token, "state": "HELD"}, "idle")
         if doc is not None:
@@ -180,17 +225,27 @@ def _expired_on_renewal(token: str) -> LeaseExpired:
 
 
 def ended(token: str, bound: Scope | None) -> LeaseExpired | StaleLease:
-    """Why ``token`` is no lease (any more): a tombstone says it ended (EXPIRED with the
-    reason), otherwise it is unknown (STALE_LEASE). One read.
+    """Why ``token`` is no lease (any more), from its tombstone (one read).
 
     Raises:
         pymongo.errors.PyMongoError: the store is unreachable.
     """
-    tombstone = store.tombstones().find_one(scoped(token, bound), {"reason": 1})
-    if tombstone is not None:
-        return LeaseExpired(f"lease {token} has ended ({tombstone.get('reason', 'ended')})",
-                            reason=tombstone.get("reason"))
-    return StaleLease(f"unknown lease token {token}")
+    return answer_for(token, store.tombstones().find_one(scoped(token, bound), {"reason": 1}))
+
+
+def tombstone_upsert(doc: dict[str, Any], reason: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The tombstone command (filter, pipeline; an upsert) of the ended holder ``doc``."""
+    return {"_id": doc["_id"]}, [{"$set": {
+        "tenantId": {"$literal": doc.get("tenantId")},
+        # projectId lets project-bound API keys see only their project's tombstones.
+        "projectId": {"$literal": doc.get("projectId")}, "reason": {"$literal": reason},
+        "resource": {"$literal": doc.get("resource")}, "at": "$$NOW"}}]
+
+
+def needs_tombstone(doc: dict[str, Any], reason: str) -> bool:
+    """A holder that was handed out (``HELD``) — or released by its caller — is asked
+    about later; a reaped ``PENDING`` one never reached its consumer."""
+    return reason == "release" or doc.get("state") == "HELD"
 
 
 def record_tombstone(doc: dict[str, Any], reason: str) -> None:
@@ -201,14 +256,7 @@ def record_tombstone(doc: dict[str, Any], reason: str) -> None:
     Raises:
         pymongo.errors.PyMongoError: the store is unreachable.
     """
-    store.tombstones().update_one(
-        {"_id": doc["_id"]},
-        [{"$set": {"tenantId": {"$literal": doc.get("tenantId")},
-                   # projectId lets project-bound API keys see only their project's tombstones.
-                   "projectId": {"$literal": doc.get("projectId")}, "reason": {"$literal": reason},
-                   "resource": {"$literal": doc.get("resource")}, "at": "$$NOW"}}],
-        upsert=True,
-    )
+    store.tombstones().update_one(*tombstone_upsert(doc, reason), upsert=True)
 
 
 def end(query: dict[str, Any], reason: str) -> dict[str, Any] | None:
@@ -232,7 +280,7 @@ def end(query: dict[str, Any], reason: str) -> dict[str, Any] | None:
     """
     releasing = reason == "release"
     with store.bounded():
-        doc = store.holders().find_one_and_delete(query)
+        doc = store.holders().find_one_and_delete(query, projection=commands.RELEASE_PROJECTION if releasing else None)
     if doc is None:
         return None
     tag = metrics.resource_tag(doc.get("resource") or "unknown")
@@ -241,7 +289,7 @@ def end(query: dict[str, Any], reason: str) -> dict[str, Any] | None:
     try:
         with store.bounded():
             waiting.give_back(slots.holder_keys(doc), slots.holder_entry(doc))
-            if releasing or doc.get("state") == "HELD":
+            if needs_tombstone(doc, reason):
                 record_tombstone(doc, reason)
     except pymongo.errors.PyMongoError as exc:
         log.warning("%s of %s: returning its slots or its tombstone failed (%s); repair returns them",

@@ -10,7 +10,7 @@ import pytest
 
 import leases
 from leases.api import keys
-from leases import LeaseBusy, LeaseLost, LeaseUnavailable, config, operations, store
+from leases import LeaseBusy, LeaseLost, LeaseUnavailable, actions, config, store
 from leases.definitions import document_path
 from leases.client import ApiKeyRejected, HttpLease, HttpLeaseClient
 from leases.embedded import free_port
@@ -117,7 +117,7 @@ def test_given_retry_busy_for_when_the_slot_frees_then_acquire_succeeds(client):
 
 def test_given_a_revoked_lease_when_renewing_then_lease_expired_and_later_checks_fail_without_requests(client):
     lease = take(client)
-    operations.revoke_holder(lease.token, tenant_id="acme", acting_user="ops", dispatch=False)
+    actions.revoke_holder(lease.token, tenant_id="acme", acting_user="ops", dispatch=False)
     with pytest.raises(LeaseExpired) as lost:
         lease.renew()
     assert isinstance(lost.value, LeaseLost) and lost.value.reason == "revoke" and lost.value.code == "EXPIRED"
@@ -169,7 +169,7 @@ def test_given_keepalive_when_longer_than_the_ttl_passes_then_the_lease_stays_he
 def test_given_keepalive_when_the_lease_is_revoked_then_it_stops_and_check_raises(client):
     lease = take(client, inline=inline(ttl=2))
     keeper = lease.keepalive()
-    operations.revoke_holder(lease.token, tenant_id="acme", acting_user="ops", dispatch=False)
+    actions.revoke_holder(lease.token, tenant_id="acme", acting_user="ops", dispatch=False)
     give_up = time.monotonic() + 5
     while keeper.running and time.monotonic() < give_up:
         time.sleep(0.1)
