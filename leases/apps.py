@@ -9,8 +9,9 @@ class LeasesConfig(AppConfig):
     def ready(self) -> None:
         # Issue 3: revocations go through the dispatcher (§6 matrix); the reference
         # consumers' handlers exist in every process, so any pod can run them.
-        from django.conf import settings
         from django.core.signals import request_started
+
+        from leases.conf import lease_settings
 
         from . import definitions, dispatch, invalidation, pods, tasks  # noqa: F401 - tasks wires the Celery worker signals
         from .contrib import register_handlers
@@ -19,7 +20,7 @@ class LeasesConfig(AppConfig):
         definitions.cache.attach(invalidation.liveness)
         dispatch.install()
         register_handlers()
-        if getattr(settings, "LEASES_POD_AUTOSTART", True):
+        if lease_settings.POD_AUTOSTART:
             # Lazy: only a process that serves requests becomes a (web) pod, not migrate/shell.
             request_started.connect(pods.lazy_start_on_request, weak=False,
                                     dispatch_uid="leases.pods.lazy_start_on_request")

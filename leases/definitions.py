@@ -486,10 +486,10 @@ class DefinitionCache:
         Raises:
             LeaseUnavailable: the load failed; nothing is cached.
         """
-        from django.conf import settings
+        from leases.conf import lease_settings
 
         key = (tenant_id, project_id, name)
-        max_age = float(getattr(settings, "LEASES_DEFINITION_CACHE_SECONDS", 300))
+        max_age = float(lease_settings.DEFINITION_CACHE_SECONDS)
         epoch = self._liveness()
         entry = self._entries.get(key)
         started = time.monotonic()

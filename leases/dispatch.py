@@ -57,9 +57,9 @@ POST_TIMEOUT_SECONDS = 3.0
 
 
 def _secret() -> str:
-    from django.conf import settings
+    from leases.conf import lease_settings
 
-    return settings.LEASES_INTERNAL_SECRET
+    return lease_settings.INTERNAL_SECRET
 
 
 def claim(token: str) -> bool:

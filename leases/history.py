@@ -50,16 +50,16 @@ MAX_CELLS = 20000
 
 def history_hours() -> int:
     """How long minutes are kept (``LEASES_HISTORY_HOURS``, at least 1)."""
-    from django.conf import settings
+    from leases.conf import lease_settings
 
-    return max(1, int(getattr(settings, "LEASES_HISTORY_HOURS", 24)))
+    return max(1, int(lease_settings.HISTORY_HOURS))
 
 
 def flush_seconds() -> float:
     """Period of the background flush (``LEASES_HISTORY_FLUSH_SECONDS``; 0: no thread)."""
-    from django.conf import settings
+    from leases.conf import lease_settings
 
-    return float(getattr(settings, "LEASES_HISTORY_FLUSH_SECONDS", 5))
+    return float(lease_settings.HISTORY_FLUSH_SECONDS)
 
 
 def collection():

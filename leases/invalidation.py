@@ -66,16 +66,16 @@ def _origin_id() -> str:
 
 
 def _redis_url() -> str:
-    from django.conf import settings
+    from leases.conf import lease_settings
 
-    return getattr(settings, "LEASES_REDIS_URL", "redis://127.0.0.1:6379/1")
+    return lease_settings.REDIS_URL
 
 
 def bound_seconds() -> float:
     """The liveness bound: how old the last proof may be while the cache still serves."""
-    from django.conf import settings
+    from leases.conf import lease_settings
 
-    return int(getattr(settings, "LEASES_INVALIDATION_LIVENESS_MS", DEFAULT_LIVENESS_MS)) / 1000.0
+    return int(lease_settings.INVALIDATION_LIVENESS_MS) / 1000.0
 
 
 def _client(timeout: float) -> redis.Redis:

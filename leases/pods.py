@@ -36,6 +36,8 @@ from typing import Any, Callable
 
 import pymongo.errors
 
+from leases.conf import lease_settings
+
 from . import store, validation
 from .errors import InvalidLeaseRequest, LeaseError
 from .identity import self_pod_id
@@ -78,9 +80,7 @@ class PodLease:
 
 
 def _settings() -> Any:
-    from django.conf import settings
-
-    return settings
+    return lease_settings
 
 
 def clamp_interval(proposed: Any) -> int:
@@ -89,16 +89,16 @@ def clamp_interval(proposed: Any) -> int:
     ``None`` (or anything not a positive int) takes ``LEASES_POD_INTERVAL_SECONDS``.
     """
     s = _settings()
-    low = max(1, int(s.LEASES_POD_INTERVAL_MIN))
-    high = max(low, int(s.LEASES_POD_INTERVAL_MAX))
+    low = max(1, int(s.POD_INTERVAL_MIN))
+    high = max(low, int(s.POD_INTERVAL_MAX))
     if isinstance(proposed, bool) or not isinstance(proposed, int) or proposed <= 0:
-        proposed = int(s.LEASES_POD_INTERVAL_SECONDS)
+        proposed = int(s.POD_INTERVAL_SECONDS)
     return min(high, max(low, proposed))
 
 
 def expiry_factor() -> int:
     """How many intervals a pod may miss before it is dead (at least 1)."""
-    return max(1, int(_settings().LEASES_POD_EXPIRY_FACTOR))
+    return max(1, int(_settings().POD_EXPIRY_FACTOR))
 
 
 def _valid_endpoint(endpoint: Any) -> str:
@@ -409,8 +409,8 @@ def start_pod(endpoint: str | None = None) -> PodRenewer:
     with _start_lock:
         if _renewer is not None and _renewer_pid == os.getpid():
             return _renewer
-        chosen = endpoint if endpoint is not None else (_settings().LEASES_POD_ENDPOINT or "")
-        renewer = PodRenewer(self_pod_id(), chosen, proposed_interval=int(_settings().LEASES_POD_INTERVAL_SECONDS))
+        chosen = endpoint if endpoint is not None else (_settings().POD_ENDPOINT or "")
+        renewer = PodRenewer(self_pod_id(), chosen, proposed_interval=int(_settings().POD_INTERVAL_SECONDS))
         _renewer, _renewer_pid = renewer, os.getpid()
     delay = renewer.step()
 
@@ -439,7 +439,7 @@ def lazy_start_on_request(sender: Any = None, environ: dict[str, Any] | None = N
     """
     if current_renewer() is not None:
         return
-    endpoint = _settings().LEASES_POD_ENDPOINT or ""
+    endpoint = _settings().POD_ENDPOINT or ""
     if not endpoint and environ:
         host = environ.get("HTTP_HOST") or f"{environ.get('SERVER_NAME', '127.0.0.1')}:{environ.get('SERVER_PORT', '80')}"
         endpoint = f"{environ.get('wsgi.url_scheme', 'http')}://{host}"
@@ -481,11 +481,11 @@ def serve_internal(bind: str | None = None) -> str:
             return f"http://{host}:{port}"
         s = _settings()
         if bind is None:
-            if s.LEASES_POD_ENDPOINT:
-                parsed = urllib.parse.urlsplit(s.LEASES_POD_ENDPOINT)
+            if s.POD_ENDPOINT:
+                parsed = urllib.parse.urlsplit(s.POD_ENDPOINT)
                 bind = f"{parsed.hostname}:{parsed.port or 80}"
             else:
-                bind = getattr(s, "LEASES_WORKER_INTERNAL_BIND", "127.0.0.1:0")
+                bind = s.WORKER_INTERNAL_BIND
         host, _, port_text = bind.rpartition(":")
         host = host or "127.0.0.1"
 
@@ -506,6 +506,6 @@ def serve_internal(bind: str | None = None) -> str:
                          daemon=True).start()
         _server, _server_pid = server, os.getpid()
         bound_host, bound_port = server.server_address[:2]
-    if s.LEASES_POD_ENDPOINT and int(port_text or 0) == bound_port:
-        return s.LEASES_POD_ENDPOINT.rstrip("/")
+    if s.POD_ENDPOINT and int(port_text or 0) == bound_port:
+        return s.POD_ENDPOINT.rstrip("/")
     return f"http://{bound_host}:{bound_port}"

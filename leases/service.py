@@ -52,9 +52,9 @@ def _pause_point(name: str) -> None:
 def _bound() -> Any:
     """One store timeout for a whole step (an attempt with its rollback, one keep-alive):
     an outage ends the step within this bound instead of once per command."""
-    from django.conf import settings
+    from leases.conf import lease_settings
 
-    return pymongo.timeout(int(getattr(settings, "LEASES_MONGO_TIMEOUT_MS", 2000)) / 1000.0)
+    return pymongo.timeout(int(lease_settings.MONGO_TIMEOUT_MS) / 1000.0)
 
 
 @dataclass(frozen=True)

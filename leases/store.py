@@ -32,9 +32,9 @@ _indexed: set[str] = set()
 
 
 def _settings() -> tuple[str, int]:
-    from django.conf import settings
+    from leases.conf import lease_settings
 
-    return settings.MONGODB_URI, int(getattr(settings, "LEASES_MONGO_TIMEOUT_MS", 2000))
+    return lease_settings.MONGODB_URI, int(lease_settings.MONGO_TIMEOUT_MS)
 
 
 def database_name() -> str:

@@ -24,9 +24,9 @@ ORPHAN_BATCH = 1000
 
 
 def _safety_ms() -> int:
-    from django.conf import settings
+    from leases.conf import lease_settings
 
-    return int(getattr(settings, "LEASES_RECONCILE_SAFETY_MS", 60000))
+    return int(lease_settings.RECONCILE_SAFETY_MS)
 
 
 def reap_dead_pods(*, now: datetime | None = None, limit: int = POD_REAP_BATCH,

@@ -23,29 +23,24 @@ import pymongo.errors
 from pymongo import ReturnDocument, UpdateOne
 
 from . import order, slots, store, wakeups
+from .conf import lease_settings
 
 log = logging.getLogger(__name__)
 
 
-def _setting(name: str, default: int) -> int:
-    from django.conf import settings
-
-    return int(getattr(settings, name, default))
-
-
 def ticket_ttl_ms() -> int:
     """How long a ticket survives without a keep-alive (a killed waiter leaves this fast)."""
-    return _setting("LEASES_TICKET_TTL_MS", 3000)
+    return int(lease_settings.TICKET_TTL_MS)
 
 
 def poll_ms() -> int:
     """A waiter's safety poll and keep-alive period (also when no wake-up arrives)."""
-    return max(100, min(_setting("LEASES_WAIT_POLL_MS", 1000), ticket_ttl_ms() // 2))
+    return max(100, min(int(lease_settings.WAIT_POLL_MS), ticket_ttl_ms() // 2))
 
 
 def repair_interval_ms() -> int:
     """How often one full counter is checked for slots no live holder books."""
-    return _setting("LEASES_REPAIR_INTERVAL_MS", 500)
+    return int(lease_settings.REPAIR_INTERVAL_MS)
 
 
 # Gate key → monotonic time this process last saw tickets waiting there. A newcomer that

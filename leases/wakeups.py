@@ -50,9 +50,9 @@ _publish_blocked_until = 0.0
 
 
 def _redis_url() -> str:
-    from django.conf import settings
+    from leases.conf import lease_settings
 
-    return getattr(settings, "LEASES_REDIS_URL", "redis://127.0.0.1:6379/1")
+    return lease_settings.REDIS_URL
 
 
 def process_id() -> str:

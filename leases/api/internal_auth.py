@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import hmac
 
-from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 
+from leases.conf import lease_settings
 from leases.dispatch import SECRET_HEADER
 
 
@@ -18,7 +18,7 @@ def error(status: int, code: str, message: str) -> JsonResponse:
 def authorized(request: HttpRequest) -> bool:
     """True when the request carries ``LEASES_INTERNAL_SECRET`` in ``X-Lease-Secret``."""
     presented = request.headers.get(SECRET_HEADER, "")
-    expected = settings.LEASES_INTERNAL_SECRET or ""
+    expected = lease_settings.INTERNAL_SECRET or ""
     # Bytes on both sides: compare_digest refuses non-ASCII str; an unset secret never
     # authorizes (not even an empty header). Constant time against the secret.
     return bool(expected) and hmac.compare_digest(presented.encode(), expected.encode())

@@ -9,9 +9,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from django.conf import settings
-
 from leases import handlers
+from leases.conf import lease_settings
 from leases.validation import HOLDER_REF_MAX, PAYLOAD_MAX_BYTES
 
 from .bodies import MAX_BODY_BYTES, MAX_INTERVAL_SECONDS, MAX_WAIT_MS
@@ -46,7 +45,7 @@ renewals never move it backwards. `410 STALE_LEASE` (unknown token) and `410 EXP
 acquire a fresh lease.
 
 **Waiting and retries.** An acquire waits for a free slot at most
-`min(definition waitMs, request waitMs, {settings.LEASES_HTTP_MAX_WAIT_MS} ms)` so no web
+`min(definition waitMs, request waitMs, {lease_settings.HTTP_MAX_WAIT_MS} ms)` so no web
 worker is held for long. When no slot freed by then, an acquire of a named lease keeps its
 place in the queue: `202` with a ticket (`Location: /api/v1/tickets/{{id}}`, `position`,
 `pollIntervalSeconds`, `deadline` on server time). Poll `GET /api/v1/tickets/{{id}}` every

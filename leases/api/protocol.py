@@ -20,10 +20,10 @@ from datetime import datetime, timezone
 from typing import Any
 
 import pymongo.errors
-from django.conf import settings
 from pymongo import ReturnDocument
 
 from leases import metrics, reaper, service, store, validation
+from leases.conf import lease_settings
 from leases.errors import LeaseExpired, LeaseUnavailable, StaleLease
 
 from .errors import ProjectForbidden
@@ -137,7 +137,7 @@ def _grant(doc: dict[str, Any], server_time: datetime) -> Grant:
 
 def ticket_poll_seconds() -> int:
     """The poll interval the server issues with a wait ticket (``LEASES_TICKET_POLL_SECONDS``)."""
-    return int(getattr(settings, "LEASES_TICKET_POLL_SECONDS", 2))
+    return int(lease_settings.TICKET_POLL_SECONDS)
 
 
 def ticket_keep_ms() -> int:
@@ -169,7 +169,7 @@ def acquire(*, key: ApiKey, type: str, user_id: str, project_id: str, lease: str
     validation.request_id(project_id, "project id")
     if key.project_id and project_id != key.project_id:
         raise ProjectForbidden(f"this API key is bound to project {key.project_id!r}")
-    bound = int(getattr(settings, "LEASES_HTTP_MAX_WAIT_MS", 5000))
+    bound = int(lease_settings.HTTP_MAX_WAIT_MS)
     request = service.LeaseRequest(
         type=type, tenant_id=key.tenant_id, project_id=project_id, user_id=user_id, lease=lease,
         inline=inline, holder_ref=holder_ref, pod="", pod_bound=pod_bound,

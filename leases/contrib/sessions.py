@@ -105,9 +105,9 @@ def get_tool(name: str) -> ToolConfig | None:
         tool = _tools.get(name)
     if tool is not None:
         return tool
-    from django.conf import settings
+    from leases.conf import lease_settings
 
-    configured = getattr(settings, "LEASES_SESSION_TOOLS", None) or {}
+    configured = lease_settings.SESSION_TOOLS or {}
     entry = configured.get(name) if isinstance(configured, dict) else None
     if isinstance(entry, dict) and isinstance(entry.get("endpoint"), str):
         return ToolConfig(name, entry["endpoint"], entry.get("auth"), entry.get("lease", "browser"))

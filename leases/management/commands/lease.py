@@ -26,10 +26,10 @@ from datetime import datetime
 from typing import Any, Callable, Iterable, Sequence
 
 import pymongo.errors
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from leases import operations, validation
+from leases.conf import lease_settings
 from leases.errors import HolderNotFound, LeaseError
 
 ADMIN_PATH = "/internal/lease/admin"
@@ -413,7 +413,7 @@ class Command(BaseCommand):
         for pod, endpoint in endpoints:
             request = urllib.request.Request(
                 endpoint + ADMIN_PATH + path, data=data, method="POST",
-                headers={"Content-Type": "application/json", "X-Lease-Secret": settings.LEASES_INTERNAL_SECRET},
+                headers={"Content-Type": "application/json", "X-Lease-Secret": lease_settings.INTERNAL_SECRET},
             )
             try:
                 with urllib.request.urlopen(request, timeout=timeout) as response:

@@ -1,0 +1,76 @@
+"""Every ``LEASES_*`` setting the app reads, with its default, read one way.
+
+A host project sets only what it wants to change; everything else has a default here, so a
+missing setting never surfaces as an ``AttributeError`` deep inside a request. Values are read
+from ``django.conf.settings`` on every access (``override_settings`` in tests works, and a
+setting is never frozen at import time)::
+
+    from leases.conf import lease_settings
+
+    lease_settings.TICKET_TTL_MS    # LEASES_TICKET_TTL_MS or 3000
+
+``MONGODB_URI`` is read here too: the engine talks to MongoDB with pymongo on that URI, beside
+whatever database Django's ``default`` alias uses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# name (without the LEASES_ prefix) -> default. Keep the README's settings table in step.
+DEFAULTS: dict[str, Any] = {
+    # Store
+    "MONGO_TIMEOUT_MS": 2000,
+    # Sweeps and reconcile
+    "REAP_INTERVAL": 30,
+    "RECONCILE_SAFETY_MS": 60000,
+    # Pod-to-pod calls
+    "INTERNAL_SECRET": "insecure-dev-internal-secret-change-me",
+    "REDIS_URL": "redis://127.0.0.1:6379/1",
+    "POD_ENDPOINT": None,
+    "POD_INTERVAL_SECONDS": 10,
+    "POD_INTERVAL_MIN": 2,
+    "POD_INTERVAL_MAX": 60,
+    "POD_EXPIRY_FACTOR": 3,
+    "POD_AUTOSTART": True,
+    "WORKER_INTERNAL_BIND": "127.0.0.1:0",
+    # Definitions cache
+    "DEFINITION_CACHE_SECONDS": 300,
+    "INVALIDATION_LIVENESS_MS": 2000,
+    # Waiting
+    "HTTP_MAX_WAIT_MS": 5000,
+    "TICKET_TTL_MS": 3000,
+    "WAIT_POLL_MS": 1000,
+    "REPAIR_INTERVAL_MS": 500,
+    "TICKET_POLL_SECONDS": 2,
+    # History
+    "HISTORY_HOURS": 24,
+    "HISTORY_FLUSH_SECONDS": 5,
+    # Reference consumers
+    "SESSION_TOOLS": {},
+}
+
+# The value a production deployment must not keep (checked by leases.checks).
+INSECURE_INTERNAL_SECRET = DEFAULTS["INTERNAL_SECRET"]
+
+
+class LeaseSettings:
+    """Attribute access to ``LEASES_<NAME>`` with the defaults above."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in DEFAULTS:
+            raise AttributeError(f"no lease setting {name!r} (known: {', '.join(sorted(DEFAULTS))})")
+        from django.conf import settings
+
+        value = getattr(settings, f"LEASES_{name}", None)
+        return DEFAULTS[name] if value is None else value
+
+    @property
+    def MONGODB_URI(self) -> str:  # noqa: N802 - mirrors the setting's name
+        """The engine's MongoDB connection string (``settings.MONGODB_URI``; empty if unset)."""
+        from django.conf import settings
+
+        return (getattr(settings, "MONGODB_URI", "") or "").strip()
+
+
+lease_settings = LeaseSettings()
