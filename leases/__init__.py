@@ -18,6 +18,7 @@ from .errors import (
     LeaseError,
     LeaseLost,
     LeaseUnavailable,
+    PriorityNotAllowed,
     UnknownLeaseType,
 )
 from .service import NOOP, Lease, LeaseRequest, acquire
@@ -35,4 +36,5 @@ __all__ = [
     "InvalidLeaseRequest",
     "UnknownLeaseType",
     "InvalidDefinition",
+    "PriorityNotAllowed",
 ]
