@@ -278,6 +278,10 @@ def _flatten(doc: Any, name: str, layer: str) -> dict[str, Any]:
                 raise _BrokenLayer(f"resource {value!r} is not a valid resource name")
     if "defaultPriority" in owned and "priorities" in owned and owned["defaultPriority"] not in owned["priorities"]:
         raise _BrokenLayer(f"defaultPriority {owned['defaultPriority']!r} is not one of {owned['priorities']}")
+    if "allowedPriorities" in owned and "priorities" in owned:
+        for tenant, classes in owned["allowedPriorities"].items():
+            if set(classes) - set(owned["priorities"]):
+                raise _BrokenLayer(f"allowedPriorities.{tenant} names classes not in {owned['priorities']}")
     return owned
 
 
