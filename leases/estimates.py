@@ -14,7 +14,7 @@ the real wait longer; the estimate is refreshed with every poll.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from statistics import median
 from typing import Any
 
@@ -50,6 +50,17 @@ def grant_at(gate: dict[str, Any], ticket_id: str, now: datetime) -> datetime | 
     """The estimated grant time of ``ticket_id`` on MongoDB's clock (None: unknown)."""
     ms = wait_ms(gate, ticket_id, now)
     return None if ms is None else now + timedelta(milliseconds=ms)
+
+
+def held_ms(held_at: datetime | None) -> float | None:
+    """How long a holder released by token (no process kept its grant time) held its slot:
+    this host's clock against the server's ``heldAt``. Only ever an estimate's input, never
+    a TTL decision; a skewed clock gives an implausible value, which is left out."""
+    if held_at is None:
+        return None
+    now = datetime.now(timezone.utc) if held_at.tzinfo is not None else datetime.now(timezone.utc).replace(tzinfo=None)
+    ms = (now - held_at).total_seconds() * 1000
+    return ms if 0 <= ms <= 7 * 24 * 3600 * 1000 else None
 
 
 def hold_update(hold_ms: float | None) -> dict[str, Any]:

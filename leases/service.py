@@ -283,15 +283,18 @@ def release_holder(query: dict[str, Any], *, resource: str | None = None,
     with _bound():
         doc = store.holders().find_one_and_delete(
             query, projection={"keys": 1, "levels": 1, "resource": 1, "tenantId": 1, "projectId": 1,
-                               "userId": 1, "state": 1})
+                               "userId": 1, "state": 1, "heldAt": 1})
     if doc is None:
         return None
     tag = metrics.resource_tag(doc.get("resource") or resource or "unknown")
     _pause_point("release")
     try:
         with _bound():
-            waiting.give_back(slots.holder_keys(doc), slots.holder_entry(doc),
-                              hold_ms=hold_ms if doc.get("state") == "HELD" else None)
+            if doc.get("state") != "HELD":
+                hold_ms = None
+            elif hold_ms is None:
+                hold_ms = estimates.held_ms(doc.get("heldAt"))
+            waiting.give_back(slots.holder_keys(doc), slots.holder_entry(doc), hold_ms=hold_ms)
     except pymongo.errors.PyMongoError as exc:
         metrics.RELEASE.labels(resource=tag, outcome="error").inc()
         log.warning("release of %s: returning its slots failed (%s); repair returns them", doc["_id"], exc)
@@ -420,7 +423,7 @@ class _Attempt:
             _pause_point("acquire")
             held = store.holders().find_one_and_update(
                 {"_id": self.token},
-                [{"$set": {"state": "HELD", "levels": {"$literal": self.keys}, "lastSeenAt": "$$NOW",
+                [{"$set": {"state": "HELD", "levels": {"$literal": self.keys}, "lastSeenAt": "$$NOW", "heldAt": "$$NOW",
                            "expiresAt": store.now_plus_ms(self.definition.ttl_seconds * 1000)}}],
                 projection={"expiresAt": 1, "acquiredAt": 1},
                 return_document=ReturnDocument.AFTER,
@@ -511,9 +514,8 @@ def _acquire_request(request: LeaseRequest, *, keep_ms: int | None) -> "Lease | 
         metrics.ACQUIRE.labels(resource=metrics.INLINE_RESOURCE_TAG if request.inline else metrics.UNDEFINED_TAG,
                                outcome="unavailable").inc()
         raise
-    if definition is not None:
-        definition.priority_of(request.tenant_id, request.priority)  # refused before any write
     if definition is None or definition.is_noop:
+        # Nothing is limited, so nothing waits: a priority has nothing to order here.
         metrics.ACQUIRE.labels(resource=metrics.definition_tag(definition), outcome="noop").inc()
         return NOOP
     tag = metrics.resource_tag(definition.resource)
