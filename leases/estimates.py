@@ -34,9 +34,15 @@ def mean_hold_ms(gate: dict[str, Any]) -> float | None:
 def wait_ms(gate: dict[str, Any], ticket_id: str, now: datetime) -> float | None:
     """Estimated milliseconds from ``now`` until ``ticket_id`` is granted; None when the
     gate has no hold history yet or the ticket is not queued (live)."""
-    hold = mean_hold_ms(gate)
     place = order.position(gate, ticket_id, now)
-    if hold is None or place is None:
+    return None if place is None else wait_ms_at_place(gate, place)
+
+
+def wait_ms_at_place(gate: dict[str, Any], place: int) -> float | None:
+    """Estimated milliseconds until the ticket at 1-based ``place`` of the grant order is
+    granted; None when the gate has no hold history yet."""
+    hold = mean_hold_ms(gate)
+    if hold is None:
         return None
     cap = max(1, int(gate.get("cap", 1)))
     free = max(0, cap - len(gate.get("holders") or ()))
@@ -61,6 +67,12 @@ def held_ms(held_at: datetime | None) -> float | None:
     now = datetime.now(timezone.utc) if held_at.tzinfo is not None else datetime.now(timezone.utc).replace(tzinfo=None)
     ms = (now - held_at).total_seconds() * 1000
     return ms if 0 <= ms <= 7 * 24 * 3600 * 1000 else None
+
+
+def grant_at_place(gate: dict[str, Any], place: int, now: datetime) -> datetime | None:
+    """The estimated grant time of the ticket at ``place`` (None: unknown)."""
+    ms = wait_ms_at_place(gate, place)
+    return None if ms is None else now + timedelta(milliseconds=ms)
 
 
 def hold_update(hold_ms: float | None) -> dict[str, Any]:

@@ -4,6 +4,7 @@ a priority queue (holders are never revoked for priority)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 
@@ -226,3 +227,30 @@ def test_given_real_processes_when_an_interactive_request_queues_behind_batch_th
             if child.poll() is None:
                 child.kill()
     assert order_seen == ["inter", "batch1", "batch2", "batch3"]
+
+
+def test_given_the_operator_cli_when_setting_and_listing_tenant_weights_then_applied_and_audited():
+    import io
+    import json
+
+    from django.core.management import CommandError, call_command
+
+    put("levels: {global: 2}")
+    out = io.StringIO()
+    call_command("lease", "set-weight", "res", "acme", "3", stdout=out)
+    assert "acme now weighs 3 on lease res" in out.getvalue()
+    out = io.StringIO()
+    call_command("lease", "weights", "--json", stdout=out)
+    assert json.loads(out.getvalue()) == [{"lease": "res", "tenant": "acme", "weight": 3}]
+    out = io.StringIO()
+    call_command("lease", "weights", stdout=out)
+    assert re.search(r"res\s+acme\s+3", out.getvalue())
+    assert definitions.load("res", "acme", "p1").tenant_weight("acme") == 3
+    assert store.audit().find_one({"action": "tenant-weight", "tenantId": "acme"})["actor"].startswith("cli:")
+    with pytest.raises(CommandError, match="INVALID_REQUEST"):
+        call_command("lease", "set-weight", "res", "acme", "-2")
+    with pytest.raises(CommandError, match="INVALID_REQUEST"):
+        call_command("lease", "set-weight", "res", "$ne", "2")
+    assert definitions.load("res", "acme", "p1").tenant_weight("acme") == 3
+    call_command("lease", "set-weight", "res", "acme", "default", stdout=io.StringIO())
+    assert definitions.load("res", "acme", "p1").tenant_weight("acme") == 1
