@@ -254,3 +254,31 @@ def test_given_the_operator_cli_when_setting_and_listing_tenant_weights_then_app
     assert definitions.load("res", "acme", "p1").tenant_weight("acme") == 3
     call_command("lease", "set-weight", "res", "acme", "default", stdout=io.StringIO())
     assert definitions.load("res", "acme", "p1").tenant_weight("acme") == 1
+
+
+def test_given_waiting_tickets_then_lease_waiters_shows_class_and_estimated_grant():
+    import io
+    import json
+
+    from django.core.management import call_command
+
+    put(CLASSES)
+    leases.acquire(req(user="warm")).release()  # one hold on record
+    held = leases.acquire(req(user="h"))
+    waiter = helpers.queue_up(req(user="w", priority="interactive"), GATE)
+    try:
+        out = io.StringIO()
+        call_command("lease", "waiters", stdout=out)
+        text = out.getvalue()
+        assert "CLASS" in text and "EST-GRANT-IN" in text
+        row = next(line for line in text.splitlines() if waiter.ticket in line)
+        assert "interactive" in row and re.search(r"\d+\.\ds", row), row
+        out = io.StringIO()
+        call_command("lease", "waiters", "--json", stdout=out)
+        item = json.loads(out.getvalue())["items"][0]
+        assert item["priority"] == "interactive" and item["estimated_grant_at"] is not None
+    finally:
+        held.release()
+        waiter.join(10)
+        if waiter.lease is not None:
+            waiter.lease.release()
