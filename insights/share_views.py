@@ -11,7 +11,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
-from leases import definitions, operations, shares
+from leases import definitions, reads, shares
 from leases.definitions import TENANT_PROJECT
 from leases.errors import InvalidLeaseRequest, LeaseUnavailable
 
@@ -68,7 +68,7 @@ def shares_view(request: HttpRequest, tenant: Tenant) -> HttpResponse:
         name = request.GET.get("name", "")
     picker = DefinitionForm({"name": name, "project": TENANT_PROJECT} if name else None, projects=projects)
     context = {"tenant": tenant, "section": "shares", "picker": picker, "error": None, "share": None,
-               "lease_names": operations.known_lease_names(tenant.slug)}
+               "lease_names": reads.known_lease_names(tenant.slug)}
     if name and picker.is_valid():
         try:
             context["share"] = _share_context(tenant, picker.cleaned_data["name"])

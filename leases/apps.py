@@ -13,7 +13,7 @@ class LeasesConfig(AppConfig):
 
         from leases.conf import lease_settings
 
-        from . import definitions, dispatch, invalidation, pods, tasks  # noqa: F401 - tasks wires the Celery worker signals
+        from . import definitions, dispatch, invalidation, pod_renewer, tasks  # noqa: F401 - tasks wires the Celery worker signals
         from .contrib import register_handlers
 
         # The cache asks the subscription whether it may serve; without this it never caches.
@@ -22,5 +22,5 @@ class LeasesConfig(AppConfig):
         register_handlers()
         if lease_settings.POD_AUTOSTART:
             # Lazy: only a process that serves requests becomes a (web) pod, not migrate/shell.
-            request_started.connect(pods.lazy_start_on_request, weak=False,
-                                    dispatch_uid="leases.pods.lazy_start_on_request")
+            request_started.connect(pod_renewer.lazy_start_on_request, weak=False,
+                                    dispatch_uid="leases.pod_renewer.lazy_start_on_request")

@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from .errors import EmbeddedServerError
+
 START_TIMEOUT_SECONDS = 20.0
 
 __all__ = [
@@ -34,10 +36,6 @@ __all__ = [
     "ensure_test_server",
     "stop_test_server",
 ]
-
-
-class EmbeddedServerError(RuntimeError):
-    """The embedded SecantusDB server could not be started."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -20,9 +20,8 @@ from typing import Any
 
 import pymongo.errors
 import yaml
-from bson import ObjectId
 
-from . import metrics, store
+from . import audit, metrics, store
 from .definitions import (SYSTEM_TENANT, TENANT_PROJECT, LeaseDefinition, MAX_WEIGHT, document_path)
 from .errors import InvalidLeaseRequest, LeaseUnavailable
 from .validation import entity_id, lease_name
@@ -70,7 +69,7 @@ def _set_weight(tenant_id: str, name: str, part: str, key: str, weight: float | 
                 action: str) -> dict[str, float]:
     from . import config
 
-    actor = _actor(acting_user)
+    actor = audit.actor_name(acting_user)
     doc = _layer_text(tenant_id, TENANT_PROJECT, name)
     shares = dict(doc.get("shares") or {})
     weights = dict(shares.get(part) or {})
@@ -89,24 +88,12 @@ def _set_weight(tenant_id: str, name: str, part: str, key: str, weight: float | 
         doc.pop("shares", None)
     config.put_document(tenant_id, TENANT_PROJECT, document_path(name), yaml.safe_dump(doc, sort_keys=False))
     # The record belongs to the tenant whose share changed, so its admins see it too.
-    record = {"action": action, "tenantId": key if part == "tenants" else tenant_id, "lease": name,
-              "key": key, "before": before, "after": weight, "actor": actor}
     try:
-        store.audit().update_one({"_id": ObjectId()},
-                                 [{"$set": {**{k: {"$literal": v} for k, v in record.items()}, "at": "$$NOW"}}],
-                                 upsert=True)
+        audit.record(action, actor=actor, tenantId=key if part == "tenants" else tenant_id, lease=name, key=key,
+                     before=before, after=weight)
     except pymongo.errors.PyMongoError as exc:
         raise LeaseUnavailable(f"audit store unreachable: {exc.__class__.__name__}") from None
     return weights
-
-
-def _actor(acting_user: Any) -> str:
-    if acting_user is None:
-        raise InvalidLeaseRequest("acting_user is required to change a share")
-    name = acting_user.get_username() if hasattr(acting_user, "get_username") else acting_user
-    if not isinstance(name, str) or not name.strip() or len(name) > 255 or "\x00" in name:
-        raise InvalidLeaseRequest("acting_user must name who acts (at most 255 characters, no NUL)")
-    return name
 
 
 def set_tenant_weight(name: str, tenant_id: str, weight: Any, *, acting_user: Any) -> dict[str, float]:

@@ -15,10 +15,9 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from insights.access import tenant_admin_required
 from insights.models import Tenant
-from leases.errors import InvalidLeaseRequest, LeaseUnavailable
+from leases.errors import ApiKeyNotFound, InvalidLeaseRequest, LeaseUnavailable
 
 from . import keys
-from .errors import ApiKeyNotFound
 from .key_forms import CreateKeyForm
 
 

@@ -21,10 +21,10 @@ from leases.errors import (
     LeaseLost,
     LeaseUnavailable,
     PriorityNotAllowed,
+    ProjectForbidden,
     StaleLease,
+    Unauthenticated,
 )
-
-from .errors import ProjectForbidden, Unauthenticated
 
 CONTENT_TYPE = "application/problem+json"
 TYPE_BASE = "urn:vance:lease:problem:"
