@@ -80,7 +80,7 @@ def take(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_key: s
         pymongo.errors.PyMongoError: the store failed; what is booked is unknown (the caller
             gives every entry back by value, which is idempotent).
     """
-    ops = take_ops(specs, booking, resource, gate_key=gate_key, privileged=privileged, ticket=ticket)
+    ops = take_ops(specs, booking, resource, gate_key=gate_key, privileged=privileged, ticket=ticket, charge=charge)
     if not ops:
         return 0
     try:
@@ -91,7 +91,8 @@ def take(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_key: s
 
 
 def take_ops(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_key: str,
-             privileged: bool = False, ticket: str | None = None) -> list[UpdateOne]:
+             privileged: bool = False, ticket: str | None = None,
+             charge: dict[str, dict[str, Any]] | None = None) -> list[UpdateOne]:
     """The ordered bulk of :func:`take` (the async executor sends the same one)."""
     ops = []
     for spec in specs:
