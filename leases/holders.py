@@ -33,7 +33,7 @@ import pymongo
 import pymongo.errors
 from pymongo import ReturnDocument
 
-from . import commands, history, listener, metrics, slots, store, waiting
+from . import commands, estimates, history, listener, metrics, slots, store, waiting
 from .errors import InvalidLeaseRequest, LeaseExpired, LeaseUnavailable, StaleLease
 from .handlers import RevokedHolder
 from .pausepoints import pause_point
@@ -259,8 +259,12 @@ def record_tombstone(doc: dict[str, Any], reason: str) -> None:
     store.tombstones().update_one(*tombstone_upsert(doc, reason), upsert=True)
 
 
-def end(query: dict[str, Any], reason: str) -> dict[str, Any] | None:
+def end(query: dict[str, Any], reason: str, *, hold_ms: float | None = None) -> dict[str, Any] | None:
     """Delete one holder matching ``query``, return its slots, tombstone it.
+
+    A release records how long the slot was held on the gate (wait estimates): ``hold_ms``
+    as its caller measured it, else from the holder's ``heldAt``; a reap records none (an
+    idle or dead holder's hold says nothing about how long the resource is used).
 
     Only the one who deletes the holder returns its slots (by entry, so a repairer racing
     it returns each at most once). A holder that was handed out (``HELD``) — or released
@@ -288,7 +292,11 @@ def end(query: dict[str, Any], reason: str) -> dict[str, Any] | None:
         pause_point("release")  # crash-window tests stop here: deleted, slots not yet returned
     try:
         with store.bounded():
-            waiting.give_back(slots.holder_keys(doc), slots.holder_entry(doc))
+            if not releasing or doc.get("state") != "HELD":
+                hold_ms = None
+            elif hold_ms is None:
+                hold_ms = estimates.held_ms(doc.get("heldAt"))
+            waiting.give_back(slots.holder_keys(doc), slots.holder_entry(doc), hold_ms=hold_ms)
             if needs_tombstone(doc, reason):
                 record_tombstone(doc, reason)
     except pymongo.errors.PyMongoError as exc:
@@ -305,7 +313,7 @@ def end(query: dict[str, Any], reason: str) -> dict[str, Any] | None:
     return doc
 
 
-def release(token: str, *, bound: Scope | None = None) -> dict[str, Any] | None:
+def release(token: str, *, bound: Scope | None = None, hold_ms: float | None = None) -> dict[str, Any] | None:
     """Release ``token`` (its caller gives it back): :func:`end` with reason ``release``.
 
     A regular release never calls the type's handler: the holder cleans up itself.
@@ -316,7 +324,7 @@ def release(token: str, *, bound: Scope | None = None) -> dict[str, Any] | None:
     Raises:
         pymongo.errors.PyMongoError: the delete failed; nothing was released.
     """
-    return end(scoped(token, bound), "release")
+    return end(scoped(token, bound), "release", hold_ms=hold_ms)
 
 
 def server_time(doc: dict[str, Any]) -> datetime:
