@@ -96,9 +96,6 @@ class EmbeddedServer:
     def pid(self) -> int:
         return self.process.pid
 
-    def is_running(self) -> bool:
-        return self.process.poll() is None
-
     def stop(self, timeout: float = 10.0) -> None:
         """Terminate the server; kill it if it does not exit within ``timeout`` seconds."""
         proc = self.process

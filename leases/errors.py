@@ -114,6 +114,12 @@ class PriorityNotAllowed(InvalidLeaseRequest):
     code = "PRIORITY_NOT_ALLOWED"
 
 
+class HandlerAlreadyRegistered(LeaseError):
+    """A second, different handler was registered for a lease type without ``replace=True``."""
+
+    code = "HANDLER_ALREADY_REGISTERED"
+
+
 class InvalidDefinition(InvalidLeaseRequest):
     """An inline definition or a config document that was refused on write."""
 

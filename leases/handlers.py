@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar
 
-from .errors import InvalidLeaseRequest, UnknownLeaseType
+from .errors import HandlerAlreadyRegistered, InvalidLeaseRequest, UnknownLeaseType
 from .validation import LEASE_NAME_RE
 
 
@@ -91,11 +91,17 @@ _lock = threading.Lock()
 _registry: dict[str, LeaseHandler] = {}
 
 
-def register_handler(handler: LeaseHandler) -> LeaseHandler:
-    """Register ``handler`` for its ``type``; a later registration of the same type replaces it.
+def register_handler(handler: LeaseHandler, *, replace: bool = False) -> LeaseHandler:
+    """Register ``handler`` for its ``type``.
+
+    A type has one handler: a second, different handler for it is refused unless the
+    caller says ``replace=True`` — two plug-ins claiming one type would otherwise decide
+    silently, by import order, which cleanup runs. Registering the same handler object
+    again changes nothing.
 
     Raises:
         InvalidLeaseRequest: the handler has no valid ``type`` or no ``on_revoked``.
+        HandlerAlreadyRegistered: another handler has that type and ``replace`` is False.
     """
     handler_type = getattr(handler, "type", "")
     if not isinstance(handler_type, str) or LEASE_NAME_RE.fullmatch(handler_type) is None:
@@ -103,6 +109,11 @@ def register_handler(handler: LeaseHandler) -> LeaseHandler:
     if not callable(getattr(handler, "on_revoked", None)):
         raise InvalidLeaseRequest(f"handler for {handler_type!r} has no on_revoked")
     with _lock:
+        current = _registry.get(handler_type)
+        if current is not None and current is not handler and not replace:
+            raise HandlerAlreadyRegistered(
+                f"lease type {handler_type!r} already has a handler ({type(current).__qualname__}); "
+                "pass replace=True to replace it")
         _registry[handler_type] = handler
     return handler
 

@@ -1,7 +1,8 @@
 """Pod leases: the server-issued registration lease every pod holds in ``lease_pods``.
 
 Every web process and every Celery worker is a pod. On start it registers in
-``lease_pods`` and receives a pod lease (seed 004, registration-lease-v1 applied to pods):
+``lease_pods`` and receives a pod lease, decided by the server so no pod can keep
+itself alive on its own clock:
 
 * ``leaseId`` — identity of the agreement; renewals must present it.
 * ``intervalSeconds`` — decided by the server: the pod's proposal clamped into

@@ -1,6 +1,6 @@
 """HTTP lease protocol (/api/v1/) in-process through Django's test client on the real store.
 
-The seed-004 scenarios over HTTP: duplicate, delayed and replayed renewals never move the
+The server-issued lease scenarios over HTTP: duplicate, delayed and replayed renewals never move the
 deadline backwards; stale and expired answers leave state untouched; release twice;
 acquire after expiry; clamped proposals; busy answers name the right level. Auth (no key,
 wrong key, other tenant's key, revoked key) and bad bodies (400, nothing written).

@@ -1,4 +1,4 @@
-"""``python manage.py lease …``: the operator CLI, across all tenants (§9).
+"""``python manage.py lease …``: the operator CLI, across all tenants (the platform operator's view).
 
 Reads go straight to MongoDB. Revocations go through a live pod's internal admin API
 (``/internal/lease/admin/…``, shared secret), because only pods run handlers and know
