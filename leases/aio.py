@@ -104,6 +104,7 @@ class AsyncLease:
         holders.count_check(doc, error is None)
         if error is not None:
             raise error
+        assert doc is not None  # no error means the renewal matched
         self._lease.expires_at, self._lease.last_seen_at = doc["expiresAt"], doc["lastSeenAt"]
 
     async def acheck(self) -> None:
@@ -215,7 +216,7 @@ class _Acquiring:
         self._request = request
         self._lease: AsyncLease | _AsyncNoopLease | None = None
 
-    def __await__(self):  # type: ignore[no-untyped-def]
+    def __await__(self):
         return _acquire(self._request).__await__()
 
     async def __aenter__(self) -> "AsyncLease | _AsyncNoopLease":
@@ -277,6 +278,7 @@ async def _uncontended(attempt: Any, *, queues: bool) -> service.Lease | None:
                     *commands.holder_upsert(attempt.token, definition=attempt.definition, request=attempt.request,
                                             pod=attempt.pod, keys=attempt.keys, priority=attempt.priority[1]),
                     upsert=True, projection={"acquiredAt": 1}, return_document=ReturnDocument.AFTER)
+                assert doc is not None  # an upsert returning the document after always has one
                 attempt.acquired_at = attempt.acquired_at or doc["acquiredAt"]
                 attempt.created_at = time.monotonic()
                 if queues and waiting.queue_likely(attempt.gate.key):

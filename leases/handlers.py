@@ -9,9 +9,10 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from .errors import HandlerAlreadyRegistered, InvalidLeaseRequest, UnknownLeaseType
+from .documents import HolderDoc
 from .validation import LEASE_NAME_RE
 
 
@@ -36,7 +37,7 @@ class RevokedHolder:
     last_seen_at: datetime | None = None
 
     @classmethod
-    def from_doc(cls, doc: dict[str, Any], reason: str) -> "RevokedHolder":
+    def from_doc(cls, doc: HolderDoc, reason: str) -> "RevokedHolder":
         """Build from a holder document as stored in ``resource_lease_holders``."""
         return cls(
             token=doc["_id"],
@@ -70,7 +71,7 @@ class RevokedHolder:
     def from_wire(cls, data: dict[str, Any]) -> "RevokedHolder":
         """Inverse of :meth:`to_wire`."""
         doc = {"_id": data["token"], **{k: v for k, v in data.items() if k not in ("token", "reason")}}
-        return cls.from_doc(doc, data.get("reason", "revoke"))
+        return cls.from_doc(cast(HolderDoc, doc), data.get("reason", "revoke"))
 
 
 class LeaseHandler:

@@ -34,6 +34,7 @@ import pymongo.errors
 from pymongo import ReturnDocument
 
 from . import commands, estimates, history, listener, metrics, slots, store, waiting
+from .documents import HolderDoc
 from .errors import InvalidLeaseRequest, LeaseExpired, LeaseUnavailable, StaleLease
 from .handlers import RevokedHolder
 from .pausepoints import pause_point
@@ -139,7 +140,7 @@ EXPIRED = "expired"      # it was past its deadline: end it, answer EXPIRED
 KEEP_LATER = "keep-later"  # renewed, but the replaced deadline was later: keep that one
 
 
-def verdict(doc: dict[str, Any]) -> str:
+def verdict(doc: HolderDoc) -> str:
     """What the renewal that returned ``doc`` means: :data:`RENEWED`, :data:`EXPIRED` or
     :data:`KEEP_LATER` (both times are MongoDB's, from the same command)."""
     prior = doc.get("priorExpiresAt")
@@ -164,14 +165,14 @@ def answer_for(token: str, tombstone: dict[str, Any] | None) -> LeaseExpired | S
     return StaleLease(f"unknown lease token {token}")
 
 
-def count_check(doc: dict[str, Any] | None, ok: bool) -> None:
+def count_check(doc: HolderDoc | None, ok: bool) -> None:
     """The check metric of one renewal (resource from the document, never from input)."""
     tag = metrics.resource_tag((doc or {}).get("resource") or "unknown")
     metrics.CHECK.labels(resource=tag, outcome="ok" if ok else "lost").inc()
 
 
 def renew(token: str, *, bound: Scope | None = None, payload: dict[str, Any] | None = None,
-          proposed_interval: int | None = None) -> dict[str, Any]:
+          proposed_interval: int | None = None) -> HolderDoc:
     """Renew the ``HELD`` holder ``token``: deadline ``max(previous, now + ttl)``, and
     optionally a new payload (stored literally) and a re-negotiated interval.
 
@@ -206,6 +207,7 @@ def renew(token: str, *, bound: Scope | None = None, payload: dict[str, Any] | N
     count_check(doc, error is None)
     if error is not None:
         raise error
+    assert doc is not None  # no error means the renewal matched
     return doc
 
 
@@ -233,7 +235,7 @@ def ended(token: str, bound: Scope | None) -> LeaseExpired | StaleLease:
     return answer_for(token, store.tombstones().find_one(scoped(token, bound), {"reason": 1}))
 
 
-def tombstone_upsert(doc: dict[str, Any], reason: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def tombstone_upsert(doc: HolderDoc, reason: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The tombstone command (filter, pipeline; an upsert) of the ended holder ``doc``."""
     return {"_id": doc["_id"]}, [{"$set": {
         "tenantId": {"$literal": doc.get("tenantId")},
@@ -242,13 +244,13 @@ def tombstone_upsert(doc: dict[str, Any], reason: str) -> tuple[dict[str, Any], 
         "resource": {"$literal": doc.get("resource")}, "at": "$$NOW"}}]
 
 
-def needs_tombstone(doc: dict[str, Any], reason: str) -> bool:
+def needs_tombstone(doc: HolderDoc, reason: str) -> bool:
     """A holder that was handed out (``HELD``) — or released by its caller — is asked
     about later; a reaped ``PENDING`` one never reached its consumer."""
     return reason == "release" or doc.get("state") == "HELD"
 
 
-def record_tombstone(doc: dict[str, Any], reason: str) -> None:
+def record_tombstone(doc: HolderDoc, reason: str) -> None:
     """Remember that a token ended (reaped, revoked, released) so protocols can tell
     "expired" from "never existed"; tombstones expire through a MongoDB TTL index
     (they book no counter, so plain deletion is right for them).
@@ -259,7 +261,7 @@ def record_tombstone(doc: dict[str, Any], reason: str) -> None:
     store.tombstones().update_one(*tombstone_upsert(doc, reason), upsert=True)
 
 
-def end(query: dict[str, Any], reason: str, *, hold_ms: float | None = None) -> dict[str, Any] | None:
+def end(query: dict[str, Any], reason: str, *, hold_ms: float | None = None) -> HolderDoc | None:
     """Delete one holder matching ``query``, return its slots, tombstone it.
 
     A release records how long the slot was held on the gate (wait estimates): ``hold_ms``
@@ -313,7 +315,7 @@ def end(query: dict[str, Any], reason: str, *, hold_ms: float | None = None) -> 
     return doc
 
 
-def release(token: str, *, bound: Scope | None = None, hold_ms: float | None = None) -> dict[str, Any] | None:
+def release(token: str, *, bound: Scope | None = None, hold_ms: float | None = None) -> HolderDoc | None:
     """Release ``token`` (its caller gives it back): :func:`end` with reason ``release``.
 
     A regular release never calls the type's handler: the holder cleans up itself.
@@ -327,6 +329,6 @@ def release(token: str, *, bound: Scope | None = None, hold_ms: float | None = N
     return end(scoped(token, bound), "release", hold_ms=hold_ms)
 
 
-def server_time(doc: dict[str, Any]) -> datetime:
+def server_time(doc: HolderDoc) -> datetime:
     """The server time a renewal or grant wrote on the holder (MongoDB's clock)."""
     return doc["lastSeenAt"]

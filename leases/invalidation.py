@@ -30,6 +30,7 @@ import os
 import threading
 import time
 import uuid
+from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
@@ -112,7 +113,7 @@ def _lost() -> None:
     cache.clear()
 
 
-def _ping_time(data: object) -> float | None:
+def _ping_time(data: Any) -> float | None:
     try:
         return float(data.decode() if isinstance(data, bytes) else data)
     except (TypeError, ValueError, AttributeError):

@@ -36,6 +36,7 @@ import pymongo.errors
 from leases.conf import lease_settings
 
 from . import store, validation
+from .documents import PodDoc
 from .errors import InvalidLeaseRequest, PodLeaseError
 
 ENDPOINT_MAX = 1024
@@ -133,7 +134,7 @@ def register(pod_id: str, endpoint: str | None, *, proposed_interval: int | None
             return PodLease(Outcome.ATTACHED, pod_id, current["leaseId"], current.get("intervalSeconds"),
                             current["expiryDeadline"], now)
         interval = clamp_interval(proposed_interval)
-        fresh = {
+        fresh: PodDoc = {
             "leaseId": secrets.token_urlsafe(18),
             "endpoint": endpoint,
             "intervalSeconds": interval,

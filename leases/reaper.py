@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from . import holders, listener, store
+from .documents import HolderDoc
 from .handlers import RevokedHolder
 
 log = logging.getLogger(__name__)
@@ -19,7 +20,7 @@ log = logging.getLogger(__name__)
 REAP_BATCH = 500
 
 
-def reap(query: dict[str, Any], reason: str) -> tuple[dict[str, Any] | None, RevokedHolder | None]:
+def reap(query: dict[str, Any], reason: str) -> tuple[HolderDoc | None, RevokedHolder | None]:
     """Delete one holder matching ``query``, return its slots (by entry) and hand them on
     (:func:`leases.holders.end`).
 

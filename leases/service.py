@@ -303,6 +303,7 @@ class _Attempt:
             projection={"acquiredAt": 1},
             return_document=ReturnDocument.AFTER,
         )
+        assert doc is not None  # an upsert returning the document after always has one
         self.acquired_at = self.acquired_at or doc["acquiredAt"]
         self.created_at = time.monotonic()
 
@@ -424,7 +425,9 @@ def acquire(request: LeaseRequest) -> Lease | _NoopLease:
         LeaseUnavailable: MongoDB unreachable or broken configuration (fail-closed); each
             store step ends within ``LEASES_MONGO_TIMEOUT_MS``.
     """
-    return _acquire_request(request, keep_ms=None)
+    lease = _acquire_request(request, keep_ms=None)
+    assert not isinstance(lease, Ticket)  # only a kept place (keep_ms) answers a ticket
+    return lease
 
 
 def _acquire_request(request: LeaseRequest, *, keep_ms: int | None) -> "Lease | _NoopLease | Ticket":
@@ -542,7 +545,9 @@ def contended_steps(attempt: _Attempt, wait_ms: int, started: float,
     if not queues:
         return _step(attempt, lambda: _fail_fast(attempt, result))
     waiter = _Waiter(attempt, started + wait_ms / 1000.0, started)
-    return (yield from waiter.steps(result, event))
+    lease = yield from waiter.steps(result, event)
+    assert isinstance(lease, Lease)  # without keep_ms the wait never ends in a ticket
+    return lease
 
 
 def _fail_fast(attempt: _Attempt, blocked: _Blocked) -> Lease:
@@ -617,8 +622,9 @@ class _Waiter:
         a thread and sleeps on the event loop. Closed at a yield (the caller went away), it
         leaves the queue and drops its holder document.
         """
-        if blocked.spec is not self.attempt.gate and waiting.is_full(blocked.counter) and _step(
-                self.attempt, lambda: waiting.repair(blocked.counter, blocked.counter["clock"])):
+        counter = blocked.counter
+        if blocked.spec is not self.attempt.gate and counter is not None and waiting.is_full(counter) and _step(
+                self.attempt, lambda: waiting.repair(counter, counter["clock"])):
             # A slot nobody booked came back: try again before queueing.
             lease = _step(self.attempt, lambda: _first(self.attempt, allow_queue=True))
             if isinstance(lease, Lease):
@@ -750,8 +756,8 @@ class _Waiter:
                     # Our turn, but a narrower level is full. A slot nobody books any more
                     # comes back by repair; a newcomer's booking on its way to the queue
                     # lasts milliseconds: try once more. Else sit out and pass the turn.
-                    if waiting.is_full(blocked.counter) and waiting.repair(blocked.counter,
-                                                                            blocked.counter["clock"]):
+                    if blocked.counter is not None and waiting.is_full(blocked.counter) and waiting.repair(
+                            blocked.counter, blocked.counter["clock"]):
                         continue
                     if attempt_no == 0:
                         time.sleep(NARROW_RETRY_S)
@@ -803,7 +809,7 @@ class Ticket:
     @classmethod
     def of(cls, token: str, definition: LeaseDefinition, gate: dict[str, Any], blocked: _Blocked | None) -> "Ticket":
         now = gate["clock"]
-        mine = next((t for t in gate.get("queue") or () if t.get("id") == token), {})
+        mine: dict[str, Any] = next((t for t in gate.get("queue") or () if t.get("id") == token), {})
         seen = mine.get("seen") or now
         return cls(id=token, resource=definition.resource, lease_name=definition.name,
                    level=order.blocking_level(gate, mine, now) if mine else (
@@ -834,7 +840,7 @@ def _first(attempt: _Attempt, *, allow_queue: bool) -> "Lease | _Blocked":
         return blocked
 
 
-def resume(ticket_id: str, *, scope: dict[str, str], keep_ms: int) -> "Lease | Ticket":
+def resume(ticket_id: str, *, scope: holders.Scope, keep_ms: int) -> "Lease | Ticket":
     """Poll a kept ticket: keep it alive, and book the slot when it is its turn.
 
     ``scope`` is the caller's tenant binding (``{"tenantId": …}``, plus ``projectId`` for a
@@ -872,7 +878,8 @@ def resume(ticket_id: str, *, scope: dict[str, str], keep_ms: int) -> "Lease | T
                            holder_ref=holder.get("holderRef", ""), pod=holder.get("pod", ""),
                            pod_bound=bool(holder.get("podBound")), priority=holder.get("priority"),
                            interval_seconds=holder.get("intervalSeconds"))
-    definition = definitions.resolve(request.lease, request.tenant_id, request.project_id)
+    # A ticket is only kept for a named lease, so its holder always names one.
+    definition = definitions.resolve(request.lease or "", request.tenant_id, request.project_id)
     if holder.get("state") == "HELD":
         return Lease(ticket_id, definition, request, list(holder.get("levels") or ()),
                      expires_at=holder.get("expiresAt"), acquired_at=holder.get("acquiredAt"),
@@ -907,7 +914,7 @@ def resume(ticket_id: str, *, scope: dict[str, str], keep_ms: int) -> "Lease | T
     return Ticket.of(ticket_id, definition, waiter.gate or gate, waiter.blocked)
 
 
-def abandon(ticket_id: str, *, scope: dict[str, str]) -> bool:
+def abandon(ticket_id: str, *, scope: holders.Scope) -> bool:
     """Give up a kept ticket (or release the lease it was granted as).
 
     Returns:

@@ -21,6 +21,7 @@ import pymongo.errors
 
 from leases import holders, metrics, service, store, validation
 from leases.conf import lease_settings
+from leases.documents import HolderDoc
 from leases.errors import LeaseUnavailable, ProjectForbidden, StaleLease
 from leases.holders import choose_interval, interval_bounds
 
@@ -106,7 +107,7 @@ def _interval(value: Any, ttl: int) -> int:
     return value
 
 
-def _grant(doc: dict[str, Any]) -> Grant:
+def _grant(doc: HolderDoc) -> Grant:
     ttl = int(doc.get("ttlSeconds") or 0)
     return Grant(
         token=doc["_id"], lease_name=doc.get("leaseName"), resource=doc.get("resource"),
@@ -172,7 +173,7 @@ def acquire(*, key: ApiKey, type: str, user_id: str, project_id: str, lease: str
     if isinstance(held, service.Ticket):
         # The holder already carries the interval a later grant issues (chosen at creation).
         return held
-    if held.is_noop:
+    if not isinstance(held, service.Lease):  # the NOOP lease of an unlimited resource
         return Grant(token=None, lease_name=lease or (inline or {}).get("name"), resource=None, type=type,
                      ttl_seconds=None, interval_seconds=None, expires_at=None, server_time=None, noop=True)
     return grant_of(held)

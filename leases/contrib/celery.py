@@ -42,7 +42,7 @@ import logging
 import random
 from typing import Any, Callable
 
-from leases import service
+from leases import holders, service
 from leases.errors import InvalidLeaseRequest, LeaseBusy, LeaseExpired, LeaseRetriesExhausted, StaleLease
 
 log = logging.getLogger(__name__)
@@ -133,7 +133,7 @@ def leased(type: str, *, lease: str | None = None, inline: dict[str, Any] | None
             with held:
                 return fn(task, *args, lease=held, **kwargs)
 
-        run.leased = {"type": type, "lease": lease}  # for introspection (admin, docs)
+        run.leased = {"type": type, "lease": lease}  # type: ignore[attr-defined]  # for introspection (admin, docs)
         return run
 
     return decorate
@@ -145,7 +145,7 @@ def _acquire(request: service.LeaseRequest, ticket_id: str | None, *, keep_place
     Raises:
         InvalidLeaseRequest, LeaseUnavailable: as :func:`leases.acquire`.
     """
-    scope = {"tenantId": request.tenant_id, "projectId": request.project_id}
+    scope = holders.scope(request.tenant_id, request.project_id)
     if ticket_id is not None:
         if not isinstance(ticket_id, str):
             raise InvalidLeaseRequest("the kept ticket must be a ticket id")

@@ -112,7 +112,7 @@ class DemoRemoteServer:
     @property
     def url(self) -> str:
         host, port = self.httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host.decode() if isinstance(host, bytes) else host}:{port}"
 
     @property
     def mcp_endpoint(self) -> str:

@@ -490,22 +490,23 @@ class Command(BaseCommand):
         if token is not None:
             validation.token(token)
         else:
-            validation.pod_id(pod)
+            pod = validation.pod_id(pod)
             # "Nothing to revoke" would hide a typo in the pod id.
             _require_pod(pod)
+        pod_id = pod or ""  # validated above whenever no token was given
         if o["force"]:
             if token is not None:
                 holders = [actions.revoke_holder(token, acting_user=_operator() + " --force",
                                                     reason=reason or "forced revoke (CLI)", dispatch=False)]
             else:
-                holders = actions.revoke_pod(pod, acting_user=_operator() + " --force",
+                holders = actions.revoke_pod(pod_id, acting_user=_operator() + " --force",
                                                 reason=reason or "forced pod revoke (CLI)", dispatch=False)
             wire = [h.to_wire() for h in holders]
             note = self._force_note(holders) if holders else "--force: nothing to revoke."
             self.emit(o, {"via": "mongodb --force", "handlersRan": False, "revoked": wire, "note": note},
                       lambda: f"{self._revoked_table(wire)}\n\n{note}" if wire else note)
             return
-        path = f"/revoke/{urllib.parse.quote(token, safe='')}" if token is not None else f"/revoke-pod/{urllib.parse.quote(pod, safe='')}"
+        path = f"/revoke/{urllib.parse.quote(token, safe='')}" if token is not None else f"/revoke-pod/{urllib.parse.quote(pod_id, safe='')}"
         body = {"actor": _operator()}
         if reason:
             body["reason"] = reason
