@@ -33,7 +33,8 @@ def put(text: str) -> None:
 
 @pytest.fixture
 def handler():
-    yield handlers.register_handler(CeleryTestHandler())
+    # The worker module registered its own instance on import; this one records here.
+    yield handlers.register_handler(CeleryTestHandler(), replace=True)
     handlers.unregister_handler(TYPE)
 
 
