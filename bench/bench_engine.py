@@ -97,13 +97,16 @@ def expected_counts(levels: int) -> dict[str, int]:
 
     Acquire: the holder (PENDING, upsert), every level's conditional push in one ordered
     bulk, the holder HELD.
-    Check: one update. Release: the holder's delete, one bulk for the narrower levels (only
-    when there are any), the gate's update (which returns the queue for the hand-off).
+    Check: one renewal (``findAndModify``: it decides on the deadline it replaced). Release:
+    the holder's delete, one bulk for the narrower levels (only when there are any), the
+    gate's update (which returns the queue for the hand-off), the tombstone.
     """
-    return {"acquire": 3, "check": 1, "release": 2 if levels == 1 else 3}
+    return {"acquire": 3, "check": 1, "release": 3 if levels == 1 else 4}
 
 
-BUDGET = {"acquire": lambda n: 2 * n + 1, "check": lambda n: 1, "release": lambda n: 3}
+# Release: at most 2 for the holder and its slots plus the tombstone the protocol needs
+# (a later renewal of the token answers EXPIRED, not STALE_LEASE).
+BUDGET = {"acquire": lambda n: 2 * n + 1, "check": lambda n: 1, "release": lambda n: 4}
 
 
 def command_counts() -> bool:
@@ -159,7 +162,8 @@ def command_counts() -> bool:
     client.close()
     print("### MongoDB commands per operation (uncontended, command monitoring)\n")
     print("Measured on the engine's own client; *stated* is what the engine documents (acquire 3,")
-    print("check 1, release 2 for one level else 3), *budget* the ceiling (acquire ≤ 2L+1, release ≤ 3).")
+    print("check 1, release 3 for one level else 4 with the tombstone), *budget* the ceiling")
+    print("(acquire ≤ 2L+1, release ≤ 4).")
     print("*raw = engine*: the raw floor below sends the same commands (same collection, filter and")
     print("update shape, in the same order).\n")
     print("| levels | acquire | stated | budget ≤ | check | stated | release | stated | budget ≤ "
@@ -202,15 +206,19 @@ def _raw_cycle(db, levels: Sequence[str], i: int, *, recorder: CommandRecorder |
     keys = _raw_keys(levels)
     ttl_ms = 60 * 1000
     h, c = db.resource_lease_holders, db.resource_lease_counters
+    from leases.estimates import HOLDS_KEPT
+
     out: dict[str, list] = {}
+    started = time.monotonic()
     # acquire: the holder first (PENDING, with the keys it sets out to book) ...
     h.find_one_and_update(
         {"_id": token},
         [{"$set": {
             "state": "PENDING", "resource": {"$literal": "raw"}, "leaseName": {"$literal": "raw"},
             "type": {"$literal": "bench"}, "tenantId": {"$literal": "acme"}, "projectId": {"$literal": "p1"},
-            "userId": {"$literal": "u1"}, "holderRef": {"$literal": "raw"}, "pod": {"$literal": "bench"},
-            "podBound": {"$literal": False}, "ttlSeconds": {"$literal": 60}, "keys": {"$literal": keys},
+            "userId": {"$literal": "u1"}, "holderRef": {"$literal": "raw"}, "priority": {"$literal": None},
+            "pod": {"$literal": "bench"}, "podBound": {"$literal": False}, "ttlSeconds": {"$literal": 60},
+            "intervalSeconds": {"$literal": 20}, "keys": {"$literal": keys},
             "levels": {"$literal": []}, "payload": {"$literal": {}}, "acquiredAt": "$$NOW",
             "lastSeenAt": "$$NOW", "expiresAt": {"$add": ["$$NOW", ttl_ms]},
         }}],
@@ -233,29 +241,46 @@ def _raw_cycle(db, levels: Sequence[str], i: int, *, recorder: CommandRecorder |
     # ... then HELD.
     held = h.find_one_and_update(
         {"_id": token},
-        [{"$set": {"state": "HELD", "levels": {"$literal": keys}, "lastSeenAt": "$$NOW",
+        [{"$set": {"state": "HELD", "levels": {"$literal": keys}, "lastSeenAt": "$$NOW", "heldAt": "$$NOW",
                    "expiresAt": {"$add": ["$$NOW", ttl_ms]}}}],
-        projection={"expiresAt": 1, "acquiredAt": 1}, return_document=ReturnDocument.AFTER)
+        projection={"expiresAt": 1, "acquiredAt": 1, "lastSeenAt": 1, "intervalSeconds": 1},
+        return_document=ReturnDocument.AFTER)
     if held is None:
         raise RuntimeError("raw floor: holder vanished")
     if recorder is not None:
         out["acquire"] = recorder.take()
-    # check
-    if not h.update_one({"_id": token, "state": "HELD"},
-                        [{"$set": {"lastSeenAt": "$$NOW", "expiresAt": {"$add": ["$$NOW", ttl_ms]}}}]).matched_count:
+    # check: the renewal writes now + ttl and keeps the deadline it replaced, in one command
+    # returning the document (the engine decides on those two server times).
+    ttl_expr = {"$multiply": [{"$ifNull": ["$ttlSeconds", 0]}, 1000]}
+    renewed = h.find_one_and_update(
+        {"_id": token, "tenantId": "acme", "projectId": "p1", "state": "HELD"},
+        [{"$set": {"priorExpiresAt": "$expiresAt", "lastSeenAt": "$$NOW", "expiresAt": {"$add": ["$$NOW", ttl_expr]}}}],
+        projection={"resource": 1, "leaseName": 1, "type": 1, "ttlSeconds": 1, "expiresAt": 1, "lastSeenAt": 1,
+                    "intervalSeconds": 1, "priorExpiresAt": 1},
+        return_document=ReturnDocument.AFTER)
+    if renewed is None:
         raise RuntimeError("raw floor: check missed")
     if recorder is not None:
         out["check"] = recorder.take()
     # release: delete the holder, pull the entry from the narrower levels in one bulk, then
     # from the gate with findAndModify (the engine hands the slot on from what it returns).
-    h.find_one_and_delete({"_id": token}, projection={"keys": 1, "levels": 1, "resource": 1, "tenantId": 1,
-                                                      "projectId": 1, "userId": 1, "state": 1})
+    h.find_one_and_delete({"_id": token, "tenantId": "acme", "projectId": "p1"},
+                          projection={"keys": 1, "levels": 1, "resource": 1, "tenantId": 1, "projectId": 1,
+                                      "userId": 1, "state": 1, "heldAt": 1})
     pull = {"$pull": {"holders": booking}, "$inc": {"count": -1}, "$currentDate": {"updatedAt": True, "clock": True}}
     *narrow, gate = keys
     if narrow:
         c.bulk_write([UpdateOne({"_id": key, "holders": booking}, pull) for key in narrow], ordered=False)
-    if c.find_one_and_update({"_id": gate, "holders": booking}, pull, return_document=ReturnDocument.AFTER) is None:
+    # The gate also records the hold's duration (wait estimates) in the same update.
+    hold = {"$push": {"holds": {"$each": [round((time.monotonic() - started) * 1000, 1)], "$slice": -HOLDS_KEPT}}}
+    if c.find_one_and_update({"_id": gate, "holders": booking}, {**pull, **hold},
+                             return_document=ReturnDocument.AFTER) is None:
         raise RuntimeError("raw floor: gate entry missing")
+    # ... and the tombstone: a later renewal of the token answers EXPIRED (release).
+    db.lease_tombstones.update_one(
+        {"_id": token}, [{"$set": {"tenantId": {"$literal": "acme"}, "projectId": {"$literal": "p1"},
+                                   "reason": {"$literal": "release"}, "resource": {"$literal": "raw"}, "at": "$$NOW"}}],
+        upsert=True)
     if recorder is not None:
         out["release"] = recorder.take()
     return out
