@@ -29,7 +29,8 @@ from typing import Any
 import requests
 
 from .errors import (
-    InvalidDefinition,
+    ApiKeyRejected,
+    HttpProblem,
     InvalidLeaseRequest,
     LeaseBusy,
     LeaseError,
@@ -37,32 +38,13 @@ from .errors import (
     LeaseLost,
     LeaseUnavailable,
     StaleLease,
-    UnknownLeaseType,
+    by_code,
 )
 from .service import NOOP
 
 __all__ = ["HttpLeaseClient", "HttpLease", "KeepAlive", "HttpProblem", "ApiKeyRejected"]
 
 USER_AGENT = "vance-leases-python/1"
-
-
-class HttpProblem(LeaseError):
-    """A problem answer without a more specific class (e.g. 403 PROJECT_FORBIDDEN)."""
-
-    code = "HTTP_PROBLEM"
-
-    def __init__(self, message: str, *, status: int, code: str | None = None, body: dict | None = None):
-        super().__init__(message)
-        self.status = status
-        self.body = body or {}
-        if code:
-            self.code = code
-
-
-class ApiKeyRejected(HttpProblem):
-    """401: missing, wrong or revoked API key."""
-
-    code = "UNAUTHENTICATED"
 
 
 def _parse_time(value: str | None) -> datetime | None:
@@ -82,13 +64,9 @@ def _error_from(response: requests.Response) -> LeaseError:
     detail = body.get("detail") or f"HTTP {response.status_code}"
     status = response.status_code
     if status == 429 or code == "LEASE_BUSY":
-        error = LeaseBusy(resource=body.get("resource", "?"), level=body.get("level", "?"),
-                          scope=body.get("scope", "?"), count=body.get("count"), cap=body.get("cap", 0))
-        try:
-            error.retry_after = float(response.headers.get("Retry-After", body.get("retryAfterSeconds", 1)))
-        except ValueError:
-            error.retry_after = 1.0
-        return error
+        return LeaseBusy(resource=body.get("resource", "?"), level=body.get("level", "?"),
+                         scope=body.get("scope", "?"), count=body.get("count"), cap=body.get("cap", 0),
+                         retry_after=_retry_after(response, body))
     if status == 410 or code in ("STALE_LEASE", "EXPIRED"):
         if code == "EXPIRED":
             return LeaseExpired(detail, reason=body.get("reason"))
@@ -96,16 +74,30 @@ def _error_from(response: requests.Response) -> LeaseError:
     if status == 503 or code == "LEASE_UNAVAILABLE":
         return LeaseUnavailable(detail)
     if status == 401:
-        return ApiKeyRejected(detail, status=status, code=code or None, body=body)
+        return ApiKeyRejected(detail, status=status, problem_code=code or None, body=body)
+    known = by_code(code) if code else None
+    if known is not None and (issubclass(known, (HttpProblem, LeaseBusy, LeaseLost, LeaseUnavailable))):
+        known = None  # answered by status above; a code alone does not make them
     if status == 400:
-        cls = {"UNKNOWN_LEASE_TYPE": UnknownLeaseType, "INVALID_DEFINITION": InvalidDefinition}.get(code, InvalidLeaseRequest)
-        error = cls(detail)
-        if code and cls is InvalidLeaseRequest:
-            error.code = code  # e.g. INVALID_BODY, BODY_TOO_LARGE
-        return error
+        # The server's own class when the code names one (INVALID_BODY, UNKNOWN_LEASE_TYPE...).
+        if known is None or not issubclass(known, InvalidLeaseRequest):
+            known = InvalidLeaseRequest
+        return known(detail)
     if status >= 500:
         return LeaseUnavailable(f"lease server error {status}: {detail}")
-    return HttpProblem(detail, status=status, code=code or None, body=body)
+    if known is not None:
+        return known(detail)  # e.g. 403 PROJECT_FORBIDDEN
+    return HttpProblem(detail, status=status, problem_code=code or None, body=body)
+
+
+def _retry_after(response: requests.Response, body: dict[str, Any]) -> float:
+    """The server's suggested delay: ``Retry-After``, else ``retryAfterSeconds``, else 1 s."""
+    for value in (response.headers.get("Retry-After"), body.get("retryAfterSeconds")):
+        try:
+            return max(0.0, float(value))  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            continue
+    return 1.0
 
 
 def _poll_pause(response: requests.Response, ticket: dict[str, Any]) -> float:
@@ -178,7 +170,7 @@ class HttpLeaseClient:
     def acquire(self, *, type: str, user_id: str, project_id: str | None = None, lease: str | None = None,
                 inline: dict[str, Any] | None = None, holder_ref: str = "", pod_bound: bool = False,
                 interval_seconds: int | None = None, wait_ms: int | None = None,
-                retry_busy_for: float = 0.0) -> "HttpLease":
+                retry_busy_for: float = 0.0, priority: str | None = None) -> "HttpLease":
         """Acquire a lease (``POST /api/v1/leases``).
 
         ``interval_seconds`` is a proposal; the server decides. ``wait_ms`` bounds the whole
@@ -188,7 +180,8 @@ class HttpLeaseClient:
         same :class:`HttpLease` as a direct grant — or the bound has passed; then it gives
         the ticket up (``DELETE``) and raises ``LeaseBusy`` with the last position.
         ``wait_ms=0`` does not wait at all. ``retry_busy_for`` keeps retrying ``429``
-        answers (after ``Retry-After`` plus jitter) for that many seconds.
+        answers (after ``Retry-After`` plus jitter) for that many seconds. ``priority`` names
+        a class of the lease's definition (None: its default class).
 
         Returns:
             An :class:`HttpLease`, or ``leases.NOOP`` when the resource is not limited.
@@ -199,7 +192,9 @@ class HttpLeaseClient:
             LeaseLost: the ticket was dropped while waiting (``LeaseExpired``: not polled
                 in time, e.g. this process stalled) or is unknown (``StaleLease``).
             LeaseUnavailable: server or store unreachable, or broken configuration.
-            InvalidLeaseRequest: refused input (``UnknownLeaseType``, ``InvalidDefinition``...).
+            InvalidLeaseRequest: refused input (``UnknownLeaseType``, ``InvalidDefinition``, an
+                unknown priority class...).
+            PriorityNotAllowed: the tenant may not use that priority class.
             ApiKeyRejected: the key is missing, wrong or revoked.
         """
         started = time.monotonic()
@@ -207,7 +202,8 @@ class HttpLeaseClient:
         body: dict[str, Any] = {"type": type, "userId": user_id, "podBound": pod_bound,
                                 "waitMs": min(bound_ms, self.MAX_SERVER_WAIT_MS)}
         for name, value in (("projectId", project_id), ("lease", lease), ("inline", inline),
-                            ("holderRef", holder_ref or None), ("proposedIntervalSeconds", interval_seconds)):
+                            ("holderRef", holder_ref or None), ("proposedIntervalSeconds", interval_seconds),
+                            ("priority", priority)):
             if value is not None:
                 body[name] = value
         give_up = started + retry_busy_for
@@ -216,7 +212,7 @@ class HttpLeaseClient:
                 response, answer = self._answer("POST", "leases", body)
                 break
             except LeaseBusy as busy:
-                pause = getattr(busy, "retry_after", 1.0) * random.uniform(1.0, 1.5)
+                pause = (busy.retry_after if busy.retry_after is not None else 1.0) * random.uniform(1.0, 1.5)
                 if time.monotonic() + pause > give_up:
                     raise
                 time.sleep(pause)
@@ -239,17 +235,19 @@ class HttpLeaseClient:
                 if response.status_code == 201:
                     return HttpLease(self, answer)
                 ticket = answer
-        except (LeaseUnavailable, HttpProblem):
-            # The place is lost to this call either way: free it now rather than at its deadline.
-            self._abandon(path)
+        except LeaseError as error:
+            if not isinstance(error, LeaseLost):
+                # The place is lost to this call either way: free it now rather than at its deadline.
+                self._abandon(path)
             raise
 
     def _give_up(self, path: str, ticket: dict[str, Any]) -> LeaseBusy:
         # DELETE also releases the lease if the last poll's turn came in between.
         self._abandon(path)
+        estimate = ticket.get("estimatedWaitSeconds")
         return LeaseBusy(resource=ticket.get("resource", "?"), level=ticket.get("level", "?"), scope="?",
                          count=None, cap=0, position=ticket.get("position"),
-                         retry_after=float(ticket.get("pollIntervalSeconds") or 1))
+                         retry_after=float(estimate if estimate is not None else ticket.get("pollIntervalSeconds") or 1))
 
     def _abandon(self, path: str) -> None:
         """Best effort: a ticket nobody polls is dropped at its deadline anyway."""

@@ -42,7 +42,7 @@ from typing import Callable, Iterator
 import pymongo.errors
 
 from . import handlers, http_client, store
-from .errors import LeaseError
+from .errors import LeaseError, LeaseStillHeld
 from .handlers import RevokedHolder
 from .pod_liveness import LeasePodLiveness, liveness as default_liveness
 
@@ -388,9 +388,3 @@ def accept_remote(data: dict) -> RevokedHolder:
         raise LeaseStillHeld(f"lease {holder.token} is still held; refusing to run its handler")
     get_dispatcher().run_local_async(holder)
     return holder
-
-
-class LeaseStillHeld(LeaseError):
-    """A revocation was posted for a token that is still a live holder."""
-
-    code = "LEASE_STILL_HELD"

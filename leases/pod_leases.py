@@ -35,15 +35,9 @@ import pymongo.errors
 from leases.conf import lease_settings
 
 from . import store, validation
-from .errors import InvalidLeaseRequest, LeaseError
+from .errors import InvalidLeaseRequest, PodLeaseError
 
 ENDPOINT_MAX = 1024
-
-
-class PodLeaseError(LeaseError):
-    """A pod-lease request that was refused because its input was bad; nothing was written."""
-
-    code = "POD_LEASE_INVALID"
 
 
 class Outcome(str, enum.Enum):

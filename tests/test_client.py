@@ -14,7 +14,7 @@ from leases import LeaseBusy, LeaseLost, LeaseUnavailable, actions, config, stor
 from leases.definitions import document_path
 from leases.client import ApiKeyRejected, HttpLease, HttpLeaseClient
 from leases.embedded import free_port
-from leases.errors import LeaseExpired, StaleLease
+from leases.errors import InvalidBody, LeaseExpired, StaleLease
 from tests.helpers import ensure_tenant
 from tests.http_server import running_server
 
@@ -90,8 +90,15 @@ def test_given_a_full_level_when_acquiring_then_lease_busy_carries_the_diagnosis
         take(client, wait_ms=0)
     error = busy.value
     assert (error.resource, error.level, error.scope, error.count, error.cap) == ("mcp-inline:acme/p1/c", "user", "acme/u1", 1, 1)
-    assert error.retry_after >= 1
+    assert error.retry_after == 1.0  # the server's Retry-After, a real attribute of LeaseBusy
     held.release()
+
+
+def test_given_a_refused_body_when_acquiring_then_the_servers_error_class_is_raised(client):
+    with pytest.raises(InvalidBody) as refused:
+        take(client, interval_seconds=0)  # proposedIntervalSeconds must be positive
+    assert refused.value.code == "INVALID_BODY" and type(refused.value) is InvalidBody
+    assert store.holders().count_documents({}) == 0
 
 
 def test_given_retry_busy_for_when_the_slot_frees_then_acquire_succeeds(client):
@@ -181,6 +188,7 @@ def test_given_a_wrong_key_when_acquiring_then_api_key_rejected(server):
         with pytest.raises(ApiKeyRejected) as rejected:
             take(stranger)
     assert rejected.value.status == 401 and rejected.value.code == "UNAUTHENTICATED"
+    assert rejected.value.problem_code == "UNAUTHENTICATED"
 
 
 def test_given_no_server_when_acquiring_then_lease_unavailable_fail_closed():

@@ -11,8 +11,6 @@ import json
 import urllib.error
 import urllib.request
 
-import pytest
-
 from leases import internal_server, store
 from leases.identity import self_pod_id
 from tests.helpers import celery_worker, wait_for

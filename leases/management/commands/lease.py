@@ -26,10 +26,19 @@ from typing import Any, Callable, Iterable, Sequence
 import pymongo.errors
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from leases import actions, http_client, reads, validation
+from leases import actions, http_client, reads, shares, validation
 from leases.conf import lease_settings
 from leases.dispatch import SECRET_HEADER
-from leases.errors import HolderNotFound, LeaseError
+from leases.errors import (
+    HolderNotFound,
+    InvalidLeaseRequest,
+    LeaseError,
+    PodCallError,
+    PodNotFound,
+    ProjectNotFound,
+    ResourceNotFound,
+    TenantNotFound,
+)
 
 ADMIN_PATH = "/internal/lease/admin"
 
@@ -77,36 +86,6 @@ def _operator() -> str:
     except Exception:  # noqa: BLE001 - no login name in some containers
         who = "unknown"
     return f"cli:{who}@{socket.gethostname()}"
-
-
-class PodCallError(LeaseError):
-    """No pod could carry out the request (none alive, none reachable, or refused)."""
-
-    code = "POD_UNREACHABLE"
-
-
-class PodNotFound(LeaseError, LookupError):
-    """The pod is neither registered nor named by any holder."""
-
-    code = "POD_NOT_FOUND"
-
-
-class TenantNotFound(LeaseError, LookupError):
-    """No Insights tenant, config document or holder has that tenant id."""
-
-    code = "TENANT_NOT_FOUND"
-
-
-class ResourceNotFound(LeaseError, LookupError):
-    """No history, counter or holder names that resource."""
-
-    code = "RESOURCE_NOT_FOUND"
-
-
-class ProjectNotFound(LeaseError, LookupError):
-    """The tenant has no such project (in Insights, its config documents or its holders)."""
-
-    code = "PROJECT_NOT_FOUND"
 
 
 def _require_tenant(tenant_id: str, project_id: str) -> None:
@@ -208,6 +187,16 @@ class Command(BaseCommand):
         p = sub.add_parser("reconcile", help="Correct counter drift from holder levels (no pod, no handler).")
         p.add_argument("--safety-ms", type=int, default=None,
                        help="Only counters older than this (default LEASES_RECONCILE_SAFETY_MS).")
+        p.add_argument("--json", action="store_true")
+
+        p = sub.add_parser("weights", help="Tenant weights per lease (System layer); unlisted tenants weigh 1.")
+        p.add_argument("--json", action="store_true")
+
+        p = sub.add_parser("set-weight", help="Set a tenant's weight on a lease in the System layer (audited); "
+                                              "'default' removes it (weight 1).")
+        p.add_argument("name", help="Lease name.")
+        p.add_argument("tenant", help="Tenant id.")
+        p.add_argument("weight", help="A positive number, or 'default'.")
         p.add_argument("--json", action="store_true")
 
         p = sub.add_parser("stats", help="Per-minute history of one resource: grants, busy, waits, occupancy, reaps.")
@@ -351,6 +340,11 @@ class Command(BaseCommand):
                 return w.level
             return f"{w.level} {w.blocked_count}/{w.blocked_cap}"
 
+        def estimate(w: reads.WaiterView) -> str:
+            if w.estimated_grant_at is None:
+                return "-"
+            return f"{max(0.0, (w.estimated_grant_at - now).total_seconds()):.1f}s"
+
         def text() -> str:
             if not result.items:
                 return "No waiting tickets."
@@ -358,9 +352,11 @@ class Command(BaseCommand):
                      "-" if w.position is None else w.position,
                      _when(w.waiting_since),
                      "-" if w.waiting_since is None else f"{int((now - w.waiting_since).total_seconds())}s",
+                     w.priority or "-", estimate(w),
                      blocked(w), "STALE" if w.stale else "", w.ticket_id) for w in result.items]
-            body = table(["RESOURCE", "TENANT", "PROJECT", "USER", "POS", "WAITING-SINCE", "WAITED", "BLOCKED-AT",
-                          "STALE", "TICKET"], rows, numeric=["POS", "WAITED"])
+            body = table(["RESOURCE", "TENANT", "PROJECT", "USER", "POS", "WAITING-SINCE", "WAITED", "CLASS",
+                          "EST-GRANT-IN", "BLOCKED-AT", "STALE", "TICKET"], rows,
+                         numeric=["POS", "WAITED", "EST-GRANT-IN"])
             stale = sum(1 for w in result.items if w.stale)
             tail = f"{len(result.items)} waiting ticket(s), {stale} stale"
             if stale:
@@ -368,6 +364,32 @@ class Command(BaseCommand):
             return f"{body}\n\n{tail}. Server time {_when(now)}."
 
         self.emit(o, result.to_dict(), text)
+
+    def do_weights(self, o: dict[str, Any]) -> None:
+        rows = shares.tenant_weights()
+
+        def text() -> str:
+            if not rows:
+                return "No tenant weights set: every tenant weighs 1."
+            body = table(["LEASE", "TENANT", "WEIGHT"], [(r["lease"], r["tenant"], f"{r['weight']:g}") for r in rows],
+                         numeric=["WEIGHT"])
+            return f"{body}\n\n{len(rows)} weight(s); tenants not listed weigh 1."
+
+        self.emit(o, rows, text)
+
+    def do_set_weight(self, o: dict[str, Any]) -> None:
+        raw = o["weight"]
+        if raw == "default":
+            weight = None
+        else:
+            try:
+                weight = float(raw)
+            except ValueError:
+                raise InvalidLeaseRequest(f"weight must be a positive number or 'default', got {raw!r}") from None
+        after = shares.set_tenant_weight(o["name"], o["tenant"], weight, acting_user=_operator())
+        shown = "1 (default)" if weight is None else f"{weight:g}"
+        self.emit(o, {"lease": o["name"], "tenant": o["tenant"], "weight": weight, "tenantWeights": after},
+                  lambda: f"Tenant {o['tenant']} now weighs {shown} on lease {o['name']} (System layer; audited).")
 
     def do_definition(self, o: dict[str, Any]) -> None:
         validation.lease_name(o["name"])
