@@ -13,12 +13,12 @@ class LeasesConfig(AppConfig):
 
         from leases.conf import lease_settings
 
-        from . import checks, definitions, dispatch, invalidation, pods, tasks  # noqa: F401 - checks registers, tasks wires the Celery worker signals
+        from . import checks, definitions, dispatch, invalidation, pod_renewer, tasks  # noqa: F401 - checks registers, tasks wires the Celery worker signals
 
         # The cache asks the subscription whether it may serve; without this it never caches.
         definitions.cache.attach(invalidation.liveness)
         dispatch.install()
         if lease_settings.POD_AUTOSTART:
             # Lazy: only a process that serves requests becomes a (web) pod, not migrate/shell.
-            request_started.connect(pods.lazy_start_on_request, weak=False,
-                                    dispatch_uid="leases.pods.lazy_start_on_request")
+            request_started.connect(pod_renewer.lazy_start_on_request, weak=False,
+                                    dispatch_uid="leases.pod_renewer.lazy_start_on_request")

@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from .errors import EmbeddedServerError
+
 START_TIMEOUT_SECONDS = 20.0
 # The set name SecantusDB advertises in its single-node replica-set mode.
 REPLICA_SET_NAME = "secantus"
@@ -36,10 +38,6 @@ __all__ = [
     "ensure_test_server",
     "stop_test_server",
 ]
-
-
-class EmbeddedServerError(RuntimeError):
-    """The embedded SecantusDB server could not be started."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -15,15 +15,14 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
 from insights.access import tenant_admin_required
-from leases.errors import InvalidLeaseRequest, LeaseUnavailable
+from leases.errors import ApiKeyNotFound, InvalidLeaseRequest, LeaseUnavailable
 from leases.tenancy import TenantGrant, tenant_access
 
 from . import keys
-from .errors import ApiKeyNotFound
 from .key_forms import CreateKeyForm
 
 
-def _projects(tenant: TenantGrantGrant) -> list[str]:
+def _projects(tenant: TenantGrant) -> list[str]:
     return tenant_access().projects(tenant.slug)
 
 
