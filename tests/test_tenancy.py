@@ -15,7 +15,7 @@ from django.test import Client, override_settings
 import leases
 from leases import config, handlers
 from leases.api import keys
-from leases.api.errors import UnknownProject, UnknownTenant
+from leases.errors import UnknownProject, UnknownTenant
 from leases.definitions import document_path
 from leases.tenancy import ADMIN, MEMBER, TenantAccess, TenantGrant, tenant_access
 
