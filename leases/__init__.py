@@ -9,6 +9,9 @@ Public consumer contract::
         lease.update_payload({"jobId": job_id})
         while not done:
             lease.check()   # every usage step: raises LeaseLost once reaped or revoked
+
+    async with leases.aacquire(request) as lease:   # asyncio: the same, on pymongo's async client
+        await lease.acheck()
 """
 
 from .errors import (
@@ -18,13 +21,18 @@ from .errors import (
     LeaseError,
     LeaseLost,
     LeaseUnavailable,
+    PriorityNotAllowed,
     UnknownLeaseType,
 )
 from .service import NOOP, Lease, LeaseRequest, acquire
+from .aio import ANOOP, AsyncLease, aacquire
 
 
 __all__ = [
     "acquire",
+    "aacquire",
+    "AsyncLease",
+    "ANOOP",
     "Lease",
     "LeaseRequest",
     "NOOP",
@@ -35,4 +43,5 @@ __all__ = [
     "InvalidLeaseRequest",
     "UnknownLeaseType",
     "InvalidDefinition",
+    "PriorityNotAllowed",
 ]

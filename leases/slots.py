@@ -58,7 +58,8 @@ def holder_keys(doc: dict[str, Any]) -> list[str]:
 
 
 def take(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_key: str,
-         privileged: bool = False, ticket: str | None = None) -> int:
+         privileged: bool = False, ticket: str | None = None,
+         charge: dict[str, dict[str, Any]] | None = None) -> int:
     """Book ``specs`` in order (narrow → wide) for ``booking`` in one ordered bulk write.
 
     Each level is a conditional push (``count < cap``, entry not there yet), so a slot is
@@ -69,7 +70,8 @@ def take(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_key: s
     and tries again when it has room.
 
     ``gate_key``: the lease's widest level; a newcomer (not ``privileged``) may only take it
-    while nobody queues there. A ``privileged`` take also removes ``ticket`` from the queue.
+    while nobody queues there. A ``privileged`` take also removes ``ticket`` from the queue
+    and applies ``charge`` (the order rule's share accounting, ``$inc``/``$max`` operators).
 
     Returns:
         How many of ``specs`` are booked now, from the first: ``len(specs)`` when all.
@@ -78,6 +80,20 @@ def take(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_key: s
         pymongo.errors.PyMongoError: the store failed; what is booked is unknown (the caller
             gives every entry back by value, which is idempotent).
     """
+    ops = take_ops(specs, booking, resource, gate_key=gate_key, privileged=privileged, ticket=ticket, charge=charge)
+    if not ops:
+        return 0
+    try:
+        store.counters().bulk_write(ops, ordered=True)
+    except pymongo.errors.BulkWriteError as exc:
+        return booked_before(exc)
+    return len(ops)
+
+
+def take_ops(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_key: str,
+             privileged: bool = False, ticket: str | None = None,
+             charge: dict[str, dict[str, Any]] | None = None) -> list[UpdateOne]:
+    """The ordered bulk of :func:`take` (the async executor sends the same one)."""
     ops = []
     for spec in specs:
         is_gate = spec.key == gate_key
@@ -94,17 +110,23 @@ def take(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_key: s
         }
         if is_gate and privileged and ticket is not None:
             update["$pull"] = {"queue": {"id": ticket}}
+            for op, values in (charge or {}).items():
+                update[op] = {**update.get(op, {}), **values}
         ops.append(UpdateOne(query, update, upsert=True))
-    if not ops:
-        return 0
-    try:
-        store.counters().bulk_write(ops, ordered=True)
-    except pymongo.errors.BulkWriteError as exc:
-        errors = exc.details.get("writeErrors") or []
-        if len(errors) == 1 and errors[0].get("code") == 11000:
-            return int(errors[0]["index"])
-        raise
-    return len(ops)
+    return ops
+
+
+def booked_before(exc: pymongo.errors.BulkWriteError) -> int:
+    """How many levels an ordered take booked before the one that had no room.
+
+    Raises:
+        pymongo.errors.BulkWriteError: ``exc`` itself, when it is anything but that one
+            ``_id`` collision.
+    """
+    errors = exc.details.get("writeErrors") or []
+    if len(errors) == 1 and errors[0].get("code") == 11000:
+        return int(errors[0]["index"])
+    raise exc
 
 
 def create(spec: LevelSpec, resource: str) -> None:
@@ -127,12 +149,13 @@ def create(spec: LevelSpec, resource: str) -> None:
         pass  # created by another process a moment ago
 
 
-def give_back(keys: Sequence[str], booking: str) -> dict[str, Any] | None:
+def give_back(keys: Sequence[str], booking: str, *, record: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """Return ``booking``'s slot on each counter of ``keys`` (narrow first, the gate last).
 
     Only a counter that still lists the entry is decremented, so racing releasers, reapers
     and repairers return a slot at most once. The gate's update returns its document so the
-    caller can hand the slot to the next waiting ticket.
+    caller can hand the slot to the next waiting ticket. ``record``: more update operators
+    for the gate (the hold duration, for wait estimates), in the same command.
 
     Returns:
         The gate counter after the update, or None when it did not list the entry.
@@ -145,10 +168,19 @@ def give_back(keys: Sequence[str], booking: str) -> dict[str, Any] | None:
         return None
     *narrow, gate = keys
     if narrow:
-        store.counters().bulk_write(
-            [UpdateOne({"_id": key, "holders": booking}, _pull(booking)) for key in narrow], ordered=False)
+        store.counters().bulk_write(pull_ops(narrow, booking), ordered=False)
     return store.counters().find_one_and_update(
-        {"_id": gate, "holders": booking}, _pull(booking), return_document=ReturnDocument.AFTER)
+        {"_id": gate, "holders": booking}, {**_pull(booking), **(record or {})}, return_document=ReturnDocument.AFTER)
+
+
+def pull_ops(keys: Sequence[str], booking: str) -> list[UpdateOne]:
+    """Return ``booking``'s slot on each counter of ``keys`` that still lists it (one bulk)."""
+    return [UpdateOne({"_id": key, "holders": booking}, _pull(booking)) for key in keys]
+
+
+def pull_update(booking: str) -> dict[str, Any]:
+    """The update that returns ``booking``'s slot (with ``clock``, for the hand-off)."""
+    return _pull(booking)
 
 
 def _pull(booking: str) -> dict[str, Any]:
