@@ -5,8 +5,9 @@ install it (and psycopg) into a new venv, ``django-admin startproject``, append 
 settings (``tests/adoption/settings_block.py``: PostgreSQL default, the lease apps on a MongoDB
 alias through ``leases.routers.LeasesRouter``), a tenancy hook of the host's own
 (``tests/adoption/tenancy.py``), views (``tests/adoption/views.py``), ``migrate`` both
-aliases, then real HTTP requests to ``manage.py runserver``: acquire/check/release from a
-view, and the Insights page rendered for a tenant admin through the hook.
+aliases, then real HTTP requests to the project served by uvicorn (ASGI): acquire/check/release
+from a view and from an async view, the Insights page rendered for a tenant admin through the
+hook, and a ``@leased`` Celery task run by a real prefork worker of the project.
 
 The host's PostgreSQL tables go into a schema of this run (``PGOPTIONS`` search_path), so
 runs do not see each other's users; the lease alias is a database of the test run's
@@ -58,6 +59,9 @@ def _host_env(schema: str) -> dict[str, str]:
         # libpq reads PGOPTIONS: the host's tables land in this run's schema.
         "PGOPTIONS": f"-c search_path={schema}",
         "LEASES_INTERNAL_SECRET": secrets.token_urlsafe(48),
+        # A Redis database of its own for the project's Celery broker and results.
+        "CELERY_BROKER_URL": "redis://127.0.0.1:6379/13",
+        "CELERY_RESULT_BACKEND": "redis://127.0.0.1:6379/13",
         "PIP_DISABLE_PIP_VERSION_CHECK": "1",
     })
     return env
@@ -132,7 +136,7 @@ def test_given_the_wheel_when_a_new_postgresql_project_adopts_it_then_leases_and
     venv = tmp / "venv"
     _run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", str(venv)], cwd=tmp, env=env)
     python = str(venv / "bin" / "python")
-    _run([python, "-m", "pip", "install", "-q", str(wheel), "psycopg[binary]"], cwd=tmp, env=env)
+    _run([python, "-m", "pip", "install", "-q", str(wheel), "psycopg[binary]", "uvicorn"], cwd=tmp, env=env)
     located = _run([python, "-c", "import leases; print(leases.__file__)"], cwd=tmp, env=env)
     assert str(venv) in located  # the installed wheel, not this checkout
 
@@ -142,8 +146,10 @@ def test_given_the_wheel_when_a_new_postgresql_project_adopts_it_then_leases_and
     _run([str(venv / "bin" / "django-admin"), "startproject", "hostsite", "."], cwd=site, env=env)
     with open(site / "hostsite" / "settings.py", "a") as out:
         out.write("\n" + (FILES / "settings_block.py").read_text())
-    for name in ("tenancy.py", "views.py", "urls.py"):
+    for name in ("tenancy.py", "views.py", "urls.py", "tasks.py", "celery.py"):
         shutil.copy(FILES / name, site / "hostsite" / name)
+    with open(site / "hostsite" / "__init__.py", "a") as out:
+        out.write("from .celery import app as celery_app\n")
     _run([python, "-c", (
         "import psycopg; psycopg.connect('host=127.0.0.1 port=5432 dbname=test user=postgres', autocommit=True)"
         f".execute('CREATE SCHEMA {schema}')")], cwd=site, env=env)
@@ -173,19 +179,24 @@ def test_given_the_wheel_when_a_new_postgresql_project_adopts_it_then_leases_and
         "    client = Client(); client.force_login(user); out[user.username] = client.cookies['sessionid'].value\n"
         "print(json.dumps(out))")], cwd=site, env=env).strip().splitlines()[-1])
 
-    # 4. Real HTTP against runserver.
+    # 4. Real HTTP against the project under uvicorn, and a Celery worker of the project.
     port = free_port()
-    server = subprocess.Popen([python, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"], cwd=site,
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    server = subprocess.Popen([str(venv / "bin" / "uvicorn"), "hostsite.asgi:application", "--host", "127.0.0.1",
+                               "--port", str(port)], cwd=site, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    worker = subprocess.Popen([str(venv / "bin" / "celery"), "-A", "hostsite", "worker", "--pool", "prefork",
+                               "--concurrency", "2", "--loglevel", "WARNING"], cwd=site, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
+    holders = mongo[LEASE_DB]["resource_lease_holders"]
     try:
         _wait_http(base + "/admin/login/", server)
-        status, body, _ = _get(base + "/compile/")
-        assert status == 200, body
-        compiled = json.loads(body)
-        assert compiled["released"] is True and len(compiled["token"]) == 32
-        holders = mongo[LEASE_DB]["resource_lease_holders"]
-        assert holders.find_one({"_id": compiled["token"]}) is None  # released
+        for view in ("/compile/", "/acompile/"):
+            status, body, _ = _get(base + view)
+            assert status == 200, body
+            compiled = json.loads(body)
+            assert compiled["released"] is True and len(compiled["token"]) == 32
+            assert holders.find_one({"_id": compiled["token"]}) is None  # released
 
         status, body, _ = _get(base + "/hold/")
         assert status == 200, body
@@ -200,19 +211,27 @@ def test_given_the_wheel_when_a_new_postgresql_project_adopts_it_then_leases_and
         assert _get(base + "/t/acme/insights/leases", cookie=cookies["sam"])[0] == 404
         status, _, headers = _get(base + "/t/acme/insights/leases")  # anonymous: to the login page
         assert status == 302 and headers["Location"].startswith("/accounts/login/?next=")
+
+        result = json.loads(_run([python, "manage.py", "shell", "-c", (
+            "import json; from hostsite.tasks import compile_pdf\n"
+            "print(json.dumps(compile_pdf.delay('acme', 'docs', 'carol').get(timeout=60)))")],
+            cwd=site, env=env, timeout=120).strip().splitlines()[-1])
+        assert len(result["token"]) == 32
+        assert holders.find_one({"_id": result["token"]}) is None  # released after the body
     finally:
-        server.terminate()
-        try:
-            log, _ = server.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            log, _ = server.communicate()
-        print("runserver log tail:\n" + log[-1500:])
+        for process, name in ((worker, "celery worker"), (server, "uvicorn")):
+            process.terminate()
+            try:
+                log, _ = process.communicate(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                log, _ = process.communicate()
+            print(f"{name} log tail:\n" + log[-1500:])
     print(f"adoption steps took {time.monotonic() - started:.1f} s")
 
 
 def test_given_the_readme_then_it_shows_the_adoption_files_as_the_test_uses_them():
     readme = (REPO / "README.md").read_text()
-    for name in ("settings_block.py", "tenancy.py"):
+    for name in ("settings_block.py", "tenancy.py", "tasks.py"):
         assert (FILES / name).read_text().rstrip("\n") in readme, f"README's copy of tests/adoption/{name} drifted"
     assert 'cat "$REPO/tests/adoption/settings_block.py" >> hostsite/settings.py' in readme

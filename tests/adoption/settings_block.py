@@ -25,3 +25,8 @@ DATABASE_ROUTERS = ["leases.routers.LeasesRouter"]
 LEASES_DATABASE = "leases"
 LEASES_TENANT_ACCESS = "hostsite.tenancy.GroupTenantAccess"
 LEASES_INTERNAL_SECRET = os.environ.get("LEASES_INTERNAL_SECRET", "change-me-to-a-long-random-value")
+
+# Celery: hostsite/celery.py is the app; the worker imports the lease tasks with the host's.
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/3")
+CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND", "redis://127.0.0.1:6379/3")
+CELERY_IMPORTS = ["hostsite.tasks"]

@@ -18,3 +18,12 @@ def hold_view(request):
     lease = leases.acquire(leases.LeaseRequest(type="tex", lease="tex", tenant_id="acme", project_id="reports",
                                                user_id="bob", pod=""))
     return JsonResponse({"token": lease.token})
+
+
+async def acompile_view(request):
+    """The same from an async view: the lease runs on pymongo's async client."""
+    request_ = leases.LeaseRequest(type="tex", lease="tex", tenant_id="acme", project_id="docs", user_id="async")
+    async with leases.aacquire(request_) as lease:
+        await lease.acheck()
+        token = lease.token
+    return JsonResponse({"token": token, "released": True})
