@@ -37,7 +37,10 @@ if ! pg_answers; then
       sed -i '1i host all all 127.0.0.1/32 trust' "$hba"
     done
   fi
-  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start || true
+  pg_version="$(ls /etc/postgresql | head -1)"
+  pg_ctlcluster --skip-systemctl-redirect "$pg_version" main start || true
+  # An install that started the cluster itself has not read the trust line yet.
+  pg_ctlcluster --skip-systemctl-redirect "$pg_version" main reload || true
   for _ in $(seq 50); do pg_answers && break; sleep 0.2; done
 fi
 if pg_answers && ! psql -h 127.0.0.1 -U postgres -tAc "select 1 from pg_database where datname = 'test'" | grep -q 1; then
