@@ -132,3 +132,25 @@ def test_given_a_lease_database_alias_that_is_missing_not_mongodb_or_unrouted_th
 def test_given_a_tenant_access_path_that_does_not_import_then_e011():
     with override_settings(LEASES_TENANT_ACCESS="nowhere.Access"):
         assert "leases.E011" in ids()
+
+
+@pytest.mark.parametrize("overrides", [
+    {"LEASES_POD_ENDPOINT": "10.0.3.7:8000"},
+    {"LEASES_POD_ENDPOINT": "ftp://10.0.3.7/"},
+    {"LEASES_POD_ENDPOINT": "http://10.0.3.7:notaport"},
+    {"LEASES_WORKER_INTERNAL_BIND": "127.0.0.1"},
+    {"LEASES_WORKER_INTERNAL_BIND": "127.0.0.1:99999"},
+])
+def test_given_a_malformed_pod_endpoint_or_worker_bind_then_e012(overrides):
+    with override_settings(**overrides):
+        assert "leases.E012" in ids()
+
+
+@pytest.mark.parametrize("overrides", [
+    {"LEASES_POD_ENDPOINT": "http://10.0.3.7:8000"},
+    {"LEASES_POD_ENDPOINT": "https://pod-3.internal"},
+    {"LEASES_WORKER_INTERNAL_BIND": "0.0.0.0:9100"},
+])
+def test_given_a_good_pod_endpoint_or_worker_bind_then_no_e012(overrides):
+    with override_settings(**overrides):
+        assert "leases.E012" not in ids()
