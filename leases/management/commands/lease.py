@@ -91,28 +91,29 @@ def _operator() -> str:
 def _require_tenant(tenant_id: str, project_id: str) -> None:
     """Fail unless (tenant, project) is known somewhere, so a typo is not answered with defaults.
 
-    Known means: an Insights tenant (project), a stored config document or a holder with
-    that id; pods may lease for tenants that Insights does not list.
+    Known means: a tenant (project) of the tenancy hook (``LEASES_TENANT_ACCESS``), a stored
+    config document or a holder with that id; pods may lease for tenants the hook does not list.
 
     Raises:
         TenantNotFound: the tenant is known nowhere.
         ProjectNotFound: the project is known nowhere in that tenant.
         pymongo.errors.PyMongoError: the store is unreachable.
     """
-    from insights.models import Project, Tenant
     from leases import store
     from leases.definitions import SYSTEM_TENANT, TENANT_PROJECT
+    from leases.tenancy import tenant_access
 
     if tenant_id == SYSTEM_TENANT:
         return
-    tenant_pk = Tenant.objects.filter(slug=tenant_id).values_list("pk", flat=True).first()
-    if tenant_pk is None and not (store.config_documents().find_one({"tenantId": tenant_id}, {"_id": 1})
-                                  or store.holders().find_one({"tenantId": tenant_id}, {"_id": 1})):
+    access = tenant_access()
+    listed = access.tenant_exists(tenant_id)
+    if not listed and not (store.config_documents().find_one({"tenantId": tenant_id}, {"_id": 1})
+                           or store.holders().find_one({"tenantId": tenant_id}, {"_id": 1})):
         raise TenantNotFound(f"no tenant {tenant_id!r} (not in Insights, no config document, no holder)")
     if project_id == TENANT_PROJECT:
         return
     scope = {"tenantId": tenant_id, "projectId": project_id}
-    if not ((tenant_pk is not None and Project.objects.filter(tenant_id=tenant_pk, slug=project_id).exists())
+    if not ((listed and access.project_exists(tenant_id, project_id))
             or store.config_documents().find_one(scope, {"_id": 1}) or store.holders().find_one(scope, {"_id": 1})):
         raise ProjectNotFound(f"tenant {tenant_id!r} has no project {project_id!r} (not in Insights, "
                               f"no config document, no holder)")
