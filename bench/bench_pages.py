@@ -62,10 +62,10 @@ def define(holders: int) -> None:
 def acquire_holders(total: int) -> None:
     """``total`` holders through the engine, spread over resources, tenants, projects, users, pods."""
     import leases
-    from leases import pods
+    from leases import pod_leases
 
     for i in range(PODS):
-        pods.register(f"bench-pod-{i}", f"http://127.0.0.1:{20000 + i}", proposed_interval=60)
+        pod_leases.register(f"bench-pod-{i}", f"http://127.0.0.1:{20000 + i}", proposed_interval=60)
     tenants = _mix(total // len(RESOURCES))
     started = time.perf_counter()
     refused = 0

@@ -32,7 +32,7 @@ def populate(total: int, expired_fraction: float = 0.01) -> int:
     import pymongo
     from django.conf import settings
 
-    from leases import pods, store
+    from leases import store
 
     # Bulk loading is slower than the engine's 2 s operation bound: no timeout here.
     loader = pymongo.MongoClient(settings.MONGODB_URI, tz_aware=False)
@@ -45,13 +45,13 @@ def populate(total: int, expired_fraction: float = 0.01) -> int:
 
 
 def _populate(total: int, expired_fraction: float) -> int:
-    from leases import pods, slots, store
+    from leases import pod_leases, slots, store
 
     store.holders().delete_many({})
     store.counters().delete_many({})
     store.pods().delete_many({})
     for i in range(PODS):
-        pods.register(f"bench-pod-{i}", f"http://127.0.0.1:{20000 + i}", proposed_interval=60)
+        pod_leases.register(f"bench-pod-{i}", f"http://127.0.0.1:{20000 + i}", proposed_interval=60)
     now = store.server_now()
     expired = int(total * expired_fraction)
     booked: dict[str, list[str]] = {}
@@ -150,13 +150,13 @@ POD_CHILD = """
 import sys, time, django
 django.setup()
 import leases
-from leases import config, handlers, pods
+from leases import config, handlers, pod_renewer
 from leases.definitions import document_path
 class H(handlers.LeaseHandler):
     type = "bench"
     def on_revoked(self, holder): pass
 handlers.register_handler(H())
-pods.start_pod("http://127.0.0.1:1")
+pod_renewer.start_pod("http://127.0.0.1:1")
 held = [leases.acquire(leases.LeaseRequest(type="bench", lease="benchkill", tenant_id="t1", project_id="p1",
                                           user_id=f"u{i}", pod_bound=i % 2 == 0)) for i in range(4)]
 print("READY", flush=True)

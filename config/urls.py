@@ -3,8 +3,7 @@ from django.urls import include, path
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("internal/lease/admin/", include("leases.api.admin_urls")),  # operator CLI → pod, shared secret
-    path("internal/lease/", include("leases.api.internal_urls")),  # pod-to-pod, shared secret
+    path("", include("leases.api.pod_urls")),  # /internal/lease/…: pod-to-pod and operator CLI, shared secret
     path("api/v1/", include("leases.api.v1_urls")),  # HTTP lease protocol, bearer API keys
     path("", include("leases.api.key_urls")),  # /t/<tenant>/insights/api-keys (tenant admins)
     path("", include("django_prometheus.urls")),  # /metrics

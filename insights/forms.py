@@ -59,7 +59,7 @@ class HolderFilterForm(forms.Form):
     FILTERS = ("resource", "type", "pod", "project", "user", "counter")
 
     def service_filters(self) -> dict[str, Any]:
-        """Keyword arguments for :func:`leases.operations.list_holders` (valid form only)."""
+        """Keyword arguments for :func:`leases.reads.list_holders` (valid form only)."""
         data = self.cleaned_data
         return {
             "resource": data.get("resource") or None,

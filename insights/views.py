@@ -1,4 +1,4 @@
-"""Insights → Leases views: parse the request, call :mod:`leases.operations`, render.
+"""Insights → Leases views: parse the request, call :mod:`leases.reads` and :mod:`leases.actions`, render.
 
 Access is decided by :func:`insights.access.tenant_admin_required`; the tenant's slug is
 then passed to every service call, which binds it in the MongoDB filter.
@@ -16,12 +16,12 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
-from leases import operations
+from leases import actions, audit, reads
 from leases.errors import AuditEntryNotFound, HolderNotFound, InvalidLeaseRequest, LeaseUnavailable
+from leases.tenancy import TenantGrant, tenant_access
 
-from .access import memberships_of, tenant_admin_required
+from .access import grants_of, tenant_admin_required
 from .forms import DefinitionForm, HolderFilterForm, RevokeForm
-from .models import Tenant
 
 REFRESH_SECONDS = 5
 PER_PAGE = 50
@@ -46,18 +46,18 @@ def _refresh_context(request: HttpRequest) -> dict:
     }
 
 
-def _project_slugs(tenant: Tenant) -> list[str]:
-    return list(tenant.projects.order_by("slug").values_list("slug", flat=True))
+def _project_slugs(tenant: TenantGrant) -> list[str]:
+    return tenant_access().projects(tenant.slug)
 
 
 @login_required
 def home(request: HttpRequest) -> HttpResponse:
     """Start page: the tenants the user belongs to."""
-    return render(request, "insights/home.html", {"memberships": memberships_of(request.user)})
+    return render(request, "insights/home.html", {"grants": grants_of(request.user)})
 
 
 @tenant_admin_required
-def holders(request: HttpRequest, tenant: Tenant) -> HttpResponse:
+def holders(request: HttpRequest, tenant: TenantGrant) -> HttpResponse:
     """Holders of the tenant with filters and paging."""
     form = HolderFilterForm(request.GET or None)
     page = None
@@ -65,7 +65,7 @@ def holders(request: HttpRequest, tenant: Tenant) -> HttpResponse:
     if not request.GET or form.is_valid():
         filters = form.service_filters() if request.GET else {"page": 1}
         try:
-            page = operations.list_holders(tenant_id=tenant.slug, per_page=PER_PAGE, **filters)
+            page = reads.list_holders(tenant_id=tenant.slug, per_page=PER_PAGE, **filters)
         except InvalidLeaseRequest as exc:
             form.add_error(None, str(exc))
             status = 400
@@ -79,7 +79,7 @@ def holders(request: HttpRequest, tenant: Tenant) -> HttpResponse:
     context = {
         "tenant": tenant, "form": form, "page": page, "active_filters": active,
         "projects": _project_slugs(tenant), "section": "holders",
-        "audit": operations.list_audit(tenant.slug, limit=5, actions=operations.REVOCATION_ACTIONS),
+        "audit": audit.list_entries(tenant.slug, limit=5, actions=audit.REVOCATION_ACTIONS),
         "previous_url": page_url(page.page - 1) if page and page.has_previous else None,
         "next_url": page_url(page.page + 1) if page and page.has_next else None,
         **_refresh_context(request),
@@ -88,16 +88,16 @@ def holders(request: HttpRequest, tenant: Tenant) -> HttpResponse:
     return render(request, template, context, status=status)
 
 
-def _holders_url(tenant: Tenant, counter: operations.CounterView) -> str:
+def _holders_url(tenant: TenantGrant, counter: reads.CounterView) -> str:
     return reverse("insights:holders", args=[tenant.slug]) + "?" + urlencode({"counter": counter.key})
 
 
 @tenant_admin_required
-def counters(request: HttpRequest, tenant: Tenant) -> HttpResponse:
+def counters(request: HttpRequest, tenant: TenantGrant) -> HttpResponse:
     """Counters of the tenant, project and user levels with BOOKED and drift, and a flag
     on the resources whose (shared, unseen) global level is full."""
-    rows = operations.list_counters(tenant_id=tenant.slug)
-    full = operations.globally_full(r.resource for r in rows)
+    rows = reads.list_counters(tenant_id=tenant.slug)
+    full = reads.globally_full(r.resource for r in rows)
     context = {
         "tenant": tenant, "counters": [(r, r.resource in full, _holders_url(tenant, r)) for r in rows],
         "drift_count": sum(1 for r in rows if r.drift), "global_full": sorted(full),
@@ -108,14 +108,14 @@ def counters(request: HttpRequest, tenant: Tenant) -> HttpResponse:
 
 
 @tenant_admin_required
-def waiting(request: HttpRequest, tenant: Tenant) -> HttpResponse:
+def waiting(request: HttpRequest, tenant: TenantGrant) -> HttpResponse:
     """The tenant's own waiting tickets per resource: place in the queue, since when, and
     the level that blocks each (the global level without its numbers)."""
-    waiters = operations.list_waiters(tenant_id=tenant.slug)
+    waiters = reads.list_waiters(tenant_id=tenant.slug)
     context = {
         "tenant": tenant, "waiters": waiters, "groups": waiters.by_resource(),
-        "global_note": operations.GLOBAL_BLOCK_NOTE,
-        "global_full": sorted(operations.globally_full({w.resource for w in waiters.items})),
+        "global_note": reads.GLOBAL_BLOCK_NOTE,
+        "global_full": sorted(reads.globally_full({w.resource for w in waiters.items})),
         "section": "waiting", **_refresh_context(request),
     }
     template = "insights/_waiting_live.html" if request.GET.get("fragment") else "insights/waiting.html"
@@ -123,10 +123,10 @@ def waiting(request: HttpRequest, tenant: Tenant) -> HttpResponse:
 
 
 @tenant_admin_required
-def audit_entry(request: HttpRequest, tenant: Tenant, entry_id: str) -> HttpResponse:
+def audit_entry(request: HttpRequest, tenant: TenantGrant, entry_id: str) -> HttpResponse:
     """One audit record of the tenant (a revocation: who, when, why, which holder)."""
     try:
-        entry = operations.get_audit(entry_id, tenant_id=tenant.slug)
+        entry = audit.get_entry(entry_id, tenant_id=tenant.slug)
     except (AuditEntryNotFound, InvalidLeaseRequest):
         raise Http404("No such audit entry") from None
     return render(request, "insights/audit_entry.html",
@@ -134,7 +134,7 @@ def audit_entry(request: HttpRequest, tenant: Tenant, entry_id: str) -> HttpResp
 
 
 @tenant_admin_required
-def definition(request: HttpRequest, tenant: Tenant) -> HttpResponse:
+def definition(request: HttpRequest, tenant: TenantGrant) -> HttpResponse:
     """The merged definition of a lease as an acquisition in one of the tenant's projects sees it."""
     projects = _project_slugs(tenant)
     form = DefinitionForm(request.GET or None, projects=projects)
@@ -143,7 +143,7 @@ def definition(request: HttpRequest, tenant: Tenant) -> HttpResponse:
     if request.GET:
         if form.is_valid():
             try:
-                view = operations.definition_view(form.cleaned_data["name"], tenant.slug, form.cleaned_data["project"])
+                view = reads.definition_view(form.cleaned_data["name"], tenant.slug, form.cleaned_data["project"])
             except LeaseUnavailable as exc:
                 error = str(exc)
             except InvalidLeaseRequest as exc:
@@ -153,21 +153,21 @@ def definition(request: HttpRequest, tenant: Tenant) -> HttpResponse:
             status = 400
     context = {
         "tenant": tenant, "form": form, "view": view, "error": error, "section": "definition",
-        "lease_names": operations.known_lease_names(tenant.slug),
+        "lease_names": reads.known_lease_names(tenant.slug),
     }
     return render(request, "insights/definition.html", context, status=status)
 
 
-def _tenant_holder(tenant: Tenant, token: str) -> operations.HolderView:
+def _tenant_holder(tenant: TenantGrant, token: str) -> reads.HolderView:
     try:
-        return operations.get_holder(token, tenant_id=tenant.slug)
+        return reads.get_holder(token, tenant_id=tenant.slug)
     except (HolderNotFound, InvalidLeaseRequest):
         # Same answer for "never existed", "malformed" and "another tenant's token".
         raise Http404("No such lease holder") from None
 
 
 @tenant_admin_required
-def holder_detail(request: HttpRequest, tenant: Tenant, token: str) -> HttpResponse:
+def holder_detail(request: HttpRequest, tenant: TenantGrant, token: str) -> HttpResponse:
     """One holder of the tenant."""
     holder = _tenant_holder(tenant, token)
     return render(request, "insights/holder_detail.html",
@@ -175,7 +175,7 @@ def holder_detail(request: HttpRequest, tenant: Tenant, token: str) -> HttpRespo
                    "definition_url": _definition_url(tenant, holder, _project_slugs(tenant))})
 
 
-def _definition_url(tenant: Tenant, holder: operations.HolderView, projects: list[str]) -> str:
+def _definition_url(tenant: TenantGrant, holder: reads.HolderView, projects: list[str]) -> str:
     """The definition tab for the holder's lease, seen from its project when Insights
     knows that project (else tenant-wide, which the form accepts)."""
     from leases.definitions import TENANT_PROJECT
@@ -187,13 +187,13 @@ def _definition_url(tenant: Tenant, holder: operations.HolderView, projects: lis
 
 @require_http_methods(["GET", "POST"])
 @tenant_admin_required
-def revoke(request: HttpRequest, tenant: Tenant, token: str) -> HttpResponse:
+def revoke(request: HttpRequest, tenant: TenantGrant, token: str) -> HttpResponse:
     """GET: the confirmation step. POST (CSRF-checked): revoke by operator decision."""
     if request.method == "POST":
         form = RevokeForm(request.POST)
         if form.is_valid():
             try:
-                holder = operations.revoke_holder(
+                holder = actions.revoke_holder(
                     token, tenant_id=tenant.slug, acting_user=request.user,
                     reason=form.cleaned_data["reason"] or "revoked in Insights",
                 )
@@ -217,16 +217,16 @@ def revoke(request: HttpRequest, tenant: Tenant, token: str) -> HttpResponse:
 
 def _dispatch_note(handler_type: str, pod: str, pod_bound: bool) -> str:
     # Liveness read now: the dispatcher decides on the same definition right after the reap.
-    from leases import dispatch, pods
+    from leases import dispatch, pod_liveness
 
     try:
-        alive = pods.liveness.is_alive(pod)
+        alive = pod_liveness.liveness.is_alive(pod)
     except pymongo.errors.PyMongoError:
         alive = False  # the dispatcher treats an unknown liveness as dead too
     return dispatch.dispatch_note(handler_type, pod, pod_bound, alive)
 
 
-def _holder_dispatch_note(holder: operations.HolderView) -> str:
+def _holder_dispatch_note(holder: reads.HolderView) -> str:
     from leases import dispatch
 
     return dispatch.dispatch_note(holder.type, holder.pod, holder.pod_bound, holder.pod_state == "alive")

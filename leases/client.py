@@ -29,7 +29,8 @@ from typing import Any
 import requests
 
 from .errors import (
-    InvalidDefinition,
+    ApiKeyRejected,
+    HttpProblem,
     InvalidLeaseRequest,
     LeaseBusy,
     LeaseError,
@@ -37,32 +38,13 @@ from .errors import (
     LeaseLost,
     LeaseUnavailable,
     StaleLease,
-    UnknownLeaseType,
+    by_code,
 )
 from .service import NOOP
 
 __all__ = ["HttpLeaseClient", "HttpLease", "KeepAlive", "HttpProblem", "ApiKeyRejected"]
 
 USER_AGENT = "vance-leases-python/1"
-
-
-class HttpProblem(LeaseError):
-    """A problem answer without a more specific class (e.g. 403 PROJECT_FORBIDDEN)."""
-
-    code = "HTTP_PROBLEM"
-
-    def __init__(self, message: str, *, status: int, code: str | None = None, body: dict | None = None):
-        super().__init__(message)
-        self.status = status
-        self.body = body or {}
-        if code:
-            self.code = code
-
-
-class ApiKeyRejected(HttpProblem):
-    """401: missing, wrong or revoked API key."""
-
-    code = "UNAUTHENTICATED"
 
 
 def _parse_time(value: str | None) -> datetime | None:
@@ -82,13 +64,9 @@ def _error_from(response: requests.Response) -> LeaseError:
     detail = body.get("detail") or f"HTTP {response.status_code}"
     status = response.status_code
     if status == 429 or code == "LEASE_BUSY":
-        error = LeaseBusy(resource=body.get("resource", "?"), level=body.get("level", "?"),
-                          scope=body.get("scope", "?"), count=body.get("count"), cap=body.get("cap", 0))
-        try:
-            error.retry_after = float(response.headers.get("Retry-After", body.get("retryAfterSeconds", 1)))
-        except ValueError:
-            error.retry_after = 1.0
-        return error
+        return LeaseBusy(resource=body.get("resource", "?"), level=body.get("level", "?"),
+                         scope=body.get("scope", "?"), count=body.get("count"), cap=body.get("cap", 0),
+                         retry_after=_retry_after(response, body))
     if status == 410 or code in ("STALE_LEASE", "EXPIRED"):
         if code == "EXPIRED":
             return LeaseExpired(detail, reason=body.get("reason"))
@@ -96,16 +74,30 @@ def _error_from(response: requests.Response) -> LeaseError:
     if status == 503 or code == "LEASE_UNAVAILABLE":
         return LeaseUnavailable(detail)
     if status == 401:
-        return ApiKeyRejected(detail, status=status, code=code or None, body=body)
+        return ApiKeyRejected(detail, status=status, problem_code=code or None, body=body)
+    known = by_code(code) if code else None
+    if known is not None and (issubclass(known, (HttpProblem, LeaseBusy, LeaseLost, LeaseUnavailable))):
+        known = None  # answered by status above; a code alone does not make them
     if status == 400:
-        cls = {"UNKNOWN_LEASE_TYPE": UnknownLeaseType, "INVALID_DEFINITION": InvalidDefinition}.get(code, InvalidLeaseRequest)
-        error = cls(detail)
-        if code and cls is InvalidLeaseRequest:
-            error.code = code  # e.g. INVALID_BODY, BODY_TOO_LARGE
-        return error
+        # The server's own class when the code names one (INVALID_BODY, UNKNOWN_LEASE_TYPE...).
+        if known is None or not issubclass(known, InvalidLeaseRequest):
+            known = InvalidLeaseRequest
+        return known(detail)
     if status >= 500:
         return LeaseUnavailable(f"lease server error {status}: {detail}")
-    return HttpProblem(detail, status=status, code=code or None, body=body)
+    if known is not None:
+        return known(detail)  # e.g. 403 PROJECT_FORBIDDEN
+    return HttpProblem(detail, status=status, problem_code=code or None, body=body)
+
+
+def _retry_after(response: requests.Response, body: dict[str, Any]) -> float:
+    """The server's suggested delay: ``Retry-After``, else ``retryAfterSeconds``, else 1 s."""
+    for value in (response.headers.get("Retry-After"), body.get("retryAfterSeconds")):
+        try:
+            return max(0.0, float(value))  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            continue
+    return 1.0
 
 
 def _poll_pause(response: requests.Response, ticket: dict[str, Any]) -> float:
@@ -216,7 +208,7 @@ class HttpLeaseClient:
                 response, answer = self._answer("POST", "leases", body)
                 break
             except LeaseBusy as busy:
-                pause = getattr(busy, "retry_after", 1.0) * random.uniform(1.0, 1.5)
+                pause = (busy.retry_after if busy.retry_after is not None else 1.0) * random.uniform(1.0, 1.5)
                 if time.monotonic() + pause > give_up:
                     raise
                 time.sleep(pause)
@@ -239,9 +231,10 @@ class HttpLeaseClient:
                 if response.status_code == 201:
                     return HttpLease(self, answer)
                 ticket = answer
-        except (LeaseUnavailable, HttpProblem):
-            # The place is lost to this call either way: free it now rather than at its deadline.
-            self._abandon(path)
+        except LeaseError as error:
+            if not isinstance(error, LeaseLost):
+                # The place is lost to this call either way: free it now rather than at its deadline.
+                self._abandon(path)
             raise
 
     def _give_up(self, path: str, ticket: dict[str, Any]) -> LeaseBusy:

@@ -45,9 +45,9 @@ from typing import Callable, Iterator
 import pymongo.errors
 
 from . import handlers, store
-from .errors import LeaseError
+from .errors import LeaseError, LeaseStillHeld
 from .handlers import RevokedHolder
-from .pods import LeasePodLiveness, liveness as default_liveness
+from .pod_liveness import LeasePodLiveness, liveness as default_liveness
 
 log = logging.getLogger(__name__)
 
@@ -290,7 +290,7 @@ class LeaseRevocationDispatcher:
         Raises:
             pymongo.errors.PyMongoError: the store is unreachable.
         """
-        from .pods import pod_view
+        from .pod_liveness import pod_view
 
         return [(row["podId"], row["endpoint"]) for row in pod_view()
                 if row["alive"] and not row["self"] and row.get("endpoint")]
@@ -394,9 +394,3 @@ def accept_remote(data: dict) -> RevokedHolder:
         raise LeaseStillHeld(f"lease {holder.token} is still held; refusing to run its handler")
     get_dispatcher().run_local_async(holder)
     return holder
-
-
-class LeaseStillHeld(LeaseError):
-    """A revocation was posted for a token that is still a live holder."""
-
-    code = "LEASE_STILL_HELD"

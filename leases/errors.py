@@ -1,4 +1,11 @@
-"""One error hierarchy for the lease system; every class carries a stable ``code``."""
+"""One error hierarchy for the lease system; every class carries a stable ``code``.
+
+Every error any part of the package raises on purpose is defined here, so the HTTP layer,
+the Python client and the command line map the same codes to the same classes
+(:func:`by_code`). The sections follow the layer that raises them: the engine, the HTTP
+API and its keys, the Python HTTP client, the pod registry and dispatch, the contrib
+handlers, the ``lease`` command and the embedded test server.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +20,9 @@ class LeaseBusy(LeaseError):
     """A level stayed full for the whole wait; carries the diagnosis.
 
     ``position`` is the place the request had in the resource's queue when it gave up
-    (None when it did not queue); ``retry_after`` a suggested delay in seconds, if known.
+    (None when it did not queue); ``retry_after`` a suggested delay in seconds before
+    trying again (None when the engine has no estimate; the HTTP client always sets it
+    from the server's ``Retry-After``).
     """
 
     code = "LEASE_BUSY"
@@ -113,3 +122,196 @@ class AuditEntryNotFound(LeaseError, LookupError):
     """No audit record with that id (in the caller's tenant); also said for other tenants' ids."""
 
     code = "AUDIT_ENTRY_NOT_FOUND"
+
+
+# --- HTTP API and its keys -------------------------------------------------------------
+
+
+class Unauthenticated(LeaseError):
+    """No API key, a malformed or unknown one, or a revoked one (HTTP 401)."""
+
+    code = "UNAUTHENTICATED"
+
+
+class ApiKeyScopeGone(Unauthenticated):
+    """A genuine key whose tenant (or bound project) no longer exists (HTTP 401).
+
+    Such a key must not book counters any more: nobody administers that scope, so its
+    holders would consume the global cap where no tenant admin can see them.
+    """
+
+    code = "API_KEY_SCOPE_GONE"
+
+
+class ProjectForbidden(LeaseError):
+    """A project-bound key asked for another project (HTTP 403)."""
+
+    code = "PROJECT_FORBIDDEN"
+
+
+class InvalidBody(InvalidLeaseRequest):
+    """The request body is not the documented JSON object (HTTP 400); nothing was written."""
+
+    code = "INVALID_BODY"
+
+
+class BodyTooLarge(InvalidBody):
+    """The request body exceeds the documented size limit (HTTP 400); nothing was read."""
+
+    code = "BODY_TOO_LARGE"
+
+
+class ApiKeyNotFound(LeaseError):
+    """No key with that prefix in that tenant (management pages and ``manage.py apikey``)."""
+
+    code = "API_KEY_NOT_FOUND"
+
+
+class InvalidApiKeyRequest(InvalidLeaseRequest):
+    """Bad input to key management (name, tenant or project id); nothing was written."""
+
+    code = "INVALID_API_KEY_REQUEST"
+
+
+class UnknownTenant(InvalidApiKeyRequest):
+    """Key management named a tenant that does not exist; nothing was written."""
+
+    code = "UNKNOWN_TENANT"
+
+
+class UnknownProject(InvalidApiKeyRequest):
+    """Key management named a project the tenant does not have; nothing was written."""
+
+    code = "UNKNOWN_PROJECT"
+
+
+# --- Python HTTP client ----------------------------------------------------------------
+
+
+class HttpProblem(LeaseError):
+    """A problem answer whose code names no class of this hierarchy.
+
+    ``status`` is the HTTP status, ``problem_code`` the ``code`` member of the answer (None
+    when it had none) and ``body`` the whole problem document.
+    """
+
+    code = "HTTP_PROBLEM"
+
+    def __init__(self, message: str, *, status: int, problem_code: str | None = None,
+                 body: dict | None = None):
+        super().__init__(message)
+        self.status = status
+        self.problem_code = problem_code
+        self.body = body or {}
+
+
+class ApiKeyRejected(HttpProblem, Unauthenticated):
+    """401: missing, wrong or revoked API key (the client's view of ``Unauthenticated``)."""
+
+    code = "UNAUTHENTICATED"
+
+
+# --- Pod registry and revocation dispatch ----------------------------------------------
+
+
+class PodLeaseError(LeaseError):
+    """A pod-lease request that was refused because its input was bad; nothing was written."""
+
+    code = "POD_LEASE_INVALID"
+
+
+class LeaseStillHeld(LeaseError):
+    """A revocation was posted for a token that is still a live holder."""
+
+    code = "LEASE_STILL_HELD"
+
+
+# --- Contrib handlers ------------------------------------------------------------------
+
+
+class SessionError(LeaseError):
+    """The remote session failed (connect, handshake or call)."""
+
+    code = "SESSION_ERROR"
+
+
+class SessionRevoked(LeaseLost):
+    """The session's lease was lost; the session is closed, the next call opens a new one."""
+
+    code = "SESSION_REVOKED"
+
+
+class UnknownTool(InvalidLeaseRequest):
+    """No tool configuration under that name."""
+
+    code = "UNKNOWN_TOOL"
+
+
+class JobAborted(LeaseError):
+    """The job's lease was revoked while its poll loop ran (the handler aborted it)."""
+
+    code = "JOB_ABORTED"
+
+
+class JobTimeout(LeaseError):
+    """The job produced no result within the caller's bound."""
+
+    code = "JOB_TIMEOUT"
+
+
+# --- The ``lease`` command -------------------------------------------------------------
+
+
+class PodCallError(LeaseError):
+    """No pod could carry out the request (none alive, none reachable, or refused)."""
+
+    code = "POD_UNREACHABLE"
+
+
+class PodNotFound(LeaseError, LookupError):
+    """The pod is neither registered nor named by any holder."""
+
+    code = "POD_NOT_FOUND"
+
+
+class TenantNotFound(LeaseError, LookupError):
+    """No Insights tenant, config document or holder has that tenant id."""
+
+    code = "TENANT_NOT_FOUND"
+
+
+class ResourceNotFound(LeaseError, LookupError):
+    """No history, counter or holder names that resource."""
+
+    code = "RESOURCE_NOT_FOUND"
+
+
+class ProjectNotFound(LeaseError, LookupError):
+    """The tenant has no such project (in Insights, its config documents or its holders)."""
+
+    code = "PROJECT_NOT_FOUND"
+
+
+# --- Embedded test server --------------------------------------------------------------
+
+
+class EmbeddedServerError(LeaseError, RuntimeError):
+    """The embedded SecantusDB server could not be started."""
+
+    code = "EMBEDDED_SERVER_ERROR"
+
+
+def by_code(code: str) -> type[LeaseError] | None:
+    """The class of this hierarchy whose ``code`` is ``code`` (None when none is).
+
+    Where a subclass repeats its parent's code (``ApiKeyRejected``), the parent is the
+    answer: the code names the condition, the subclass is a view of one layer.
+    """
+    found: type[LeaseError] | None = None
+    pending: list[type[LeaseError]] = [LeaseError]
+    while pending:
+        cls = pending.pop(0)
+        if cls.code == code and found is None:
+            found = cls
+        pending.extend(sub for sub in cls.__subclasses__() if sub.__module__ == __name__)
+    return found

@@ -26,6 +26,20 @@ AUDIT = "lease_audit"
 TOMBSTONES = "lease_tombstones"
 TOMBSTONE_SECONDS = 7 * 24 * 3600
 
+# What the engine needs from MongoDB, set on its client whatever the URI says (keyword
+# options win over the URI's): a grant is acknowledged only once a majority of the replica set
+# has it, so a failover cannot roll back a slot a caller already holds; the funnel reads its
+# counters and holders from the primary (a secondary may lag behind a grant, and a stale read
+# there would let a cap be exceeded); a write or read that meets a failover is retried once on
+# the new primary instead of surfacing as an error. On a standalone server these cost nothing.
+# leases.checks warns when MONGODB_URI asks for something else.
+REQUIRED_CLIENT_OPTIONS: dict[str, Any] = {
+    "w": "majority",
+    "readPreference": "primary",
+    "retryWrites": True,
+    "retryReads": True,
+}
+
 _lock = threading.Lock()
 _client: pymongo.MongoClient | None = None
 _client_pid: int | None = None
@@ -40,10 +54,16 @@ def _settings() -> tuple[str, int]:
 
 
 def database_name() -> str:
-    """The database the engine shares with Django (the test database under pytest)."""
+    """The database the engine shares with the lease apps' models (the test database under pytest).
+
+    That is the ``NAME`` of the alias ``LEASES_DATABASE`` names (``default`` unless the host
+    routes the lease apps to a MongoDB alias of their own).
+    """
     from django.db import connections
 
-    return connections["default"].settings_dict["NAME"]
+    from leases.conf import lease_settings
+
+    return connections[lease_settings.DATABASE].settings_dict["NAME"]
 
 
 def client() -> pymongo.MongoClient:
@@ -68,7 +88,8 @@ def client_options() -> tuple[str, dict[str, Any]]:
     # server answers LeaseUnavailable in about this time instead of pymongo's 30 s
     # server-selection default.
     return uri, {"timeoutMS": timeout_ms, "serverSelectionTimeoutMS": timeout_ms,
-                 "connectTimeoutMS": timeout_ms, "tz_aware": False, "appname": "django-leases"}
+                 "connectTimeoutMS": timeout_ms, "tz_aware": False, "appname": "django-leases",
+                 **REQUIRED_CLIENT_OPTIONS}
 
 
 # One async client per event loop: an AsyncMongoClient must not be shared across loops.

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 
 from . import listener, metrics, reaper, slots, store, waiting
 from .handlers import RevokedHolder
-from .pods import LeasePodLiveness, liveness as default_liveness
+from .pod_liveness import LeasePodLiveness, liveness as default_liveness
 
 log = logging.getLogger(__name__)
 

@@ -40,20 +40,20 @@ def sweep() -> dict[str, Any]:
 
 def start_worker_pod(**_: Any) -> None:
     """Make this worker process a pod: internal endpoint + pod lease renewal."""
-    from . import pods
+    from . import internal_server, pod_renewer
 
     try:
-        endpoint = pods.serve_internal()
-        pods.start_pod(endpoint)
-        log.info("worker pod %s registered at %s", pods.current_renewer().pod_id, endpoint)
+        endpoint = internal_server.serve_internal()
+        renewer = pod_renewer.start_pod(endpoint)
+        log.info("worker pod %s registered at %s", renewer.pod_id, endpoint)
     except Exception:  # the worker still sweeps; its own leases stay safe (own pod is alive)
         log.exception("could not register this worker as a pod")
 
 
 def stop_worker_pod(**_: Any) -> None:
-    from . import pods
+    from . import pod_renewer
 
-    pods.stop_pod()
+    pod_renewer.stop_pod()
 
 
 celeryd_after_setup.connect(start_worker_pod, weak=False)

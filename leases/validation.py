@@ -173,3 +173,45 @@ def payload(value: Any) -> dict[str, Any]:
     if len(bson.encode(value)) > PAYLOAD_MAX_BYTES:
         raise InvalidLeaseRequest(f"payload larger than {PAYLOAD_MAX_BYTES} bytes")
     return value
+
+
+REASON_MAX = 200
+
+
+def optional(value: Any, check: Any, *args: Any) -> Any:
+    """``None`` for a missing filter (``None`` or ``""``), else ``check(value, *args)``.
+
+    Raises:
+        InvalidLeaseRequest: whatever ``check`` raises for a present, malformed value.
+    """
+    if value is None or value == "":
+        return None
+    return check(value, *args)
+
+
+def positive_int(value: Any, what: str, maximum: int) -> int:
+    """Return ``value`` as an int in ``1..maximum`` (paging, limits); numeric strings are accepted.
+
+    Raises:
+        InvalidLeaseRequest: not an integer (booleans are not), or out of range.
+    """
+    if isinstance(value, bool):
+        raise InvalidLeaseRequest(f"{what} must be an integer between 1 and {maximum}")
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise InvalidLeaseRequest(f"{what} must be an integer between 1 and {maximum}") from None
+    if not 1 <= number <= maximum:
+        raise InvalidLeaseRequest(f"{what} must be an integer between 1 and {maximum}")
+    return number
+
+
+def reason(value: Any) -> str:
+    """Return the stripped operator reason for an action.
+
+    Raises:
+        InvalidLeaseRequest: not a non-empty string of at most ``REASON_MAX`` characters, or NUL.
+    """
+    if not isinstance(value, str) or not value.strip() or len(value) > REASON_MAX or "\x00" in value:
+        raise InvalidLeaseRequest(f"reason must be a non-empty string of at most {REASON_MAX} characters")
+    return value.strip()

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import pymongo
 from pymongo import monitoring
 
-from leases import store
+from leases import handlers, store
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -169,3 +169,97 @@ def queue_up(request, gate_key: str, timeout: float = 10.0) -> Waiter:
     assert new, "the waiter never queued"
     (waiter.ticket,) = new
     return waiter
+
+
+CELERY_TEST_REDIS_DB = 13  # a developer's broker on DB 0 stays untouched
+
+
+class CeleryWorker:
+    """A real ``celery -A config worker`` OS process consuming a queue of its own."""
+
+    def __init__(self, process, queue: str, log_path: str):
+        self.process = process
+        self.queue = queue
+        self.log_path = log_path
+
+    def diagnosis(self) -> str:
+        """The tail of the worker's log, for assertion messages."""
+        with open(self.log_path, errors="replace") as log:
+            text = log.read()
+        state = "running" if self.process.poll() is None else f"exited {self.process.returncode}"
+        return f"worker {state}; log tail:\n{text[-4000:]}"
+
+
+@contextmanager
+def celery_worker(pod_id: str, *, pool: str = "solo", concurrency: int = 1, loglevel: str = "WARNING",
+                  extra_args: tuple[str, ...] = (), **env: str):
+    """Run a Celery worker (``POD_ID=pod_id``) on Redis DB 13 and a fresh queue; yields a :class:`CeleryWorker`.
+
+    The queue is unique per call, so tasks sent to it reach this worker only, whatever else
+    runs on the broker. Stopped with SIGTERM (warm shutdown) on the way out, killed after 20 s.
+    """
+    import signal
+    import subprocess
+    import tempfile
+    import uuid
+
+    from django.conf import settings
+
+    queue = f"lease-test-{uuid.uuid4().hex[:12]}"
+    log_file = tempfile.NamedTemporaryFile(prefix="lease-worker-", suffix=".log", delete=False)
+    child = child_env(
+        POD_ID=pod_id, LEASES_POD_AUTOSTART="0", LEASES_INTERNAL_SECRET=settings.LEASES_INTERNAL_SECRET,
+        CELERY_BROKER_URL=f"redis://127.0.0.1:6379/{CELERY_TEST_REDIS_DB}", DJANGO_LOG_LEVEL="WARNING",
+        PYTHONUNBUFFERED="1", **env)
+    process = subprocess.Popen(
+        [PYTHON, "-m", "celery", "-A", "config", "worker", f"--pool={pool}", f"--concurrency={concurrency}",
+         f"--loglevel={loglevel}", "--without-gossip", "--without-mingle", "--without-heartbeat",
+         "-Q", queue, "-n", f"{queue}@%h", *extra_args],
+        cwd=REPO, env=child, stdout=log_file, stderr=subprocess.STDOUT)
+    log_file.close()
+    try:
+        yield CeleryWorker(process, queue, log_file.name)
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)
+        os.unlink(log_file.name)
+
+
+class RecordingHandler(handlers.LeaseHandler):
+    """The ``optest`` lease type's handler for the operator tests: records each revoked holder."""
+
+    type = "optest"
+
+    def __init__(self):
+        self.revoked = []
+
+    def on_revoked(self, holder):
+        self.revoked.append(holder)
+
+
+@contextmanager
+def operator_leases():
+    """Register :class:`RecordingHandler` and the ``oplease`` definition (resource ``opres``); yields the handler."""
+    from leases import config
+    from leases.definitions import document_path
+
+    handler = handlers.register_handler(RecordingHandler())
+    config.put_document("_vance", "_tenant", document_path("oplease"),
+                        "resource: opres\nlevels: {global: 50, tenant: 20, project: 10, user: 5}\nttlSeconds: 60")
+    try:
+        yield handler
+    finally:
+        handlers.unregister_handler("optest")
+
+
+def hold(tenant="acme", project="docs", user="alice", pod=None, ref=""):
+    """Acquire an ``oplease`` lease (see :func:`operator_leases`)."""
+    import leases
+
+    return leases.acquire(leases.LeaseRequest(type="optest", lease="oplease", tenant_id=tenant, project_id=project,
+                                              user_id=user, pod=pod, holder_ref=ref))

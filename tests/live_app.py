@@ -38,9 +38,9 @@ class LiveApp:
 
 def register_pod(app: LiveApp) -> None:
     """Make the server's pod alive in the (freshly emptied) registry."""
-    from leases import pods
+    from leases import pod_leases
 
-    pods.register(app.pod_id, app.url)
+    pod_leases.register(app.pod_id, app.url)
 
 
 @contextmanager

@@ -12,7 +12,7 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 
 from leases.api import keys
-from leases.api.errors import ApiKeyNotFound, ApiKeyScopeGone, Unauthenticated, UnknownProject, UnknownTenant
+from leases.errors import ApiKeyNotFound, ApiKeyScopeGone, Unauthenticated, UnknownProject, UnknownTenant
 from leases.api.models import ApiKey
 from insights.models import Membership, Project, Tenant
 from leases import store

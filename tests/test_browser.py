@@ -310,9 +310,9 @@ def test_waiting_tab_shows_own_queue_places_and_blocking_levels_and_counters_fla
 
 def test_holder_links_to_its_definition_revocation_to_its_audit_entry_and_api_keys_is_a_tab(app, browser, world):
     acme, _ = world
-    from leases import operations
+    from leases import actions
 
-    operations.revoke_holder(acme[1].token, tenant_id="acme", acting_user="acme-admin", reason="stuck compile")
+    actions.revoke_holder(acme[1].token, tenant_id="acme", acting_user="acme-admin", reason="stuck compile")
     context = browser.new_context(viewport={"width": 1440, "height": 900})
     page = context.new_page()
     try:

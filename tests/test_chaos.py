@@ -28,7 +28,8 @@ from collections import Counter
 import pytest
 import redis
 
-from leases import config, dispatch, handlers, pods, reaper, slots, store, sweeps
+from leases import config, dispatch, handlers, reaper, slots, store, sweeps
+from leases.pod_liveness import liveness
 from leases.contrib.demo import DemoRemoteServer
 from leases.definitions import document_path
 from leases.embedded import free_port
@@ -118,8 +119,8 @@ def test_given_two_pods_worker_and_beat_when_a_pod_is_killed_then_its_slots_retu
             pod_procs[pod_id] = proc
         info = {pod_id: _read_json_line(proc) for pod_id, proc in pod_procs.items()}
         a, b = info["pod-a"], info["pod-b"]
-        assert wait_for(lambda: pods.liveness.is_alive("celery-pod"), 30), worker.stderr.read()[-3000:] if worker.poll() is not None else "worker pod not alive"
-        assert pods.liveness.is_alive("pod-a") and pods.liveness.is_alive("pod-b")
+        assert wait_for(lambda: liveness.is_alive("celery-pod"), 30), worker.stderr.read()[-3000:] if worker.poll() is not None else "worker pod not alive"
+        assert liveness.is_alive("pod-a") and liveness.is_alive("pod-b")
         assert store.holders().count_documents({"pod": "pod-a"}) == 2
 
         # A wrong or missing secret is refused by a real pod.
@@ -164,7 +165,7 @@ def test_given_two_pods_worker_and_beat_when_a_pod_is_killed_then_its_slots_retu
         tombstones = {t["_id"]: t for t in store.tombstones().find({"_id": {"$in": [a["tex"], a["browser"]]}})}
         assert tombstones[a["tex"]]["reason"] == "pod" and "handledBy" not in tombstones[a["tex"]]  # release only
         assert tombstones[a["browser"]]["handledBy"] == "celery-pod"
-        assert pods.liveness.is_alive("pod-b")  # the survivor keeps renewing
+        assert liveness.is_alive("pod-b")  # the survivor keeps renewing
         print(f"\nkill -9 -> slots free: {freed_after:.2f}s (bound {bound:.1f}s)")
     finally:
         for proc in reversed(procs):

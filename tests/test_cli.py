@@ -17,7 +17,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 import leases
-from leases import config, dispatch, handlers, operations, store
+from leases import config, dispatch, handlers, reads, store
 from leases.definitions import document_path
 from leases.embedded import free_port
 from leases.errors import LeaseLost
@@ -159,7 +159,7 @@ def test_given_bad_input_from_a_shell_then_non_zero_exit_and_one_line_message():
 
 def test_given_no_live_pod_when_revoking_then_error_suggests_force_and_nothing_changes():
     # Runs before the module's app process starts, so no pod can (re-)register meanwhile.
-    assert operations.live_pod_endpoints() == []
+    assert reads.live_pod_endpoints() == []
     held = hold()
     with pytest.raises(CommandError, match="no live pod.*--force"):
         lease("revoke", "--", held.token)
@@ -168,7 +168,7 @@ def test_given_no_live_pod_when_revoking_then_error_suggests_force_and_nothing_c
 
 def test_sweep_without_a_live_pod_refuses_and_force_says_no_handler_ran(handler):
     # Runs before the module's app process starts: no pod can (re-)register meanwhile.
-    assert operations.live_pod_endpoints() == []
+    assert reads.live_pod_endpoints() == []
     orphan = hold(user="carol", pod="gone-pod")
     with pytest.raises(CommandError, match="no live pod.*--force to sweep"):
         lease("sweep")

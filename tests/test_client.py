@@ -10,11 +10,11 @@ import pytest
 
 import leases
 from leases.api import keys
-from leases import LeaseBusy, LeaseLost, LeaseUnavailable, config, operations, store
+from leases import LeaseBusy, LeaseLost, LeaseUnavailable, actions, config, store
 from leases.definitions import document_path
 from leases.client import ApiKeyRejected, HttpLease, HttpLeaseClient
 from leases.embedded import free_port
-from leases.errors import LeaseExpired, StaleLease
+from leases.errors import InvalidBody, LeaseExpired, StaleLease
 from tests.helpers import ensure_tenant
 from tests.http_server import running_server
 
@@ -90,8 +90,15 @@ def test_given_a_full_level_when_acquiring_then_lease_busy_carries_the_diagnosis
         take(client, wait_ms=0)
     error = busy.value
     assert (error.resource, error.level, error.scope, error.count, error.cap) == ("mcp-inline:acme/p1/c", "user", "acme/u1", 1, 1)
-    assert error.retry_after >= 1
+    assert error.retry_after == 1.0  # the server's Retry-After, a real attribute of LeaseBusy
     held.release()
+
+
+def test_given_a_refused_body_when_acquiring_then_the_servers_error_class_is_raised(client):
+    with pytest.raises(InvalidBody) as refused:
+        take(client, interval_seconds=0)  # proposedIntervalSeconds must be positive
+    assert refused.value.code == "INVALID_BODY" and type(refused.value) is InvalidBody
+    assert store.holders().count_documents({}) == 0
 
 
 def test_given_retry_busy_for_when_the_slot_frees_then_acquire_succeeds(client):
@@ -110,7 +117,7 @@ def test_given_retry_busy_for_when_the_slot_frees_then_acquire_succeeds(client):
 
 def test_given_a_revoked_lease_when_renewing_then_lease_expired_and_later_checks_fail_without_requests(client):
     lease = take(client)
-    operations.revoke_holder(lease.token, tenant_id="acme", acting_user="ops", dispatch=False)
+    actions.revoke_holder(lease.token, tenant_id="acme", acting_user="ops", dispatch=False)
     with pytest.raises(LeaseExpired) as lost:
         lease.renew()
     assert isinstance(lost.value, LeaseLost) and lost.value.reason == "revoke" and lost.value.code == "EXPIRED"
@@ -161,7 +168,7 @@ def test_given_keepalive_when_longer_than_the_ttl_passes_then_the_lease_stays_he
 def test_given_keepalive_when_the_lease_is_revoked_then_it_stops_and_check_raises(client):
     lease = take(client, inline=inline(ttl=2))
     keeper = lease.keepalive()
-    operations.revoke_holder(lease.token, tenant_id="acme", acting_user="ops", dispatch=False)
+    actions.revoke_holder(lease.token, tenant_id="acme", acting_user="ops", dispatch=False)
     give_up = time.monotonic() + 5
     while keeper.running and time.monotonic() < give_up:
         time.sleep(0.1)
@@ -181,6 +188,7 @@ def test_given_a_wrong_key_when_acquiring_then_api_key_rejected(server):
         with pytest.raises(ApiKeyRejected) as rejected:
             take(stranger)
     assert rejected.value.status == 401 and rejected.value.code == "UNAUTHENTICATED"
+    assert rejected.value.problem_code == "UNAUTHENTICATED"
 
 
 def test_given_no_server_when_acquiring_then_lease_unavailable_fail_closed():

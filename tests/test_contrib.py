@@ -175,7 +175,7 @@ def test_given_lease_lost_when_calling_then_session_closes_and_next_call_opens_a
     reaper.reap_holder({"_id": old.token}, "idle")  # reaped behind the session's back
     with pytest.raises(sessions.SessionRevoked) as caught:
         client.call("tools/call")
-    assert caught.value.code == "LEASE_LOST"
+    assert caught.value.code == "SESSION_REVOKED" and isinstance(caught.value, leases.LeaseLost)
     assert len(remote.deletes_of(old.session_id)) == 1  # LeaseLost closed the remote session
     client.call("tools/call")
     new = sessions.pool.get(client.key)

@@ -1,7 +1,7 @@
 """The §6 dispatch matrix, the internal revocation endpoint, and asynchronous dispatch.
 
 The foreign-pod rows go over real HTTP: this process serves the Django app on a free port
-(``pods.serve_internal``) and a registered "foreign" pod points at it. The multi-process
+(``internal_server.serve_internal``) and a registered "foreign" pod points at it. The multi-process
 version (separate pod processes, Celery worker and beat) is in ``test_chaos.py``.
 """
 
@@ -15,7 +15,7 @@ import pytest
 from django.test import Client
 
 import leases
-from leases import config, dispatch, handlers, listener, pods, reaper, store
+from leases import config, dispatch, handlers, internal_server, listener, pod_leases, reaper, store
 from leases.definitions import document_path
 from leases.dispatch import LeaseRevocationDispatcher
 from leases.embedded import free_port
@@ -59,7 +59,7 @@ def _definition():
 
 @pytest.fixture(scope="module")
 def own_endpoint(django_db_setup):
-    return pods.serve_internal("127.0.0.1:0")
+    return internal_server.serve_internal("127.0.0.1:0")
 
 
 def take(pod=None, pod_bound=False, user="u1"):
@@ -82,7 +82,7 @@ def test_given_holder_of_this_pod_then_handler_runs_locally(recorder, dispatcher
 
 
 def test_given_alive_foreign_pod_then_revocation_is_posted_and_its_handler_runs_there(recorder, dispatcher, own_endpoint):
-    pods.register("foreign-pod", own_endpoint)
+    pod_leases.register("foreign-pod", own_endpoint)
     holder = revoke(take(pod="foreign-pod", pod_bound=True))
     assert dispatcher.dispatch(holder) == "forwarded"
     assert dispatch.get_dispatcher().drain()
@@ -93,7 +93,7 @@ def test_given_alive_foreign_pod_then_revocation_is_posted_and_its_handler_runs_
 
 @pytest.mark.parametrize("pod_bound, path, runs", [(True, "release-only", 0), (False, "local-payload", 1)])
 def test_given_alive_foreign_pod_unreachable_then_post_failure_falls_to_the_dead_rows(recorder, dispatcher, pod_bound, path, runs):
-    pods.register("mute-pod", f"http://127.0.0.1:{free_port()}")  # registered, but nothing listens
+    pod_leases.register("mute-pod", f"http://127.0.0.1:{free_port()}")  # registered, but nothing listens
     holder = revoke(take(pod="mute-pod", pod_bound=pod_bound))
     assert dispatcher.dispatch(holder) == path
     assert len(recorder.seen) == runs
@@ -111,7 +111,7 @@ def test_given_alive_foreign_pod_unreachable_then_post_failure_falls_to_the_dead
     ("", True, "local-payload", 1),
 ])
 def test_given_dead_or_detached_pod_then_matrix_row_applies(recorder, dispatcher, pod, pod_bound, path, runs):
-    granted = pods.register("dead-pod", "http://127.0.0.1:9")
+    granted = pod_leases.register("dead-pod", "http://127.0.0.1:9")
     store.pods().update_one({"_id": "dead-pod"}, {"$set": {"expiryDeadline": store.server_now() - timedelta(seconds=1)}})
     assert granted.ok
     holder = revoke(take(pod=pod, pod_bound=pod_bound))

@@ -17,7 +17,7 @@ import pytest
 from django.test import Client
 
 from leases.api import bodies, keys, protocol
-from leases import config, operations, service, store
+from leases import actions, config, service, store
 from leases.definitions import document_path
 from insights.models import Project, Tenant
 from tests.helpers import ensure_tenant
@@ -262,7 +262,7 @@ def test_given_a_lease_past_its_deadline_when_renewing_then_410_expired_refreshe
 
 def test_given_a_revoked_lease_when_renewing_then_410_expired_with_reason_revoke(api, key):
     token = acquire(api, key).json()["token"]
-    operations.revoke_holder(token, tenant_id="acme", acting_user="ops", dispatch=False)
+    actions.revoke_holder(token, tenant_id="acme", acting_user="ops", dispatch=False)
     before = state_snapshot()
     body = assert_problem(call(api, "post", f"leases/{token}/renew", {}, key=key), 410, "EXPIRED")
     assert body["reason"] == "revoke"

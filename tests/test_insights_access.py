@@ -244,11 +244,11 @@ def revocations_section(client, tenant="acme"):
 
 def test_given_api_key_changes_after_a_revocation_then_recent_revocations_shows_only_the_revocation(world):
     from leases.api import keys
-    from leases import operations
+    from leases import actions
 
     users, holders = world
     # Given one revocation, then more API-key creations and a key revocation than the list holds
-    operations.revoke_holder(holders["acme"].token, tenant_id="acme", acting_user="acme-admin", reason="stuck")
+    actions.revoke_holder(holders["acme"].token, tenant_id="acme", acting_user="acme-admin", reason="stuck")
     for number in range(6):
         key, _ = keys.create_key(tenant_id="acme", name=f"k{number}", acting_user="cli:root")
     keys.revoke_key(tenant_id="acme", prefix=key.prefix, acting_user="cli:root")
@@ -444,10 +444,10 @@ def test_given_a_holder_then_its_row_and_detail_link_to_its_definition(world):
 
 
 def test_given_a_revocation_then_its_row_links_to_the_audit_entry_which_other_tenants_cannot_open(world):
-    from leases import operations
+    from leases import actions
 
     users, holders = world
-    operations.revoke_holder(holders["acme"].token, tenant_id="acme", acting_user="acme-admin", reason="stuck")
+    actions.revoke_holder(holders["acme"].token, tenant_id="acme", acting_user="acme-admin", reason="stuck")
     entry_id = str(store.audit().find_one({"token": holders["acme"].token})["_id"])
     client = logged_in(users["acme-admin"])
     section = revocations_section(client)

@@ -19,7 +19,8 @@ import time
 import pytest
 
 import leases
-from leases import config, dispatch, handlers, pods, reaper, store
+from leases import config, dispatch, handlers, reaper, store
+from leases.pod_liveness import liveness
 from leases.definitions import document_path
 from leases.dispatch import LeaseRevocationDispatcher
 from tests.helpers import PYTHON, REPO, child_env, wait_for
@@ -77,7 +78,7 @@ def _kill_and_wait_dead(proc: subprocess.Popen, pod_id: str) -> None:
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=10)
     # The event the sweep needs: the one liveness definition calls the pod dead.
-    assert wait_for(lambda: pod_id not in pods.liveness.alive_pods(), DEATH_TIMEOUT_S, step=0.2), \
+    assert wait_for(lambda: pod_id not in liveness.alive_pods(), DEATH_TIMEOUT_S, step=0.2), \
         f"pod {pod_id} still alive {DEATH_TIMEOUT_S}s after SIGKILL"
 
 

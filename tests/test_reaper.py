@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 
 import leases
-from leases import config, handlers, listener, metrics, pods, reaper, store, sweeps
+from leases import config, handlers, listener, metrics, pod_leases, reaper, store, sweeps
 from leases.definitions import document_path
 from leases.identity import self_pod_id
 
@@ -166,10 +166,10 @@ def test_given_dormant_counters_then_reconcile_deletes_them_after_the_margin(rec
 
 
 def test_given_holders_of_dead_alive_and_detached_pods_then_pod_reap_takes_only_the_dead_pods_leases(recorder, collected):
-    pods.register("alive-pod", "http://127.0.0.1:9")
-    stopped = pods.register("stopped-pod", "http://127.0.0.1:9")
-    pods.stop("stopped-pod", stopped.lease_id)
-    expired = pods.register("expired-pod", "http://127.0.0.1:9", proposed_interval=2)
+    pod_leases.register("alive-pod", "http://127.0.0.1:9")
+    stopped = pod_leases.register("stopped-pod", "http://127.0.0.1:9")
+    pod_leases.stop("stopped-pod", stopped.lease_id)
+    expired = pod_leases.register("expired-pod", "http://127.0.0.1:9", proposed_interval=2)
     store.pods().update_one({"_id": "expired-pod"}, {"$set": {"expiryDeadline": store.server_now() - timedelta(seconds=1)}})
     leases_by_pod = {
         "alive-pod": acquire(user="a", pod="alive-pod"),
@@ -226,8 +226,8 @@ def test_given_sweeps_racing_then_each_holder_is_reaped_and_decremented_once(rec
 
 
 def test_given_long_dead_pod_without_holders_then_it_is_pruned_but_one_with_holders_stays(recorder):
-    pods.register("old-a", "http://x:1")
-    pods.register("old-b", "http://x:1")
+    pod_leases.register("old-a", "http://x:1")
+    pod_leases.register("old-b", "http://x:1")
     lease = acquire(pod="old-b")
     store.pods().update_many({}, {"$set": {"expiryDeadline": store.server_now() - timedelta(days=2)}})
     assert sweeps.prune_pods() == 1

@@ -4,7 +4,7 @@ The ``lease`` CLI reads MongoDB directly but revokes and sweeps through a pod, b
 pods hold the handler registry (types their code registers) and know the pod routing. Machine-to-machine: the shared secret in
 ``X-Lease-Secret`` (``LEASES_INTERNAL_SECRET``, constant-time comparison) is the only
 credential — a tenant UI session cookie authorizes nothing here — hence ``csrf_exempt``.
-Views only parse and authenticate; :mod:`leases.operations` acts.
+Views only parse and authenticate; :mod:`leases.actions` acts.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from leases.api.internal_auth import authorized, error
-from leases import dispatch, operations, tasks
+from leases import actions, dispatch, tasks
 from leases.dispatch import SECRET_HEADER, get_dispatcher
 from leases.errors import HolderNotFound, InvalidLeaseRequest
 from leases.identity import self_pod_id
@@ -93,7 +93,7 @@ def _guarded(request: HttpRequest, act) -> JsonResponse:
 @require_POST
 def revoke_token(request: HttpRequest, token: str) -> JsonResponse:
     """Revoke one holder (any tenant) and dispatch its handler from this pod."""
-    return _guarded(request, lambda data: [operations.revoke_holder(
+    return _guarded(request, lambda data: [actions.revoke_holder(
         token, acting_user=_actor(data), reason=data.get("reason") or "revoked by operator (CLI)")])
 
 
@@ -101,7 +101,7 @@ def revoke_token(request: HttpRequest, token: str) -> JsonResponse:
 @require_POST
 def revoke_pod(request: HttpRequest, pod: str) -> JsonResponse:
     """Revoke every holder of ``pod`` and dispatch their handlers from this pod."""
-    return _guarded(request, lambda data: operations.revoke_pod(
+    return _guarded(request, lambda data: actions.revoke_pod(
         pod, acting_user=_actor(data), reason=data.get("reason") or "pod revoked by operator (CLI)"))
 
 

@@ -14,7 +14,7 @@ from typing import Any, Callable
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest
 
-from .errors import BodyTooLarge, InvalidBody
+from leases.errors import BodyTooLarge, InvalidBody
 
 MAX_BODY_BYTES = 32 * 1024  # documented in the OpenAPI document (payloads: 16 KiB BSON)
 MAX_INTERVAL_SECONDS = 7 * 24 * 3600

@@ -15,6 +15,16 @@ def error(status: int, code: str, message: str) -> JsonResponse:
     return JsonResponse({"code": code, "message": message}, status=status)
 
 
+def not_found(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    """The 404 answer of a pod's internal server: no such internal route."""
+    return error(404, "NOT_FOUND", "no such internal route")
+
+
+def server_error(request: HttpRequest) -> JsonResponse:
+    """The 500 answer of a pod's internal server."""
+    return error(500, "INTERNAL_ERROR", "internal error")
+
+
 def authorized(request: HttpRequest) -> bool:
     """True when the request carries ``LEASES_INTERNAL_SECRET`` in ``X-Lease-Secret``."""
     presented = request.headers.get(SECRET_HEADER, "")

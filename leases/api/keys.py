@@ -5,7 +5,8 @@ id used in lists and as the lookup value; ``secret`` is 32 random bytes, url-saf
 Only the SHA-256 of the whole key is stored and compared with ``hmac.compare_digest``.
 Every create and revoke writes an audit record (``lease_audit``, MongoDB time).
 
-A key names an existing tenant (``insights.Tenant``) and, when bound, one of its projects:
+A key names an existing tenant and, when bound, one of its projects (asked of the tenancy
+hook, ``LEASES_TENANT_ACCESS``):
 a key for a made-up tenant would book counters that share the global cap while no tenant
 admin can see them. The scope is checked again on every authentication, so a key whose
 tenant or project was deleted stops working.
@@ -22,21 +23,20 @@ import string
 from typing import Any
 
 import pymongo.errors
-from bson import ObjectId
 from django.db import DatabaseError
 from django.utils import timezone
 
-from leases import store, validation
-from leases.errors import LeaseUnavailable
-
-from .errors import (
+from leases import audit, validation
+from leases.errors import (
     ApiKeyNotFound,
     ApiKeyScopeGone,
     InvalidApiKeyRequest,
+    LeaseUnavailable,
     Unauthenticated,
     UnknownProject,
     UnknownTenant,
 )
+
 from .models import ApiKey
 
 log = logging.getLogger(__name__)
@@ -55,15 +55,6 @@ _DUMMY_HASH = hashlib.sha256(b"no such key").hexdigest()
 def hash_key(plaintext: str) -> str:
     """The stored form of a key: hex SHA-256 of its UTF-8 bytes."""
     return hashlib.sha256(plaintext.encode("utf-8")).hexdigest()
-
-
-def _actor(acting_user: Any) -> str:
-    if acting_user is None:
-        raise InvalidApiKeyRequest("acting_user is required: say who manages the key")
-    name = acting_user.get_username() if hasattr(acting_user, "get_username") else acting_user
-    if not isinstance(name, str) or not name.strip() or len(name) > 150 or "\x00" in name:
-        raise InvalidApiKeyRequest("acting_user must name who acts (at most 150 characters, no NUL)")
-    return name
 
 
 def _name(value: Any) -> str:
@@ -88,13 +79,12 @@ def _missing_scope(tenant_id: str, project_id: str | None) -> type[InvalidApiKey
     Raises:
         DatabaseError: the store is unreachable (callers turn it into LeaseUnavailable).
     """
-    from insights.models import Project, Tenant
+    from leases.tenancy import tenant_access
 
-    # Two plain lookups (no join): the ids were validated, so they are plain values here.
-    tenant_pk = Tenant.objects.filter(slug=tenant_id).values_list("pk", flat=True).first()
-    if tenant_pk is None:
+    access = tenant_access()
+    if not access.tenant_exists(tenant_id):
         return UnknownTenant
-    if project_id and not Project.objects.filter(tenant_id=tenant_pk, slug=project_id).exists():
+    if project_id and not access.project_exists(tenant_id, project_id):
         return UnknownProject
     return None
 
@@ -104,16 +94,8 @@ def _scope_text(missing: type[InvalidApiKeyRequest], tenant_id: str, project_id:
 
 
 def _audit(action: str, key: ApiKey, actor: str) -> None:
-    # Same collection and shape as the lease operator actions; $$NOW makes "when" MongoDB's clock.
-    record = {
-        "action": action, "tenantId": key.tenant_id, "projectId": key.project_id,
-        "keyPrefix": key.prefix, "keyName": key.name, "actor": actor,
-    }
-    store.audit().update_one(
-        {"_id": ObjectId()},
-        [{"$set": {**{k: {"$literal": v} for k, v in record.items()}, "at": "$$NOW"}}],
-        upsert=True,
-    )
+    audit.record(action, actor=actor, tenantId=key.tenant_id, projectId=key.project_id, keyPrefix=key.prefix,
+                 keyName=key.name)
 
 
 def create_key(*, tenant_id: str, project_id: str | None = None, name: str, acting_user: Any) -> tuple[ApiKey, str]:
@@ -126,7 +108,8 @@ def create_key(*, tenant_id: str, project_id: str | None = None, name: str, acti
         InvalidLeaseRequest: malformed or reserved (``_vance``, ``_tenant``) tenant or project id.
         UnknownTenant: no such tenant; nothing was written.
         UnknownProject: the tenant has no such project; nothing was written.
-        InvalidApiKeyRequest: bad name or missing ``acting_user``; nothing was written.
+        InvalidApiKeyRequest: bad name; nothing was written.
+        InvalidLeaseRequest: missing or malformed ``acting_user``; nothing was written.
         LeaseUnavailable: the store is unreachable.
     """
     validation.request_id(tenant_id, "tenant id")
@@ -135,7 +118,7 @@ def create_key(*, tenant_id: str, project_id: str | None = None, name: str, acti
     else:
         project_id = None
     clean_name = _name(name)
-    actor = _actor(acting_user)
+    actor = audit.actor_name(acting_user)
     prefix = "".join(secrets.choice(_PREFIX_ALPHABET) for _ in range(PREFIX_LENGTH))
     plaintext = f"{KEY_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
     try:
@@ -182,12 +165,13 @@ def revoke_key(*, tenant_id: str | None, prefix: str, acting_user: Any) -> ApiKe
 
     Raises:
         InvalidLeaseRequest: malformed tenant id.
-        InvalidApiKeyRequest: malformed prefix or missing ``acting_user``.
+        InvalidApiKeyRequest: malformed prefix.
+        InvalidLeaseRequest: missing or malformed ``acting_user``.
         ApiKeyNotFound: no such key in that tenant; nothing was changed.
         LeaseUnavailable: the store is unreachable.
     """
     _validate_prefix(prefix)
-    actor = _actor(acting_user)
+    actor = audit.actor_name(acting_user)
     query = ApiKey.objects.filter(prefix=prefix)
     if tenant_id is not None:
         # Tenant binding lives in the filter: another tenant's prefix is simply not found.

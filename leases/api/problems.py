@@ -19,10 +19,10 @@ from leases.errors import (
     LeaseExpired,
     LeaseLost,
     LeaseUnavailable,
+    ProjectForbidden,
     StaleLease,
+    Unauthenticated,
 )
-
-from .errors import ProjectForbidden, Unauthenticated
 
 CONTENT_TYPE = "application/problem+json"
 TYPE_BASE = "urn:vance:lease:problem:"

@@ -24,9 +24,8 @@ from pymongo import ReturnDocument
 
 from leases import metrics, reaper, service, store, validation
 from leases.conf import lease_settings
-from leases.errors import LeaseExpired, LeaseUnavailable, StaleLease
+from leases.errors import LeaseExpired, LeaseUnavailable, ProjectForbidden, StaleLease
 
-from .errors import ProjectForbidden
 from .models import ApiKey
 
 log = logging.getLogger(__name__)

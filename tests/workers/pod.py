@@ -17,14 +17,14 @@ import django
 
 django.setup()
 
-from leases import pods  # noqa: E402
+from leases import internal_server, pod_renewer  # noqa: E402
 from leases.contrib import jobs, sessions  # noqa: E402
 
 
 def main() -> None:
     remote = sys.argv[1].rstrip("/")
-    endpoint = pods.serve_internal()
-    renewer = pods.start_pod(endpoint)
+    endpoint = internal_server.serve_internal()
+    renewer = pod_renewer.start_pod(endpoint)
     import urllib.request
 
     def http(method, url):
@@ -46,7 +46,7 @@ def main() -> None:
         jobs.tracker.register = register
         try:
             jobs.run_job(submit=lambda: http("POST", remote + "/jobs")["jobId"],
-                         poll=lambda job_id: None, tenant_id="t1", project_id=pods.current_renewer().pod_id, user_id="u1",
+                         poll=lambda job_id: None, tenant_id="t1", project_id=pod_renewer.current_renewer().pod_id, user_id="u1",
                          poll_interval=0.2, timeout=3600)
         except jobs.JobAborted:
             print(f"ABORTED {tex_token.get('token')}", flush=True)

@@ -28,9 +28,17 @@ from typing import Any, Callable, Iterable, Sequence
 import pymongo.errors
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from leases import operations, validation
+from leases import actions, reads, validation
 from leases.conf import lease_settings
-from leases.errors import HolderNotFound, LeaseError
+from leases.errors import (
+    HolderNotFound,
+    LeaseError,
+    PodCallError,
+    PodNotFound,
+    ProjectNotFound,
+    ResourceNotFound,
+    TenantNotFound,
+)
 
 ADMIN_PATH = "/internal/lease/admin"
 POD_TIMEOUT_SECONDS = 15.0
@@ -79,36 +87,6 @@ def _operator() -> str:
     except Exception:  # noqa: BLE001 - no login name in some containers
         who = "unknown"
     return f"cli:{who}@{socket.gethostname()}"
-
-
-class PodCallError(LeaseError):
-    """No pod could carry out the request (none alive, none reachable, or refused)."""
-
-    code = "POD_UNREACHABLE"
-
-
-class PodNotFound(LeaseError, LookupError):
-    """The pod is neither registered nor named by any holder."""
-
-    code = "POD_NOT_FOUND"
-
-
-class TenantNotFound(LeaseError, LookupError):
-    """No Insights tenant, config document or holder has that tenant id."""
-
-    code = "TENANT_NOT_FOUND"
-
-
-class ResourceNotFound(LeaseError, LookupError):
-    """No history, counter or holder names that resource."""
-
-    code = "RESOURCE_NOT_FOUND"
-
-
-class ProjectNotFound(LeaseError, LookupError):
-    """The tenant has no such project (in Insights, its config documents or its holders)."""
-
-    code = "PROJECT_NOT_FOUND"
 
 
 def _require_tenant(tenant_id: str, project_id: str) -> None:
@@ -284,7 +262,7 @@ class Command(BaseCommand):
     # --- reads -------------------------------------------------------------------------
 
     def do_list(self, o: dict[str, Any]) -> None:
-        page = operations.list_holders(
+        page = reads.list_holders(
             tenant_id=o["tenant"], resource=o["resource"], pod=o["pod"], type=o["type"],
             project_id=o["project"], user_id=o["user"], page=o["page"], per_page=o["per_page"],
         )
@@ -302,7 +280,7 @@ class Command(BaseCommand):
         self.emit(o, page.to_dict(), text)
 
     def do_show(self, o: dict[str, Any]) -> None:
-        holder = operations.get_holder(o["token"])
+        holder = reads.get_holder(o["token"])
 
         def text() -> str:
             data = holder.to_dict()
@@ -320,7 +298,7 @@ class Command(BaseCommand):
         self.emit(o, holder.to_dict(), text)
 
     def do_counters(self, o: dict[str, Any]) -> None:
-        rows = operations.list_counters(tenant_id=o["tenant"], include_global=o["tenant"] is None)
+        rows = reads.list_counters(tenant_id=o["tenant"], include_global=o["tenant"] is None)
         if o["drift_only"]:
             rows = [r for r in rows if r.drift]
 
@@ -343,12 +321,12 @@ class Command(BaseCommand):
         # Operators see every tenant's tickets, stale ones too (a waiter that died and whose
         # ticket nobody has pruned yet); the tenant filter only narrows the rows.
         tenant = None if o["tenant"] is None else validation.entity_id(o["tenant"], "tenant id")
-        result = operations.list_waiters(resource=o["resource"])
+        result = reads.list_waiters(resource=o["resource"])
         if tenant is not None:
-            result = operations.WaiterList([w for w in result.items if w.tenant_id == tenant], result.server_now)
+            result = reads.WaiterList([w for w in result.items if w.tenant_id == tenant], result.server_now)
         now = result.server_now
 
-        def blocked(w: operations.WaiterView) -> str:
+        def blocked(w: reads.WaiterView) -> str:
             if w.blocked_cap is None:
                 return w.level
             return f"{w.level} {w.blocked_count}/{w.blocked_cap}"
@@ -377,7 +355,7 @@ class Command(BaseCommand):
         validation.entity_id(o["project"], "project id")
         # A typo in --tenant/--project would otherwise print the defaults as if they applied.
         _require_tenant(o["tenant"], o["project"])
-        view = operations.definition_view(o["name"], o["tenant"], o["project"])
+        view = reads.definition_view(o["name"], o["tenant"], o["project"])
         undefined = all(f.layer in ("default", "unset") for f in view.fields)
 
         def text() -> str:
@@ -400,7 +378,7 @@ class Command(BaseCommand):
             if not url.startswith(("http://", "https://")):
                 raise CommandError(f"--endpoint must be an http(s) URL, got {url!r}")
             return [("(--endpoint)", url.rstrip("/"))]
-        return operations.live_pod_endpoints()
+        return reads.live_pod_endpoints()
 
     def _call_pod(self, o: dict[str, Any], path: str, body: dict[str, Any], *, timeout: float = POD_TIMEOUT_SECONDS,
                   force_hint: str = "rerun with --force to revoke directly in MongoDB (no handler runs)") -> tuple[str, dict[str, Any]]:
@@ -473,10 +451,10 @@ class Command(BaseCommand):
             _require_pod(pod)
         if o["force"]:
             if token is not None:
-                holders = [operations.revoke_holder(token, acting_user=_operator() + " --force",
+                holders = [actions.revoke_holder(token, acting_user=_operator() + " --force",
                                                     reason=reason or "forced revoke (CLI)", dispatch=False)]
             else:
-                holders = operations.revoke_pod(pod, acting_user=_operator() + " --force",
+                holders = actions.revoke_pod(pod, acting_user=_operator() + " --force",
                                                 reason=reason or "forced pod revoke (CLI)", dispatch=False)
             wire = [h.to_wire() for h in holders]
             note = self._force_note(holders) if holders else "--force: nothing to revoke."

@@ -11,7 +11,7 @@ import threading
 
 from django.core.management.base import BaseCommand
 
-from leases import pods
+from leases import internal_server, pod_renewer
 from leases.contrib.demo import DemoRemoteServer, run_demo_consumers
 
 
@@ -33,7 +33,7 @@ class Command(BaseCommand):
             server = DemoRemoteServer().start()
             remote_url = server.url
             self.stdout.write(f"demo remote service at {remote_url}")
-        pods.start_pod(pods.serve_internal())
+        pod_renewer.start_pod(internal_server.serve_internal())
         stop = threading.Event()
         try:
             stats = run_demo_consumers(remote_url=remote_url, stop=stop, tenant_id=options["tenant"],
@@ -43,7 +43,7 @@ class Command(BaseCommand):
             stop.set()
             stats = {}
         finally:
-            pods.stop_pod()
+            pod_renewer.stop_pod()
             if server is not None:
                 server.stop()
         self.stdout.write(f"demo consumers: {stats}")

@@ -1,4 +1,4 @@
-"""Pod registry with server-issued pod leases (seed 004 applied to pods) and pod liveness.
+"""Pod leases: server-issued registration leases in ``lease_pods`` and their renewal rules.
 
 All deadline arithmetic is checked on stored server dates; no test depends on the test
 process's clock.
@@ -9,14 +9,13 @@ from __future__ import annotations
 import json
 import subprocess
 import textwrap
-import time
 from datetime import datetime, timedelta
 
-import pymongo
 import pytest
 
-from leases import pods, store
-from leases.pods import LeasePodLiveness, Outcome, PodLeaseError, PodRenewer
+from leases import pod_leases, store
+from leases.pod_leases import Outcome, PodLeaseError
+from leases.pod_liveness import liveness
 from tests.helpers import PYTHON, REPO, child_env
 
 
@@ -35,7 +34,7 @@ def stored(pod_id):
 
 def test_given_new_pod_when_registering_then_server_grants_lease_with_deadline_receipt_plus_factor_times_interval():
     before = store.server_now()
-    answer = pods.register("pod-a", "http://127.0.0.1:9001", proposed_interval=5)
+    answer = pod_leases.register("pod-a", "http://127.0.0.1:9001", proposed_interval=5)
     after = store.server_now()
     doc = stored("pod-a")
     assert answer.outcome is Outcome.GRANTED and answer.lease_id == doc["leaseId"]
@@ -49,15 +48,15 @@ def test_given_new_pod_when_registering_then_server_grants_lease_with_deadline_r
 @pytest.mark.parametrize("proposal, decided", [(1, 2), (2, 2), (7, 7), (60, 60), (3600, 60), (None, 10), (0, 10),
                                                (-5, 10), (True, 10), ("30", 10)])
 def test_given_a_proposal_when_registering_then_the_server_clamps_it_into_bounds(proposal, decided):
-    answer = pods.register("pod-c", "http://127.0.0.1:9001", proposed_interval=proposal)
+    answer = pod_leases.register("pod-c", "http://127.0.0.1:9001", proposed_interval=proposal)
     assert answer.interval_seconds == decided
     doc = stored("pod-c")
     assert doc["expiryDeadline"] - doc["lastReceiptAt"] == timedelta(seconds=3 * decided)
 
 
 def test_given_granted_lease_when_renewing_then_deadline_is_last_receipt_plus_factor_times_interval():
-    granted = pods.register("pod-r", "http://x:1", proposed_interval=4)
-    renewed = pods.renew("pod-r", granted.lease_id)
+    granted = pod_leases.register("pod-r", "http://x:1", proposed_interval=4)
+    renewed = pod_leases.renew("pod-r", granted.lease_id)
     doc = stored("pod-r")
     assert renewed.outcome is Outcome.RENEWED
     assert doc["lastReceiptAt"] == renewed.received_at >= granted.received_at
@@ -66,10 +65,10 @@ def test_given_granted_lease_when_renewing_then_deadline_is_last_receipt_plus_fa
 
 
 def test_given_duplicate_renewals_then_deadline_is_monotonic_and_never_past_the_last_receipt():
-    granted = pods.register("pod-d", "http://x:1", proposed_interval=2)
+    granted = pod_leases.register("pod-d", "http://x:1", proposed_interval=2)
     deadlines = []
     for _ in range(5):
-        answer = pods.renew("pod-d", granted.lease_id)
+        answer = pod_leases.renew("pod-d", granted.lease_id)
         assert answer.outcome is Outcome.RENEWED
         deadlines.append(stored("pod-d")["expiryDeadline"])
     assert deadlines == sorted(deadlines)
@@ -78,13 +77,13 @@ def test_given_duplicate_renewals_then_deadline_is_monotonic_and_never_past_the_
 
 
 def test_given_a_later_deadline_when_a_delayed_or_replayed_renewal_arrives_then_the_deadline_does_not_move_backwards():
-    granted = pods.register("pod-late", "http://x:1", proposed_interval=2)
+    granted = pod_leases.register("pod-late", "http://x:1", proposed_interval=2)
     # Given: a renewal that was received later already set a later deadline and receipt.
     later = stored("pod-late")["expiryDeadline"] + timedelta(seconds=30)
     later_receipt = later - timedelta(seconds=6)
     store.pods().update_one({"_id": "pod-late"}, {"$set": {"expiryDeadline": later, "lastReceiptAt": later_receipt}})
     # When: the delayed (replayed) renewal is processed now.
-    answer = pods.renew("pod-late", granted.lease_id)
+    answer = pod_leases.renew("pod-late", granted.lease_id)
     # Then: both stay where the later renewal put them.
     doc = stored("pod-late")
     assert answer.outcome is Outcome.RENEWED
@@ -92,74 +91,50 @@ def test_given_a_later_deadline_when_a_delayed_or_replayed_renewal_arrives_then_
 
 
 def test_given_unknown_lease_id_when_renewing_then_stale_lease_and_nothing_changes():
-    pods.register("pod-s", "http://x:1")
+    pod_leases.register("pod-s", "http://x:1")
     before = stored("pod-s")
-    answer = pods.renew("pod-s", "unknownLeaseId123456789")
+    answer = pod_leases.renew("pod-s", "unknownLeaseId123456789")
     assert answer.outcome is Outcome.STALE_LEASE and not answer.ok and answer.expiry_deadline is None
     assert stored("pod-s") == before
-    assert pods.renew("never-registered", "unknownLeaseId123456789").outcome is Outcome.STALE_LEASE
+    assert pod_leases.renew("never-registered", "unknownLeaseId123456789").outcome is Outcome.STALE_LEASE
     assert stored("never-registered") is None
 
 
 def test_given_deadline_passed_when_renewing_then_expired_is_terminal_and_nothing_changes():
-    granted = pods.register("pod-e", "http://x:1", proposed_interval=2)
+    granted = pod_leases.register("pod-e", "http://x:1", proposed_interval=2)
     past = store.server_now() - timedelta(seconds=1)
     store.pods().update_one({"_id": "pod-e"}, {"$set": {"expiryDeadline": past}})
     before = stored("pod-e")
-    assert pods.renew("pod-e", granted.lease_id).outcome is Outcome.EXPIRED
-    assert pods.renew("pod-e", granted.lease_id).outcome is Outcome.EXPIRED
+    assert pod_leases.renew("pod-e", granted.lease_id).outcome is Outcome.EXPIRED
+    assert pod_leases.renew("pod-e", granted.lease_id).outcome is Outcome.EXPIRED
     assert stored("pod-e") == before
-    assert not pods.liveness.is_alive("pod-e")
+    assert not liveness.is_alive("pod-e")
 
 
 def test_given_lost_renewals_when_deadline_passes_then_dead_until_reregistration_grants_a_fresh_lease():
-    granted = pods.register("pod-lost", "http://x:1", proposed_interval=2)
+    granted = pod_leases.register("pod-lost", "http://x:1", proposed_interval=2)
     deadline = stored("pod-lost")["expiryDeadline"]
     # No renewal arrives: at the deadline (server time) the pod is dead.
-    assert pods.liveness.is_alive("pod-lost", now=deadline - timedelta(milliseconds=1))
-    assert not pods.liveness.is_alive("pod-lost", now=deadline)
+    assert liveness.is_alive("pod-lost", now=deadline - timedelta(milliseconds=1))
+    assert not liveness.is_alive("pod-lost", now=deadline)
     store.pods().update_one({"_id": "pod-lost"}, {"$set": {"expiryDeadline": store.server_now() - timedelta(milliseconds=5)}})
-    assert pods.renew("pod-lost", granted.lease_id).outcome is Outcome.EXPIRED
-    again = pods.register("pod-lost", "http://x:1", proposed_interval=2)
+    assert pod_leases.renew("pod-lost", granted.lease_id).outcome is Outcome.EXPIRED
+    again = pod_leases.register("pod-lost", "http://x:1", proposed_interval=2)
     assert again.outcome is Outcome.GRANTED and again.lease_id != granted.lease_id
-    assert pods.liveness.is_alive("pod-lost")
+    assert liveness.is_alive("pod-lost")
     # The old lease id is now unknown: stale, not a way back.
-    assert pods.renew("pod-lost", granted.lease_id).outcome is Outcome.STALE_LEASE
+    assert pod_leases.renew("pod-lost", granted.lease_id).outcome is Outcome.STALE_LEASE
 
 
 def test_given_live_lease_when_reregistering_with_blank_id_then_attaches_without_resetting_deadline():
-    granted = pods.register("pod-att", "http://x:1", proposed_interval=30)
+    granted = pod_leases.register("pod-att", "http://x:1", proposed_interval=30)
     before = stored("pod-att")
-    attached = pods.register("pod-att", "http://x:2", proposed_interval=2)
+    attached = pod_leases.register("pod-att", "http://x:2", proposed_interval=2)
     doc = stored("pod-att")
     assert attached.outcome is Outcome.ATTACHED and attached.lease_id == granted.lease_id
     assert attached.interval_seconds == 30
     assert doc["expiryDeadline"] == before["expiryDeadline"] and doc["lastReceiptAt"] == before["lastReceiptAt"]
     assert doc["endpoint"] == "http://x:2"
-
-
-def test_given_pod_deadline_when_judging_liveness_then_dead_exactly_at_the_deadline_and_not_before():
-    pods.register("pod-x", "http://x:1", proposed_interval=2)
-    deadline = stored("pod-x")["expiryDeadline"]
-    view = LeasePodLiveness(self_pod="someone-else")
-    assert view.is_alive("pod-x", now=deadline - timedelta(milliseconds=1))
-    assert not view.is_alive("pod-x", now=deadline)
-    assert not view.is_alive("pod-x", now=deadline + timedelta(milliseconds=1))
-    assert view.endpoint("pod-x", now=deadline - timedelta(milliseconds=1)) == "http://x:1"
-    assert view.endpoint("pod-x", now=deadline) is None
-
-
-def test_given_pods_without_endpoint_stopped_or_unregistered_then_dead_but_own_pod_always_alive():
-    view = LeasePodLiveness(self_pod="me")
-    pods.register("no-endpoint", "")
-    stopping = pods.register("stopping", "http://x:1")
-    assert pods.stop("stopping", stopping.lease_id)
-    assert not view.is_alive("no-endpoint")
-    assert not view.is_alive("stopping")
-    assert not view.is_alive("ghost")
-    assert not view.is_alive("")  # detached: no pod at all
-    assert view.is_alive("me")  # never registered, still alive: it is doing the check
-    assert pods.renew("stopping", stopping.lease_id).outcome is Outcome.STALE_LEASE
 
 
 # A pod process whose own clock is hours off (libfaketime, as `faketime` runs it): it
@@ -169,10 +144,10 @@ SKEWED_POD = textwrap.dedent("""
     from datetime import datetime, timezone
     import django
     django.setup()
-    from leases import pods
-    from leases.pods import LeasePodLiveness
-    granted = pods.register("pod-skew", "http://x:1", proposed_interval=2)
-    renewed = pods.renew("pod-skew", granted.lease_id)
+    from leases import pod_leases
+    from leases.pod_liveness import LeasePodLiveness
+    granted = pod_leases.register("pod-skew", "http://x:1", proposed_interval=2)
+    renewed = pod_leases.renew("pod-skew", granted.lease_id)
     observer = LeasePodLiveness(self_pod="observer")
     print(json.dumps({"ownClock": datetime.now(timezone.utc).replace(tzinfo=None).isoformat(),
                       "renewed": renewed.outcome.value, "freshAlive": observer.is_alive("pod-skew"),
@@ -183,7 +158,7 @@ SKEWED_POD = textwrap.dedent("""
 @pytest.mark.parametrize("skew_hours", [3, -3])
 def test_given_pod_clock_skewed_by_hours_then_deadlines_and_liveness_still_follow_server_time(skew_hours):
     # given: a pod whose deadline passed a minute ago by the server's clock
-    expired = pods.register("pod-expired", "http://x:1", proposed_interval=2)
+    expired = pod_leases.register("pod-expired", "http://x:1", proposed_interval=2)
     assert expired.ok
     store.pods().update_one({"_id": "pod-expired"}, {"$set": {"expiryDeadline": store.server_now() - timedelta(minutes=1)}})
     before = store.server_now()
@@ -211,9 +186,9 @@ def test_given_pod_clock_skewed_by_hours_then_deadlines_and_liveness_still_follo
 
 
 def test_given_stopped_pod_when_reregistering_then_fresh_lease():
-    first = pods.register("pod-restart", "http://x:1")
-    pods.stop("pod-restart", first.lease_id)
-    second = pods.register("pod-restart", "http://x:1")
+    first = pod_leases.register("pod-restart", "http://x:1")
+    pod_leases.stop("pod-restart", first.lease_id)
+    second = pod_leases.register("pod-restart", "http://x:1")
     assert second.outcome is Outcome.GRANTED and second.lease_id != first.lease_id
     assert stored("pod-restart")["stopped"] is False
 
@@ -222,82 +197,14 @@ def test_given_stopped_pod_when_reregistering_then_fresh_lease():
                                               ("ok-pod", "ftp://x"), ("ok-pod", "http://x\x00"), ({"$ne": 1}, "")])
 def test_given_bad_input_when_registering_then_typed_error_and_nothing_written(pod_id, endpoint):
     with pytest.raises(PodLeaseError) as caught:
-        pods.register(pod_id, endpoint)
+        pod_leases.register(pod_id, endpoint)
     assert caught.value.code == "POD_LEASE_INVALID"
     assert store.pods().count_documents({}) == 0
 
 
 def test_given_bad_lease_id_when_renewing_then_typed_error():
-    pods.register("pod-b", "http://x:1")
+    pod_leases.register("pod-b", "http://x:1")
     for bad in ({"$ne": None}, "", "short", "x" * 65):
         with pytest.raises(PodLeaseError):
-            pods.renew("pod-b", bad)
+            pod_leases.renew("pod-b", bad)
 
-
-def test_given_renewer_thread_when_idle_then_it_renews_on_its_own_at_the_server_interval(settings):
-    settings.LEASES_POD_INTERVAL_MIN = 1
-    renewer = PodRenewer("pod-thread", "http://x:1", proposed_interval=1).start()
-    try:
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and (stored("pod-thread") is None):
-            time.sleep(0.05)
-        first = stored("pod-thread")["lastReceiptAt"]
-        while time.monotonic() < deadline and stored("pod-thread")["lastReceiptAt"] == first:
-            time.sleep(0.1)
-        assert stored("pod-thread")["lastReceiptAt"] > first
-        assert renewer.lease.outcome in (Outcome.GRANTED, Outcome.RENEWED)
-    finally:
-        renewer.shutdown()
-    assert stored("pod-thread")["stopped"] is True
-
-
-def test_given_expired_lease_when_renewer_steps_then_it_reregisters():
-    renewer = PodRenewer("pod-step", "http://x:1", proposed_interval=2)
-    renewer.step()
-    old = renewer.lease.lease_id
-    store.pods().update_one({"_id": "pod-step"}, {"$set": {"expiryDeadline": store.server_now() - timedelta(seconds=1)}})
-    renewer.step()
-    assert renewer.lease.outcome is Outcome.GRANTED and renewer.lease.lease_id != old
-
-
-def test_given_store_unreachable_when_renewer_steps_then_retry_within_the_interval_with_bounded_jitter():
-    from leases.embedded import free_port
-
-    renewer = PodRenewer("pod-fail", "http://x:1", proposed_interval=4)
-    renewer.step()
-    dead_client = pymongo.MongoClient(f"mongodb://127.0.0.1:{free_port()}/?directConnection=true",
-                                      serverSelectionTimeoutMS=100, connectTimeoutMS=100, timeoutMS=200)
-    store.set_client(dead_client)
-    try:
-        delays = [renewer.step() for _ in range(3)]
-    finally:
-        store.set_client(None)
-        dead_client.close()
-    assert renewer.failures == 3
-    assert all(2.0 <= d <= 3.0 for d in delays), delays  # interval 4: 0.5·i + U(0, 0.25·i)
-    assert renewer.lease.outcome is Outcome.GRANTED  # the last good answer is kept
-
-
-def test_given_registered_pods_when_viewing_then_each_row_carries_liveness():
-    pods.register("pod-v1", "http://x:1")
-    pods.register("pod-v2", "")
-    rows = {row["podId"]: row for row in pods.pod_view()}
-    assert rows["pod-v1"]["alive"] is True and rows["pod-v2"]["alive"] is False
-
-
-def test_given_web_process_when_first_request_arrives_then_it_becomes_a_pod_at_the_request_host(settings, monkeypatch):
-    settings.LEASES_POD_ENDPOINT = None
-    monkeypatch.setattr(pods, "_renewer", None)
-    monkeypatch.setattr(pods, "_renewer_pid", None)
-    monkeypatch.setattr(pods.atexit, "register", lambda fn: fn)  # this test stops it itself
-    pods.lazy_start_on_request(environ={"HTTP_HOST": "10.0.0.7:8000", "wsgi.url_scheme": "http"})
-    renewer = pods.current_renewer()
-    try:
-        assert renewer is not None
-        doc = stored(renewer.pod_id)
-        assert doc["endpoint"] == "http://10.0.0.7:8000" and doc["leaseId"] == renewer.lease.lease_id
-        pods.lazy_start_on_request(environ={"HTTP_HOST": "elsewhere:1"})  # idempotent per process
-        assert pods.current_renewer() is renewer
-    finally:
-        renewer.shutdown()
-    assert stored(renewer.pod_id)["stopped"] is True

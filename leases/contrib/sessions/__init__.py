@@ -35,7 +35,7 @@ from typing import Any
 
 import leases
 from leases import validation
-from leases.errors import InvalidLeaseRequest, LeaseError, LeaseLost
+from leases.errors import InvalidLeaseRequest, LeaseLost, SessionError, SessionRevoked, UnknownTool
 from leases.handlers import LeaseHandler, RevokedHolder
 from leases.identity import self_pod_id
 
@@ -44,24 +44,6 @@ log = logging.getLogger(__name__)
 SESSION_TYPE = "browser"
 SESSION_HEADER = "Mcp-Session-Id"
 HTTP_TIMEOUT_SECONDS = 5.0
-
-
-class SessionError(LeaseError):
-    """The remote session failed (connect, handshake or call)."""
-
-    code = "SESSION_ERROR"
-
-
-class SessionRevoked(LeaseLost):
-    """The session's lease was lost; the session is closed, the next call opens a new one."""
-
-    code = "LEASE_LOST"
-
-
-class UnknownTool(InvalidLeaseRequest):
-    """No tool configuration under that name."""
-
-    code = "UNKNOWN_TOOL"
 
 
 @dataclass(frozen=True)

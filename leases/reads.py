@@ -1,32 +1,25 @@
-"""Operator read and act functions shared by Insights → Leases, the ``lease`` CLI and the
-internal admin API.
+"""Operator reads shared by Insights → Leases, the ``lease`` CLI and the internal admin API.
 
-Tenant binding lives in the MongoDB filter of every read and delete here (tokens are
-global), never in the caller: a token of another tenant is simply "not found". Every id
-that reaches a filter is validated first, so an operator document such as
-``{"$ne": ""}`` can never be smuggled in as a value.
+Holders, counters, merged definitions, waiting tickets and pods, as frozen views of the
+stored documents; nothing here writes. Tenant binding lives in the MongoDB filter of every
+read (tokens are global), never in the caller: a token of another tenant is simply "not
+found". Every id that reaches a filter is validated first (:mod:`leases.validation`), so an
+operator document such as ``{"$ne": ""}`` can never be smuggled in as a value.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any, Iterable
 
-from bson import ObjectId
-
-from . import definitions, listener, order, reaper, store, validation
-from .errors import AuditEntryNotFound, HolderNotFound, InvalidLeaseRequest
-from .handlers import RevokedHolder
-
-log = logging.getLogger(__name__)
+from . import definitions, order, store, validation
+from .errors import HolderNotFound
+from .pod_liveness import liveness, pod_view
 
 MAX_PER_PAGE = 500
 MAX_PAGE = 1_000_000
-REASON_MAX = 200
-POD_REVOKE_BATCH = 200
 LEVEL_ORDER = {"global": 0, "tenant": 1, "project": 2, "user": 3}
 
 
@@ -148,57 +141,14 @@ class DefinitionView:
                 "fields": [asdict(f) for f in self.fields]}
 
 
-# --- input checks ---------------------------------------------------------------------------
-
-def _optional(value: Any, check, *args: Any) -> Any:
-    if value is None or value == "":
-        return None
-    return check(value, *args)
-
-
-def _positive_int(value: Any, what: str, maximum: int) -> int:
-    if isinstance(value, bool):
-        raise InvalidLeaseRequest(f"{what} must be an integer between 1 and {maximum}")
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise InvalidLeaseRequest(f"{what} must be an integer between 1 and {maximum}") from None
-    if not 1 <= number <= maximum:
-        raise InvalidLeaseRequest(f"{what} must be an integer between 1 and {maximum}")
-    return number
-
-
-def _actor(acting_user: Any) -> str:
-    """A printable name for the audit record: a Django user's username or a plain string."""
-    if acting_user is None:
-        raise InvalidLeaseRequest("acting_user is required for an operator action")
-    name = acting_user.get_username() if hasattr(acting_user, "get_username") else acting_user
-    if not isinstance(name, str) or not name.strip() or len(name) > 255 or "\x00" in name:
-        raise InvalidLeaseRequest("acting_user must name who acts (at most 255 characters, no NUL)")
-    return name
-
-
-def _reason(reason: Any) -> str:
-    if not isinstance(reason, str) or not reason.strip() or len(reason) > REASON_MAX or "\x00" in reason:
-        raise InvalidLeaseRequest(f"reason must be a non-empty string of at most {REASON_MAX} characters")
-    return reason.strip()
-
-
 # --- pod liveness -----------------------------------------------------------------------------
 
-def live_pod_ids() -> set[str] | None:
-    """Pods alive by the one liveness definition (``leases.pods``), this process included.
-
-    Returns ``None`` when the pod registry is not available, so callers show "unknown"
-    instead of guessing "dead".
+def live_pod_ids() -> set[str]:
+    """Pods alive by the one liveness definition (``leases.pod_liveness``), this process included.
 
     Raises:
         pymongo.errors.PyMongoError: the store is unreachable.
     """
-    try:
-        from .pods import liveness
-    except ImportError:
-        return None
     return liveness.alive_pods()
 
 
@@ -208,8 +158,6 @@ def live_pod_endpoints() -> list[tuple[str, str]]:
     Raises:
         pymongo.errors.PyMongoError: the store is unreachable.
     """
-    from .pods import pod_view
-
     return [(row["podId"], row["endpoint"]) for row in pod_view()
             if row["alive"] and not row["self"] and row.get("endpoint")]
 
@@ -255,22 +203,22 @@ def list_holders(tenant_id: str | None = None, resource: str | None = None, pod:
         pymongo.errors.PyMongoError: the store is unreachable.
     """
     query: dict[str, Any] = {}
-    if (t := _optional(tenant_id, validation.entity_id, "tenant id")) is not None:
+    if (t := validation.optional(tenant_id, validation.entity_id, "tenant id")) is not None:
         query["tenantId"] = t
-    if (r := _optional(resource, validation.resource_name)) is not None:
+    if (r := validation.optional(resource, validation.resource_name)) is not None:
         query["resource"] = r
-    if (p := _optional(pod, validation.pod_id)) is not None:
+    if (p := validation.optional(pod, validation.pod_id)) is not None:
         query["pod"] = p
-    if (ty := _optional(type, validation.lease_name)) is not None:
+    if (ty := validation.optional(type, validation.lease_name)) is not None:
         query["type"] = ty
-    if (pr := _optional(project_id, validation.entity_id, "project id")) is not None:
+    if (pr := validation.optional(project_id, validation.entity_id, "project id")) is not None:
         query["projectId"] = pr
-    if (u := _optional(user_id, validation.entity_id, "user id")) is not None:
+    if (u := validation.optional(user_id, validation.entity_id, "user id")) is not None:
         query["userId"] = u
-    if (k := _optional(books, validation.counter_key)) is not None:
+    if (k := validation.optional(books, validation.counter_key)) is not None:
         query["levels"] = k
-    page = _positive_int(page, "page", MAX_PAGE)
-    per_page = _positive_int(per_page, "per_page", MAX_PER_PAGE)
+    page = validation.positive_int(page, "page", MAX_PAGE)
+    per_page = validation.positive_int(per_page, "per_page", MAX_PER_PAGE)
     # Held leases only: a waiting request (or an attempt mid-funnel) has a PENDING document
     # that books nothing; the queue shows waiting requests.
     query["state"] = "HELD"
@@ -473,9 +421,9 @@ def list_waiters(tenant_id: str | None = None, resource: str | None = None) -> W
         InvalidLeaseRequest: malformed tenant id or resource.
         pymongo.errors.PyMongoError: the store is unreachable.
     """
-    tenant = _optional(tenant_id, validation.entity_id, "tenant id")
+    tenant = validation.optional(tenant_id, validation.entity_id, "tenant id")
     query: dict[str, Any] = {"queue.t": tenant} if tenant is not None else {"queue.id": {"$exists": True}}
-    if (r := _optional(resource, validation.resource_name)) is not None:
+    if (r := validation.optional(resource, validation.resource_name)) is not None:
         query["resource"] = r
     gates = list(store.counters().find(query, {"queue": 1, "holders": 1, "cap": 1, "count": 1, "resource": 1,
                                                "level": 1}))
@@ -541,136 +489,3 @@ def globally_full(resources: Iterable[str]) -> set[str]:
         if doc.get("cap") is not None and int(doc.get("count", 0)) >= int(doc["cap"]):
             full.add(doc.get("resource") or doc["_id"].split("|", 1)[0])
     return full
-
-
-# Audit kinds of lease revocations; the same collection also records API-key management
-# (``apikey-create``, ``apikey-revoke``), which a list of revocations must not show.
-REVOCATION_ACTIONS = ("revoke", "revoke-pod")
-
-
-def list_audit(tenant_id: str | None = None, limit: int = 20,
-               actions: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
-    """The latest operator actions, newest first (of one tenant and of ``actions`` when given).
-
-    The kinds are filtered in the query, so other kinds never push the wanted ones past
-    ``limit``. Each record carries its ``id`` (hex) for :func:`get_audit`.
-
-    Raises:
-        InvalidLeaseRequest: malformed tenant id, limit or actions.
-    """
-    query: dict[str, Any] = {}
-    if tenant_id is not None:
-        query["tenantId"] = validation.entity_id(tenant_id, "tenant id")
-    if actions is not None:
-        if isinstance(actions, str) or not all(isinstance(a, str) for a in actions):
-            raise InvalidLeaseRequest("actions must be a tuple of audit kinds")
-        query["action"] = {"$in": list(actions)}
-    limit = _positive_int(limit, "limit", 1000)
-    return [_audit_record(doc) for doc in store.audit().find(query).sort([("at", -1)]).limit(limit)]
-
-
-def _audit_record(doc: dict[str, Any]) -> dict[str, Any]:
-    record = {k: v for k, v in doc.items() if k != "_id"}
-    record["id"] = str(doc["_id"])
-    return record
-
-
-def get_audit(entry_id: str, tenant_id: str | None = None) -> dict[str, Any]:
-    """One audit record by its id, bound to ``tenant_id`` when given.
-
-    Raises:
-        InvalidLeaseRequest: the id is not a 24-digit hex ObjectId, or the tenant id is malformed.
-        AuditEntryNotFound: no such record (in that tenant); the same answer for another tenant's.
-        pymongo.errors.PyMongoError: the store is unreachable.
-    """
-    if not isinstance(entry_id, str) or not ObjectId.is_valid(entry_id) or len(entry_id) != 24:
-        raise InvalidLeaseRequest("invalid audit entry id: must be 24 hex digits")
-    query: dict[str, Any] = {"_id": ObjectId(entry_id)}
-    if tenant_id is not None:
-        query["tenantId"] = validation.entity_id(tenant_id, "tenant id")
-    doc = store.audit().find_one(query)
-    if doc is None:
-        raise AuditEntryNotFound(f"no audit entry {entry_id}")
-    return _audit_record(doc)
-
-
-# --- acts -----------------------------------------------------------------------------------
-
-def _audit(action: str, holder: RevokedHolder, actor: str, reason: str, dispatched: bool) -> None:
-    # Written with $$NOW so "when" is MongoDB's clock like every other lease timestamp;
-    # $literal keeps user-chosen strings from being read as field paths.
-    record = {
-        "action": action, "token": holder.token, "tenantId": holder.tenant_id,
-        "projectId": holder.project_id, "userId": holder.user_id, "resource": holder.resource,
-        "type": holder.type, "pod": holder.pod, "actor": actor, "reason": reason,
-        "handlerDispatched": dispatched,
-    }
-    store.audit().update_one(
-        {"_id": ObjectId()},
-        [{"$set": {**{k: {"$literal": v} for k, v in record.items()}, "at": "$$NOW"}}],
-        upsert=True,
-    )
-
-
-def revoke_holder(token: str, *, tenant_id: str | None = None, acting_user: Any, reason: str = "revoke",
-                  dispatch: bool = True) -> RevokedHolder:
-    """Revoke one holder by operator decision: a reap, not a release.
-
-    The holder document is deleted (bound to ``tenant_id`` in the delete filter when
-    given), its levels are returned, a tombstone and ``reap{reason=revoke}`` are recorded,
-    then the type's handler is dispatched through the installed revocation listener — the
-    same path as the sweeps. ``dispatch=False`` is the CLI's ``--force``: no handler runs.
-    An audit record names who, when, which holder and tenant. The holder's next
-    ``check()`` raises ``LeaseLost``.
-
-    Raises:
-        InvalidLeaseRequest: malformed token, tenant id, reason or missing ``acting_user``.
-        HolderNotFound: no such holder (in that tenant); nothing was changed.
-        pymongo.errors.PyMongoError: the store is unreachable.
-    """
-    validation.token(token)
-    if tenant_id is not None:
-        validation.entity_id(tenant_id, "tenant id")
-    actor = _actor(acting_user)
-    note = _reason(reason)
-    query = {"_id": token, "tenantId": tenant_id} if tenant_id is not None else {"_id": token}
-    holder = reaper.reap_holder(query, "revoke")
-    if holder is None:
-        raise HolderNotFound(f"no holder {token}")
-    if dispatch:
-        listener.notify([holder])
-    _audit("revoke", holder, actor, note, dispatch)
-    log.info("lease %s of tenant %s revoked by %s (handler %s)", token, holder.tenant_id, actor,
-             "dispatched" if dispatch else "not run")
-    return holder
-
-
-def revoke_pod(pod: str, *, acting_user: Any, reason: str = "revoke-pod", dispatch: bool = True) -> list[RevokedHolder]:
-    """Revoke every holder of ``pod`` (all tenants): one reap per holder, handlers dispatched.
-
-    Raises:
-        InvalidLeaseRequest: malformed pod id or reason, or missing ``acting_user``.
-        pymongo.errors.PyMongoError: the store is unreachable.
-    """
-    validation.pod_id(pod)
-    actor = _actor(acting_user)
-    note = _reason(reason)
-    revoked: list[RevokedHolder] = []
-    while True:
-        batch = [d["_id"] for d in store.holders().find({"pod": pod}, {"_id": 1}).limit(POD_REVOKE_BATCH)]
-        reaped = []
-        for token in batch:
-            holder = reaper.reap_holder({"_id": token, "pod": pod}, "revoke")
-            if holder is not None:
-                reaped.append(holder)
-        if dispatch:
-            listener.notify(reaped)
-        for holder in reaped:
-            _audit("revoke-pod", holder, actor, note, dispatch)
-        revoked.extend(reaped)
-        # A short batch is the last one; a batch that reaped nothing means others are
-        # reaping the same holders, and looping on would only race them.
-        if len(batch) < POD_REVOKE_BATCH or not reaped:
-            break
-    log.info("pod %s: %d holders revoked by %s", pod, len(revoked), actor)
-    return revoked

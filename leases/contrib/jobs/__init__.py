@@ -20,22 +20,10 @@ import time
 from typing import Any, Callable
 
 import leases
-from leases.errors import InvalidLeaseRequest, LeaseError
+from leases.errors import InvalidLeaseRequest, JobAborted, JobTimeout
 from leases.handlers import LeaseHandler, RevokedHolder
 
 JOB_TYPE = "tex"
-
-
-class JobAborted(LeaseError):
-    """The job's lease was revoked while its poll loop ran (the handler aborted it)."""
-
-    code = "JOB_ABORTED"
-
-
-class JobTimeout(LeaseError):
-    """The job produced no result within the caller's bound."""
-
-    code = "JOB_TIMEOUT"
 
 
 class _Loop:

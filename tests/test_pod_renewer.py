@@ -1,0 +1,88 @@
+"""This process's pod: the renewal thread, its retry rule, and the once-per-process start."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pymongo
+import pytest
+
+from leases import pod_renewer, store
+from leases.pod_leases import Outcome
+from leases.pod_renewer import PodRenewer
+
+
+@pytest.fixture(autouse=True)
+def _pod_settings(settings):
+    settings.LEASES_POD_INTERVAL_SECONDS = 10
+    settings.LEASES_POD_INTERVAL_MIN = 2
+    settings.LEASES_POD_INTERVAL_MAX = 60
+    settings.LEASES_POD_EXPIRY_FACTOR = 3
+    return settings
+
+
+def stored(pod_id):
+    return store.pods().find_one({"_id": pod_id})
+
+
+def test_given_renewer_thread_when_idle_then_it_renews_on_its_own_at_the_server_interval(settings):
+    settings.LEASES_POD_INTERVAL_MIN = 1
+    renewer = PodRenewer("pod-thread", "http://x:1", proposed_interval=1).start()
+    try:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and (stored("pod-thread") is None):
+            time.sleep(0.05)
+        first = stored("pod-thread")["lastReceiptAt"]
+        while time.monotonic() < deadline and stored("pod-thread")["lastReceiptAt"] == first:
+            time.sleep(0.1)
+        assert stored("pod-thread")["lastReceiptAt"] > first
+        assert renewer.lease.outcome in (Outcome.GRANTED, Outcome.RENEWED)
+    finally:
+        renewer.shutdown()
+    assert stored("pod-thread")["stopped"] is True
+
+
+def test_given_expired_lease_when_renewer_steps_then_it_reregisters():
+    renewer = PodRenewer("pod-step", "http://x:1", proposed_interval=2)
+    renewer.step()
+    old = renewer.lease.lease_id
+    store.pods().update_one({"_id": "pod-step"}, {"$set": {"expiryDeadline": store.server_now() - timedelta(seconds=1)}})
+    renewer.step()
+    assert renewer.lease.outcome is Outcome.GRANTED and renewer.lease.lease_id != old
+
+
+def test_given_store_unreachable_when_renewer_steps_then_retry_within_the_interval_with_bounded_jitter():
+    from leases.embedded import free_port
+
+    renewer = PodRenewer("pod-fail", "http://x:1", proposed_interval=4)
+    renewer.step()
+    dead_client = pymongo.MongoClient(f"mongodb://127.0.0.1:{free_port()}/?directConnection=true",
+                                      serverSelectionTimeoutMS=100, connectTimeoutMS=100, timeoutMS=200)
+    store.set_client(dead_client)
+    try:
+        delays = [renewer.step() for _ in range(3)]
+    finally:
+        store.set_client(None)
+        dead_client.close()
+    assert renewer.failures == 3
+    assert all(2.0 <= d <= 3.0 for d in delays), delays  # interval 4: 0.5·i + U(0, 0.25·i)
+    assert renewer.lease.outcome is Outcome.GRANTED  # the last good answer is kept
+
+
+def test_given_web_process_when_first_request_arrives_then_it_becomes_a_pod_at_the_request_host(settings, monkeypatch):
+    settings.LEASES_POD_ENDPOINT = None
+    monkeypatch.setattr(pod_renewer, "_renewer", None)
+    monkeypatch.setattr(pod_renewer, "_renewer_pid", None)
+    monkeypatch.setattr(pod_renewer.atexit, "register", lambda fn: fn)  # this test stops it itself
+    pod_renewer.lazy_start_on_request(environ={"HTTP_HOST": "10.0.0.7:8000", "wsgi.url_scheme": "http"})
+    renewer = pod_renewer.current_renewer()
+    try:
+        assert renewer is not None
+        doc = stored(renewer.pod_id)
+        assert doc["endpoint"] == "http://10.0.0.7:8000" and doc["leaseId"] == renewer.lease.lease_id
+        pod_renewer.lazy_start_on_request(environ={"HTTP_HOST": "elsewhere:1"})  # idempotent per process
+        assert pod_renewer.current_renewer() is renewer
+    finally:
+        renewer.shutdown()
+    assert stored(renewer.pod_id)["stopped"] is True
