@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import threading
 import time
 import uuid
 
@@ -124,6 +125,34 @@ def test_given_a_busy_resource_when_the_task_runs_then_it_retries_keeping_its_pl
     assert seen["token"] == ticket[0] and seen["state"] == "HELD" and seen["retries"] >= 2
     assert other["at"] < released_at <= seen["at"]
     assert store.holders().count_documents({}) == 0 and gate_queue() == []
+
+
+def test_given_a_retrying_task_when_a_later_request_queues_behind_it_then_the_task_is_granted_first(worker):
+    put("levels: {global: 1}\nwaitMs: 20000\nttlSeconds: 30")
+    holder = leases.acquire(leases.LeaseRequest(type=TYPE, lease="ctask", tenant_id="other", project_id="p",
+                                                user_id="u"))
+    later: dict = {}
+
+    def queue_behind():
+        with leases.acquire(leases.LeaseRequest(type=TYPE, lease="ctask", tenant_id="acme", project_id="p1",
+                                                user_id="u2")) as lease:
+            later["at"] = time.time()
+            later["token"] = lease.token
+
+    try:
+        task = worker("celerytest.leased_echo", "acme", "p1", "u1")
+        assert wait_for(lambda: task.state == "RETRY" and len(gate_queue()) == 1, 20), task.state
+        first = gate_queue()[0]
+        behind = threading.Thread(target=queue_behind)
+        behind.start()
+        assert wait_for(lambda: len(gate_queue()) == 2, 10)
+        assert gate_queue()[0] == first  # the retrying task is still ahead
+    finally:
+        holder.release()
+    seen = task.get(timeout=30)
+    behind.join(timeout=30)
+    assert seen["token"] == first and later["token"] != first
+    assert seen["at"] <= later["at"]  # granted in queue order, across the task's retries
 
 
 def test_given_a_resource_that_stays_busy_when_the_retries_are_spent_then_the_task_fails_clearly_and_leaves_the_queue(worker):
