@@ -157,7 +157,9 @@ class AsyncLease:
             return False
         try:
             with service._bound():
-                await _give_back(slots.holder_keys(doc), slots.holder_entry(doc))
+                # Shielded: the holder is gone, so a caller cancelled now must not strand
+                # its slots until repair finds them.
+                await asyncio.shield(_give_back(slots.holder_keys(doc), slots.holder_entry(doc)))
         except pymongo.errors.PyMongoError as exc:
             metrics.RELEASE.labels(resource=tag, outcome="error").inc()
             log.warning("release of %s: returning its slots failed (%s); repair returns them", self.token, exc)
