@@ -112,3 +112,23 @@ class RevokeForm(forms.Form):
         if "\x00" in reason:
             raise forms.ValidationError("The reason may not contain NUL characters.")
         return reason
+
+
+class ProjectWeightForm(forms.Form):
+    """A tenant admin's weight for one of the tenant's projects on one lease (blank: reset
+    to the default 1)."""
+
+    name = forms.CharField(label="Lease", max_length=64, validators=[_engine_validator(validation.lease_name)],
+                           widget=forms.HiddenInput)
+    project = forms.ChoiceField(label="Project")
+    weight = forms.FloatField(
+        label="Weight", required=False, min_value=0.001, max_value=1_000_000,
+        error_messages={"min_value": "A weight is a positive number.", "max_value": "At most 1000000.",
+                        "invalid": "A weight is a number, e.g. 2 or 0.5."},
+        widget=forms.NumberInput(attrs={"step": "any", "placeholder": "1"}))
+
+    def __init__(self, *args: Any, projects: list[str], **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        # Only the tenant's own projects: a weight for another tenant's project id would
+        # mean nothing, and the form never offers one.
+        self.fields["project"].choices = [(p, p) for p in projects]

@@ -3,7 +3,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from . import history_views, views
+from . import history_views, share_views, views
 
 app_name = "insights"
 
@@ -17,6 +17,7 @@ urlpatterns = [
     path("t/<str:tenant>/insights/leases/waiting", views.waiting, name="waiting"),
     path("t/<str:tenant>/insights/leases/definition", views.definition, name="definition"),
     path("t/<str:tenant>/insights/leases/audit/<str:entry_id>", views.audit_entry, name="audit"),
+    path("t/<str:tenant>/insights/leases/shares", share_views.shares_view, name="shares"),
     path("t/<str:tenant>/insights/leases/history", history_views.history_view, name="history"),
     path("t/<str:tenant>/insights/leases/holders/<str:token>", views.holder_detail, name="holder"),
     path("t/<str:tenant>/insights/leases/holders/<str:token>/revoke", views.revoke, name="revoke"),

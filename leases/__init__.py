@@ -21,6 +21,7 @@ from .errors import (
     LeaseError,
     LeaseLost,
     LeaseUnavailable,
+    PriorityNotAllowed,
     UnknownLeaseType,
 )
 from .service import NOOP, Lease, LeaseRequest, acquire
@@ -42,4 +43,5 @@ __all__ = [
     "InvalidLeaseRequest",
     "UnknownLeaseType",
     "InvalidDefinition",
+    "PriorityNotAllowed",
 ]

@@ -1,7 +1,7 @@
 """Admin: configuration documents are editable; engine-owned collections are read-only."""
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 
 from . import config
 from .errors import LeaseError
@@ -40,6 +40,12 @@ class ConfigDocumentAdmin(admin.ModelAdmin):
         if change and obj.pk is not None:
             previous = ConfigDocument.objects.filter(pk=obj.pk).values_list("tenant_id", "project_id", "path").first()
         super().save_model(request, obj, form, change)
+        try:
+            note = config.ignored_note(obj.tenant_id, obj.project_id, obj.path, obj.text)
+        except LeaseError:
+            note = ""
+        if note:
+            self.message_user(request, note, level=messages.WARNING)
         if previous is not None and previous != (obj.tenant_id, obj.project_id, obj.path):
             config.changed(*previous)
         config.changed(obj.tenant_id, obj.project_id, obj.path)

@@ -265,7 +265,7 @@ async def _uncontended(attempt: Any, *, queues: bool) -> service.Lease | None:
             try:
                 doc = await db[store.HOLDERS].find_one_and_update(
                     *commands.holder_upsert(attempt.token, definition=attempt.definition, request=attempt.request,
-                                            pod=attempt.pod, keys=attempt.keys),
+                                            pod=attempt.pod, keys=attempt.keys, priority=attempt.priority[1]),
                     upsert=True, projection={"acquiredAt": 1}, return_document=ReturnDocument.AFTER)
                 attempt.acquired_at = attempt.acquired_at or doc["acquiredAt"]
                 attempt.created_at = time.monotonic()

@@ -170,7 +170,7 @@ class HttpLeaseClient:
     def acquire(self, *, type: str, user_id: str, project_id: str | None = None, lease: str | None = None,
                 inline: dict[str, Any] | None = None, holder_ref: str = "", pod_bound: bool = False,
                 interval_seconds: int | None = None, wait_ms: int | None = None,
-                retry_busy_for: float = 0.0) -> "HttpLease":
+                retry_busy_for: float = 0.0, priority: str | None = None) -> "HttpLease":
         """Acquire a lease (``POST /api/v1/leases``).
 
         ``interval_seconds`` is a proposal; the server decides. ``wait_ms`` bounds the whole
@@ -180,7 +180,8 @@ class HttpLeaseClient:
         same :class:`HttpLease` as a direct grant — or the bound has passed; then it gives
         the ticket up (``DELETE``) and raises ``LeaseBusy`` with the last position.
         ``wait_ms=0`` does not wait at all. ``retry_busy_for`` keeps retrying ``429``
-        answers (after ``Retry-After`` plus jitter) for that many seconds.
+        answers (after ``Retry-After`` plus jitter) for that many seconds. ``priority`` names
+        a class of the lease's definition (None: its default class).
 
         Returns:
             An :class:`HttpLease`, or ``leases.NOOP`` when the resource is not limited.
@@ -191,7 +192,9 @@ class HttpLeaseClient:
             LeaseLost: the ticket was dropped while waiting (``LeaseExpired``: not polled
                 in time, e.g. this process stalled) or is unknown (``StaleLease``).
             LeaseUnavailable: server or store unreachable, or broken configuration.
-            InvalidLeaseRequest: refused input (``UnknownLeaseType``, ``InvalidDefinition``...).
+            InvalidLeaseRequest: refused input (``UnknownLeaseType``, ``InvalidDefinition``, an
+                unknown priority class...).
+            PriorityNotAllowed: the tenant may not use that priority class.
             ApiKeyRejected: the key is missing, wrong or revoked.
         """
         started = time.monotonic()
@@ -199,7 +202,8 @@ class HttpLeaseClient:
         body: dict[str, Any] = {"type": type, "userId": user_id, "podBound": pod_bound,
                                 "waitMs": min(bound_ms, self.MAX_SERVER_WAIT_MS)}
         for name, value in (("projectId", project_id), ("lease", lease), ("inline", inline),
-                            ("holderRef", holder_ref or None), ("proposedIntervalSeconds", interval_seconds)):
+                            ("holderRef", holder_ref or None), ("proposedIntervalSeconds", interval_seconds),
+                            ("priority", priority)):
             if value is not None:
                 body[name] = value
         give_up = started + retry_busy_for
@@ -240,9 +244,10 @@ class HttpLeaseClient:
     def _give_up(self, path: str, ticket: dict[str, Any]) -> LeaseBusy:
         # DELETE also releases the lease if the last poll's turn came in between.
         self._abandon(path)
+        estimate = ticket.get("estimatedWaitSeconds")
         return LeaseBusy(resource=ticket.get("resource", "?"), level=ticket.get("level", "?"), scope="?",
                          count=None, cap=0, position=ticket.get("position"),
-                         retry_after=float(ticket.get("pollIntervalSeconds") or 1))
+                         retry_after=float(estimate if estimate is not None else ticket.get("pollIntervalSeconds") or 1))
 
     def _abandon(self, path: str) -> None:
         """Best effort: a ticket nobody polls is dropped at its deadline anyway."""

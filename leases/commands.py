@@ -13,10 +13,13 @@ from typing import Any
 from . import store
 
 # What a release needs of the holder it deletes: its counters and its booking entry.
-RELEASE_PROJECTION = {"keys": 1, "levels": 1, "resource": 1, "tenantId": 1, "projectId": 1, "userId": 1, "state": 1}
+# heldAt gives the hold's duration, which the gate keeps for wait estimates.
+RELEASE_PROJECTION = {"keys": 1, "levels": 1, "resource": 1, "tenantId": 1, "projectId": 1, "userId": 1, "state": 1,
+                      "heldAt": 1}
 
 
-def holder_upsert(token: str, *, definition: Any, request: Any, pod: str, keys: list[str]) -> tuple[dict, list]:
+def holder_upsert(token: str, *, definition: Any, request: Any, pod: str, keys: list[str],
+                  priority: str | None = None) -> tuple[dict, list]:
     """The PENDING holder document, written on server time (an idempotent upsert)."""
     return {"_id": token}, [{"$set": {
         "state": "PENDING",
@@ -27,6 +30,7 @@ def holder_upsert(token: str, *, definition: Any, request: Any, pod: str, keys: 
         "projectId": {"$literal": request.project_id},
         "userId": {"$literal": request.user_id},
         "holderRef": {"$literal": request.holder_ref},
+        "priority": {"$literal": priority},
         "pod": {"$literal": pod},
         "podBound": {"$literal": request.pod_bound},
         "ttlSeconds": {"$literal": definition.ttl_seconds},
@@ -42,7 +46,7 @@ def holder_upsert(token: str, *, definition: Any, request: Any, pod: str, keys: 
 def mark_held(token: str, *, keys: list[str], ttl_seconds: int) -> tuple[dict, list]:
     """Every level is booked: the holder becomes HELD with the counters it booked."""
     return {"_id": token}, [{"$set": {"state": "HELD", "levels": {"$literal": keys}, "lastSeenAt": "$$NOW",
-                                      "expiresAt": store.now_plus_ms(ttl_seconds * 1000)}}]
+                                      "heldAt": "$$NOW", "expiresAt": store.now_plus_ms(ttl_seconds * 1000)}}]
 
 
 def touch(token: str, *, ttl_seconds: int, extra: dict[str, Any] | None = None) -> tuple[dict, list]:

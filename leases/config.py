@@ -11,7 +11,7 @@ from typing import Any
 
 import pymongo.errors
 
-from . import invalidation, store
+from . import definitions, invalidation, store
 from .definitions import LAYERS, SYSTEM_TENANT, TENANT_PROJECT, parse_layer
 from .errors import InvalidDefinition, LeaseUnavailable
 from .validation import entity_id
@@ -57,14 +57,39 @@ def validate_document(tenant_id: str, project_id: str, path: str, text: str) -> 
     return name
 
 
+def ignored_fields(tenant_id: str, project_id: str, path: str, text: str) -> list[str]:
+    """The fields of a document that its layer may not own: stored, but never applied (a
+    tenant admin must not be left believing they raised their own share).
+
+    Raises:
+        InvalidDefinition: the path is not a lease document path.
+    """
+    return definitions.ignored_fields(text, lease_name_of(path), layer_of(tenant_id, project_id))
+
+
+def ignored_note(tenant_id: str, project_id: str, path: str, text: str) -> str:
+    """A sentence naming the ignored fields and their owners; "" when none."""
+    ignored = ignored_fields(tenant_id, project_id, path, text)
+    if not ignored:
+        return ""
+    layer = layer_of(tenant_id, project_id)
+    owners = "; ".join(f"{key}: {', '.join(definitions.FIELD_OWNERS[key])}" for key in ignored)
+    return (f"ignored, not applied: {', '.join(ignored)} — the {layer} layer may not own "
+            f"{'this field' if len(ignored) == 1 else 'these fields'} (owners: {owners})")
+
+
 def changed(tenant_id: str, project_id: str, path: str) -> None:
     """The document change event: drop cached definitions here and in every other process."""
     match = LEASE_PATH_RE.fullmatch(path or "")
     invalidation.publish(tenant_id, project_id, match.group(1) if match else None)
 
 
-def put_document(tenant_id: str, project_id: str, path: str, text: str) -> None:
+def put_document(tenant_id: str, project_id: str, path: str, text: str) -> list[str]:
     """Create or replace the config document at (tenant, project, path).
+
+    Returns:
+        The fields the document's layer may not own (stored, never applied; see
+        :func:`ignored_fields`), so the caller can say so.
 
     Raises:
         InvalidLeaseRequest: bad tenant or project id.
@@ -81,6 +106,7 @@ def put_document(tenant_id: str, project_id: str, path: str, text: str) -> None:
     except pymongo.errors.PyMongoError as exc:
         raise LeaseUnavailable(f"config store unreachable: {exc.__class__.__name__}") from None
     changed(tenant_id, project_id, path)
+    return ignored_fields(tenant_id, project_id, path, text)
 
 
 def delete_document(tenant_id: str, project_id: str, path: str) -> bool:
@@ -108,4 +134,4 @@ def list_documents(tenant_id: str | None = None) -> list[dict[str, Any]]:
     return list(store.config_documents().find(query, {"_id": 0}).sort([("tenantId", 1), ("projectId", 1), ("path", 1)]))
 
 
-__all__ = ["put_document", "delete_document", "list_documents", "changed", "validate_document", "LAYERS"]
+__all__ = ["put_document", "ignored_fields", "ignored_note", "delete_document", "list_documents", "changed", "validate_document", "LAYERS"]

@@ -10,6 +10,8 @@ not own it is ignored; a layer that cannot be read or parsed fails the load with
 from __future__ import annotations
 
 import logging
+import math
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -20,8 +22,8 @@ import pymongo.errors
 import yaml
 
 from . import store
-from .errors import InvalidDefinition, LeaseUnavailable
-from .validation import LEASE_NAME_RE, RESOURCE_RE, entity_id, lease_name
+from .errors import InvalidDefinition, InvalidLeaseRequest, LeaseUnavailable, PriorityNotAllowed
+from .validation import ID_RE, LEASE_NAME_RE, RESOURCE_RE, entity_id, lease_name
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +41,21 @@ FIELD_OWNERS: dict[str, tuple[str, ...]] = {
     "levels.user": LAYERS,
     "ttlSeconds": LAYERS,
     "waitMs": LAYERS,
+    # Who goes next: the operator decides tenants' weights and the classes (and who may use
+    # which), a tenant admin its projects' weights; a project cannot raise its own share.
+    "shares.tenants": ("classpath", "system"),
+    "shares.projects": ("classpath", "system", "tenant"),
+    "priorities": ("classpath", "system"),
+    "defaultPriority": ("classpath", "system"),
+    "allowedPriorities": ("classpath", "system"),
+    "maxStarvationMs": ("classpath", "system"),
 }
+TOP_FIELDS = ("name", "resource", "levels", "ttlSeconds", "waitMs", "shares", "priorities", "defaultPriority",
+              "allowedPriorities", "maxStarvationMs")
+PRIORITY_RE = re.compile(r"[a-z][a-z0-9_-]{0,31}", re.ASCII)
+MAX_PRIORITIES = 8
+MAX_WEIGHT = 1_000_000
+MAX_STARVATION_MS = 24 * 3600 * 1000
 INLINE_FIELDS = ("levels.project", "levels.user", "ttlSeconds", "waitMs")
 DEFAULT_TTL_SECONDS = 60
 DEFAULT_WAIT_MS = 0
@@ -74,6 +90,48 @@ class LeaseDefinition:
     wait_ms: int
     sources: dict[str, str] = field(default_factory=dict)
     inline: bool = False
+    tenant_shares: dict[str, float] = field(default_factory=dict)
+    project_shares: dict[str, float] = field(default_factory=dict)
+    priorities: tuple[str, ...] = ()
+    default_priority: str | None = None
+    allowed_priorities: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    max_starvation_ms: int | None = None
+
+    def tenant_weight(self, tenant_id: str) -> float:
+        """The tenant's share weight at this resource (default 1)."""
+        return float(self.tenant_shares.get(tenant_id, 1))
+
+    def project_weight(self, project_id: str) -> float:
+        """The project's weight within its tenant's share (default 1)."""
+        return float(self.project_shares.get(project_id, 1))
+
+    def classes_for(self, tenant_id: str) -> tuple[str, ...]:
+        """The classes ``tenant_id`` may ask for (all, unless the System layer restricts it)."""
+        allowed = self.allowed_priorities.get(tenant_id)
+        return self.priorities if allowed is None else tuple(c for c in self.priorities if c in allowed)
+
+    def priority_of(self, tenant_id: str, requested: str | None) -> tuple[int, str | None]:
+        """``(rank, class)`` of a request (rank 0 is the highest class); the default class
+        when ``requested`` is None. Never downgrades silently.
+
+        Raises:
+            InvalidLeaseRequest: a class the definition does not name.
+            PriorityNotAllowed: a class the System layer does not let this tenant use
+                (also the default class, when it is not among the tenant's).
+        """
+        if not self.priorities:
+            if requested is not None:
+                raise InvalidLeaseRequest(f"lease {self.name} defines no priority classes; got {requested!r}")
+            return 0, None
+        name = self.default_priority if requested is None else requested
+        if name not in self.priorities:
+            raise InvalidLeaseRequest(
+                f"unknown priority {requested!r} for lease {self.name}; classes: {list(self.priorities)}")
+        if name not in self.classes_for(tenant_id):
+            raise PriorityNotAllowed(
+                f"tenant {tenant_id} may not use priority {name!r} on lease {self.name}; "
+                f"allowed: {list(self.classes_for(tenant_id))}")
+        return self.priorities.index(name), name
 
     @property
     def is_noop(self) -> bool:
@@ -101,6 +159,10 @@ class LeaseDefinition:
             "name": self.name, "resource": self.resource, "levels": dict(self.levels),
             "ttlSeconds": self.ttl_seconds, "waitMs": self.wait_ms,
             "sources": dict(self.sources), "inline": self.inline,
+            "shares": {"tenants": dict(self.tenant_shares), "projects": dict(self.project_shares)},
+            "priorities": list(self.priorities), "defaultPriority": self.default_priority,
+            "allowedPriorities": {t: list(c) for t, c in self.allowed_priorities.items()},
+            "maxStarvationMs": self.max_starvation_ms,
         }
 
 
@@ -117,13 +179,38 @@ def _number(value: Any, what: str, minimum: int, maximum: int) -> int:
     return value
 
 
-def _flatten(doc: Any, name: str, layer: str) -> dict[str, Any]:
-    """Validate one layer's parsed YAML and flatten it to ``{"levels.user": 1, ...}``."""
+def _weights(value: Any, what: str) -> dict[str, float]:
+    if not isinstance(value, dict):
+        raise _BrokenLayer(f"{what} is not a mapping of id to weight")
+    out: dict[str, float] = {}
+    for key, weight in value.items():
+        if not isinstance(key, str) or ID_RE.fullmatch(key) is None:
+            raise _BrokenLayer(f"{what}: {key!r} is not a valid id")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) \
+                or not 0 < weight <= MAX_WEIGHT:
+            raise _BrokenLayer(f"{what}.{key} must be a positive number up to {MAX_WEIGHT}, got {weight!r}")
+        out[key] = weight
+    return out
+
+
+def _classes(value: Any, what: str) -> list[str]:
+    if not isinstance(value, list) or not value or len(value) > MAX_PRIORITIES:
+        raise _BrokenLayer(f"{what} must be a list of 1 to {MAX_PRIORITIES} class names")
+    for name in value:
+        if not isinstance(name, str) or PRIORITY_RE.fullmatch(name) is None:
+            raise _BrokenLayer(f"{what}: {name!r} is not a class name (must match {PRIORITY_RE.pattern})")
+    if len(set(value)) != len(value):
+        raise _BrokenLayer(f"{what} names a class twice")
+    return list(value)
+
+
+def _all_fields(doc: Any, name: str) -> dict[str, Any]:
+    """One layer's parsed YAML flattened to ``{"levels.user": 1, ...}`` (shape checks only)."""
     if doc is None:
         return {}
     if not isinstance(doc, dict):
         raise _BrokenLayer("document is not a mapping")
-    unknown = set(doc) - {"name", "resource", "levels", "ttlSeconds", "waitMs"}
+    unknown = set(doc) - set(TOP_FIELDS)
     if unknown:
         # Fail closed: a misspelt key could be the cap that protects the resource.
         raise _BrokenLayer(f"unknown fields {sorted(map(str, unknown))}")
@@ -140,9 +227,23 @@ def _flatten(doc: Any, name: str, layer: str) -> dict[str, Any]:
         for level, cap in levels.items():
             if cap is not None:
                 flat[f"levels.{level}"] = cap
-    for key in ("resource", "ttlSeconds", "waitMs"):
+    shares = doc.get("shares")
+    if shares is not None:
+        if not isinstance(shares, dict) or set(shares) - {"tenants", "projects"}:
+            raise _BrokenLayer("shares must be a mapping with tenants and/or projects")
+        for part in ("tenants", "projects"):
+            if shares.get(part) is not None:
+                flat[f"shares.{part}"] = shares[part]
+    for key in ("resource", "ttlSeconds", "waitMs", "priorities", "defaultPriority", "allowedPriorities",
+                "maxStarvationMs"):
         if doc.get(key) is not None:
             flat[key] = doc[key]
+    return flat
+
+
+def _flatten(doc: Any, name: str, layer: str) -> dict[str, Any]:
+    """Validate one layer's parsed YAML and flatten it to its owned fields."""
+    flat = _all_fields(doc, name)
     owned = {}
     for key, value in flat.items():
         if layer not in FIELD_OWNERS[key]:
@@ -156,10 +257,42 @@ def _flatten(doc: Any, name: str, layer: str) -> dict[str, Any]:
             _number(value, key, 1, MAX_TTL_SECONDS)
         elif key == "waitMs":
             _number(value, key, 0, MAX_WAIT_MS)
+        elif key == "maxStarvationMs":
+            _number(value, key, 1, MAX_STARVATION_MS)
+        elif key.startswith("shares."):
+            owned[key] = _weights(value, key)
+        elif key == "priorities":
+            owned[key] = _classes(value, key)
+        elif key == "defaultPriority":
+            if not isinstance(value, str) or PRIORITY_RE.fullmatch(value) is None:
+                raise _BrokenLayer(f"defaultPriority {value!r} is not a class name")
+        elif key == "allowedPriorities":
+            if not isinstance(value, dict):
+                raise _BrokenLayer("allowedPriorities is not a mapping of tenant id to classes")
+            for tenant, classes in value.items():
+                if not isinstance(tenant, str) or ID_RE.fullmatch(tenant) is None:
+                    raise _BrokenLayer(f"allowedPriorities: {tenant!r} is not a valid tenant id")
+                _classes(classes, f"allowedPriorities.{tenant}")
         elif key == "resource":
             if not isinstance(value, str) or RESOURCE_RE.fullmatch(value) is None or value.startswith("mcp-inline:"):
                 raise _BrokenLayer(f"resource {value!r} is not a valid resource name")
+    if "defaultPriority" in owned and "priorities" in owned and owned["defaultPriority"] not in owned["priorities"]:
+        raise _BrokenLayer(f"defaultPriority {owned['defaultPriority']!r} is not one of {owned['priorities']}")
+    if "allowedPriorities" in owned and "priorities" in owned:
+        for tenant, classes in owned["allowedPriorities"].items():
+            if set(classes) - set(owned["priorities"]):
+                raise _BrokenLayer(f"allowedPriorities.{tenant} names classes not in {owned['priorities']}")
     return owned
+
+
+def ignored_fields(text: str, name: str, layer: str) -> list[str]:
+    """The fields of a layer document that its layer may not own (they are never applied);
+    [] for a document that does not parse (:func:`parse_layer` says why)."""
+    try:
+        flat = _all_fields(yaml.safe_load(text), name)
+    except (yaml.YAMLError, _BrokenLayer):
+        return []
+    return sorted(key for key in flat if layer not in FIELD_OWNERS[key])
 
 
 def parse_layer(text: str, name: str, layer: str) -> dict[str, Any]:
@@ -226,6 +359,17 @@ def merge(name: str, layer_fields: dict[str, dict[str, Any]]) -> LeaseDefinition
         sources["resource"] = "default"
     for key in ("ttlSeconds", "waitMs"):
         sources.setdefault(key, "default")
+    priorities = tuple(values.get("priorities") or ())
+    default_priority = values.get("defaultPriority")
+    allowed = {t: tuple(c) for t, c in (values.get("allowedPriorities") or {}).items()}
+    if default_priority is not None and default_priority not in priorities:
+        raise InvalidDefinition(f"lease {name}: defaultPriority {default_priority!r} is not one of {list(priorities)}")
+    for tenant, classes in allowed.items():
+        if set(classes) - set(priorities):
+            raise InvalidDefinition(f"lease {name}: allowedPriorities.{tenant} names classes not in {list(priorities)}")
+    if priorities and default_priority is None:
+        # Not naming a class never buys the top one: the default is the lowest.
+        default_priority = priorities[-1]
     return LeaseDefinition(
         name=name,
         resource=values.get("resource", name),
@@ -233,6 +377,12 @@ def merge(name: str, layer_fields: dict[str, dict[str, Any]]) -> LeaseDefinition
         ttl_seconds=values.get("ttlSeconds", DEFAULT_TTL_SECONDS),
         wait_ms=values.get("waitMs", DEFAULT_WAIT_MS),
         sources=sources,
+        tenant_shares=dict(values.get("shares.tenants") or {}),
+        project_shares=dict(values.get("shares.projects") or {}),
+        priorities=priorities,
+        default_priority=default_priority,
+        allowed_priorities=allowed,
+        max_starvation_ms=values.get("maxStarvationMs"),
     )
 
 
@@ -260,7 +410,12 @@ def load(name: str, tenant_id: str, project_id: str) -> LeaseDefinition:
             raise LeaseUnavailable(str(exc)) from None
     if not texts:
         log.warning("lease %s is not defined in any layer; acquisitions are NOOP", name)
-    return merge(name, layer_fields)
+    try:
+        return merge(name, layer_fields)
+    except InvalidDefinition as exc:
+        # Layers that only together contradict each other (a default class another layer
+        # does not define): fail closed like a broken layer.
+        raise LeaseUnavailable(str(exc)) from None
 
 
 def inline_definition(spec: Any, tenant_id: str, project_id: str) -> LeaseDefinition:

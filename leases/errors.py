@@ -106,6 +106,12 @@ class UnknownLeaseType(InvalidLeaseRequest):
     code = "UNKNOWN_LEASE_TYPE"
 
 
+class PriorityNotAllowed(InvalidLeaseRequest):
+    """The request names a priority class its tenant may not use (never silently downgraded)."""
+
+    code = "PRIORITY_NOT_ALLOWED"
+
+
 class InvalidDefinition(InvalidLeaseRequest):
     """An inline definition or a config document that was refused on write."""
 

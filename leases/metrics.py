@@ -13,6 +13,11 @@ RECONCILE = Counter("vance_lease_reconcile", "Counters corrected by reconcile.",
 WAITING = Gauge("vance_lease_waiting", "Requests waiting in a resource's queue (this process).", ["resource"])
 WAIT_SECONDS = Histogram("vance_lease_wait_seconds", "Time from a queued acquire to its end.", ["resource"],
                          buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
+# Priority labels come only from the classes a definition names (System layer, validated
+# names, at most 8 per lease) or "none": never from a request's free text.
+WAIT_BY_CLASS = Histogram("vance_lease_wait_by_class_seconds", "Time from a queued acquire to its end, by priority class.",
+                          ["resource", "priority"],
+                          buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
 WAIT_OUTCOME = Counter("vance_lease_wait", "Queued acquisitions by outcome.", ["resource", "outcome"])
 
 INLINE_RESOURCE_TAG = "mcp-inline"

@@ -1,14 +1,32 @@
 """Who goes next: the one rule that orders the waiting tickets of a gate counter.
 
-Pure functions over the gate counter's document (its booking entries and its queue) and
-MongoDB's clock; no I/O, so the rule is table-tested and lives nowhere else.
+Pure functions over the gate counter's document (its booking entries, its queue and its
+share accounting) and MongoDB's clock; no I/O, so the rule is table-tested and lives
+nowhere else.
 
-The rule: the next slot goes to the waiting tenant that holds the fewest slots of the
-resource (ties: the oldest ticket); within a tenant, the oldest ticket first. A ticket that
-its own tenant, project or user cap blocks is skipped, so it never holds back tickets that
-could run (no head-of-line blocking). A ticket not kept alive within its TTL is stale: its
-waiter is gone and it is ignored until somebody prunes it; one not seen for half its TTL
-goes after the fresh ones (its waiter is probably gone).
+The rule, in this order:
+
+1. A ticket whose wait passed its ``maxStarvationMs`` (``ms``) goes before every class,
+   oldest first: low classes wait a bounded time, however busy the high ones are.
+2. A higher priority class (``pc``, 0 = highest) goes before a lower one.
+3. Within a class, the tenant with the smallest *pass* — slots it was granted here ÷ its
+   weight (``wt``) — goes first; a tenant that comes back after a pause starts at the pass
+   of the last grant (``vf``), so it banks no credit while it asks for nothing. Where the
+   passes tie (equal shares, or a gate without accounting yet), the tenant holding the
+   fewest slots ÷ its weight goes first.
+4. Within the tenant, the same rule picks the project (its weight ``wp``; passes per
+   ``tenant/project``, the tenant's own floor under ``tenant/``), so a project's weight
+   never moves another tenant's share; then the oldest ticket.
+
+Passes and not only the slots held at this instant: with a small cap (2) the holdings can
+only alternate, so "held ÷ weight" alone would always give equal turns; the pass is the
+smooth form of the same ratio (stride scheduling). The grant that takes a slot also
+charges the pass (:func:`charge`, in the same update), so no command is added per grant.
+
+A ticket that its own tenant, project or user cap blocks is skipped, so it never holds
+back tickets that could run (no head-of-line blocking). A ticket not kept alive within
+its TTL is stale: its waiter is gone and it is ignored until somebody prunes it; one not
+seen for half its TTL goes after the fresh ones (its waiter is probably gone).
 """
 
 from __future__ import annotations
@@ -51,6 +69,56 @@ class Occupancy:
                     or ("user" in caps and self.user[(t, u)] >= caps["user"]))
 
 
+@dataclass
+class Passes:
+    """The share accounting of a gate: pass per tenant (``t``), per project (``t/p``),
+    each tenant's project floor (``t/``) and the pass of the last tenant grant (``vf``)."""
+
+    vt: dict[str, float] = field(default_factory=dict)
+    vf: float = 0.0
+
+    @classmethod
+    def of(cls, gate: dict[str, Any]) -> "Passes":
+        return cls(dict(gate.get("vt") or {}), float(gate.get("vf") or 0.0))
+
+    def tenant(self, t: str) -> float:
+        return max(float(self.vt.get(t, 0.0)), self.vf)
+
+    def project(self, t: str, p: str) -> float:
+        return max(float(self.vt.get(f"{t}/{p}", 0.0)), float(self.vt.get(f"{t}/", 0.0)))
+
+    def charge(self, ticket: dict[str, Any]) -> dict[str, Any]:
+        """The update operators that charge one grant of ``ticket``; also applied here.
+
+        ``$inc`` while the stored pass is the effective one (concurrent grants of one
+        tenant then both count); ``$max`` to lift a pass that fell behind its floor.
+        """
+        t, p = ticket.get("t", ""), ticket.get("p", "")
+        wt, wp = weight(ticket.get("wt")), weight(ticket.get("wp"))
+        ops: dict[str, dict[str, float]] = {"$inc": {}, "$max": {}}
+        tenant_pass, project_pass = self.tenant(t), self.project(t, p)
+        for key, stored, effective, step in ((t, float(self.vt.get(t, 0.0)), tenant_pass, 1.0 / wt),
+                                             (f"{t}/{p}", float(self.vt.get(f"{t}/{p}", 0.0)), project_pass,
+                                              1.0 / wp)):
+            if stored >= effective:
+                ops["$inc"][f"vt.{key}"] = step
+            else:
+                ops["$max"][f"vt.{key}"] = effective + step
+            self.vt[key] = effective + step
+        ops["$max"]["vf"] = tenant_pass
+        ops["$max"][f"vt.{t}/"] = project_pass
+        self.vf = max(self.vf, tenant_pass)
+        self.vt[f"{t}/"] = max(float(self.vt.get(f"{t}/", 0.0)), project_pass)
+        return {op: values for op, values in ops.items() if values}
+
+
+def weight(value: Any) -> float:
+    """A share weight from a ticket: positive, default 1 (a missing or broken one is 1)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        return 1.0
+    return float(value)
+
+
 # A ticket that found a narrower level full although the gate's entries said it fits (a
 # booking the gate cannot see, e.g. another lease name on the same resource) sits out this
 # long, so it cannot hold the turn while others could run.
@@ -78,18 +146,26 @@ def is_stale(ticket: dict[str, Any], now: datetime) -> bool:
     return seen is None or seen + timedelta(milliseconds=int(ticket.get("ttl", 0))) < now
 
 
-def _rank_key(ticket: dict[str, Any], held: Occupancy) -> tuple:
-    # The fairness rule: fewest held by the ticket's tenant, then the oldest ticket.
-    return (held.tenant[ticket.get("t", "")], ticket.get("at"), ticket.get("id", ""))
+def is_starved(ticket: dict[str, Any], now: datetime) -> bool:
+    """Whether the ticket waited longer than its definition's ``maxStarvationMs``."""
+    bound, at = ticket.get("ms"), ticket.get("at")
+    return (isinstance(bound, int) and not isinstance(bound, bool) and at is not None
+            and at + timedelta(milliseconds=bound) <= now)
 
 
-def ranked(gate: dict[str, Any], now: datetime, limit: int | None = None) -> list[dict[str, Any]]:
-    """The live tickets in the order they would be granted if slots kept freeing.
+def _rank_key(ticket: dict[str, Any], held: Occupancy, passes: Passes, now: datetime) -> tuple:
+    t, p = ticket.get("t", ""), ticket.get("p", "")
+    if is_starved(ticket, now):
+        return (-1, 0.0, 0.0, 0.0, 0.0, ticket.get("at"), ticket.get("id", ""))
+    wt, wp = weight(ticket.get("wt")), weight(ticket.get("wp"))
+    return (int(ticket.get("pc") or 0), passes.tenant(t), held.tenant[t] / wt, passes.project(t, p),
+            held.project[(t, p)] / wp, ticket.get("at"), ticket.get("id", ""))
 
-    Each pick counts as held for the picks after it, so tenants alternate. Tickets that
-    their own caps block at every step come last, oldest first. ``limit`` stops early.
-    """
+
+def _order(gate: dict[str, Any], now: datetime, limit: int | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(picked in grant order, the rest that their own caps block at every step)."""
     held = Occupancy.of(gate.get("holders") or ())
+    passes = Passes.of(gate)
     remaining = [t for t in gate.get("queue") or () if not is_stale(t, now)]
     out: list[dict[str, Any]] = []
     while remaining and (limit is None or len(out) < limit):
@@ -97,10 +173,22 @@ def ranked(gate: dict[str, Any], now: datetime, limit: int | None = None) -> lis
         if not eligible:
             break
         eligible = [t for t in eligible if not is_suspect(t, now)] or eligible
-        pick = min(eligible, key=lambda t: _rank_key(t, held))
+        pick = min(eligible, key=lambda t: _rank_key(t, held, passes, now))
         out.append(pick)
         remaining.remove(pick)
         held.add(pick.get("t", ""), pick.get("p", ""), pick.get("u", ""))
+        passes.charge(pick)
+    return out, remaining
+
+
+def ranked(gate: dict[str, Any], now: datetime, limit: int | None = None) -> list[dict[str, Any]]:
+    """The live tickets in the order they would be granted if slots kept freeing.
+
+    Each pick counts as held and is charged to its tenant's pass for the picks after it,
+    so tenants take turns by weight. Tickets that their own caps block at every step come
+    last, oldest first. ``limit`` stops early.
+    """
+    out, remaining = _order(gate, now, limit)
     if limit is None or len(out) < limit:
         out.extend(sorted(remaining, key=lambda t: (t.get("at"), t.get("id", "")))[
             : None if limit is None else limit - len(out)])
@@ -115,14 +203,20 @@ def next_grants(gate: dict[str, Any], now: datetime) -> list[str]:
     free = int(gate.get("cap", 0)) - len(gate.get("holders") or ())
     if free <= 0:
         return []
-    held = Occupancy.of(gate.get("holders") or ())
-    chosen = []
-    for ticket in ranked(gate, now, limit=free):
-        if not held.fits(ticket) or sits_out(ticket, now):
-            break
-        chosen.append(ticket["id"])
-        held.add(ticket.get("t", ""), ticket.get("p", ""), ticket.get("u", ""))
-    return chosen
+    picked, _ = _order(gate, now, free)
+    return [t["id"] for t in picked]
+
+
+def charge(gate: dict[str, Any] | None, ticket_id: str) -> dict[str, Any]:
+    """The update operators that charge a grant of ``ticket_id`` to its tenant's and
+    project's pass, computed from the gate as the grantee last saw it ({} when it is not
+    queued there). Merged into the booking update of the gate, so it costs no command."""
+    if not gate:
+        return {}
+    mine = next((t for t in gate.get("queue") or () if t.get("id") == ticket_id), None)
+    if mine is None:
+        return {}
+    return Passes.of(gate).charge(mine)
 
 
 def position(gate: dict[str, Any], ticket_id: str, now: datetime) -> int | None:

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any, Iterable
 
-from . import definitions, order, store, validation
+from . import definitions, estimates, order, store, validation
 from .errors import HolderNotFound
 from .pod_liveness import liveness, pod_view
 
@@ -371,6 +371,8 @@ class WaiterView:
     blocked_key: str | None
     blocked_count: int | None
     blocked_cap: int | None
+    priority: str | None = None  # the ticket's class (None: the lease defines none)
+    estimated_grant_at: datetime | None = None  # server time (leases.estimates); None: unknown
 
     @property
     def shared_level(self) -> bool:
@@ -426,7 +428,7 @@ def list_waiters(tenant_id: str | None = None, resource: str | None = None) -> W
     if (r := validation.optional(resource, validation.resource_name)) is not None:
         query["resource"] = r
     gates = list(store.counters().find(query, {"queue": 1, "holders": 1, "cap": 1, "count": 1, "resource": 1,
-                                               "level": 1}))
+                                               "level": 1, "vt": 1, "vf": 1, "holds": 1}))
     now = store.server_now()
     rows: list[tuple[dict[str, Any], dict[str, Any], int | None, bool]] = []
     for gate in gates:
@@ -464,7 +466,9 @@ def list_waiters(tenant_id: str | None = None, resource: str | None = None) -> W
             tenant_id=ticket.get("t", ""), project_id=ticket.get("p", ""), user_id=ticket.get("u", ""),
             position=place, waiting_since=ticket.get("at"), last_seen=ticket.get("seen") or ticket.get("at"),
             ttl_ms=int(ticket.get("ttl", 0)), stale=stale, level=level,
-            blocked_key=key if visible else None, blocked_count=count, blocked_cap=cap))
+            blocked_key=key if visible else None, blocked_count=count, blocked_cap=cap,
+            priority=ticket.get("pn"),
+            estimated_grant_at=None if stale or place is None else estimates.grant_at_place(gate, place, now)))
     items.sort(key=lambda w: (w.resource, w.gate, w.position is None, w.position or 0,
                               w.waiting_since or now, w.ticket_id))
     return WaiterList(items, now)

@@ -31,7 +31,7 @@ import pymongo
 import pymongo.errors
 from pymongo import ReturnDocument
 
-from . import commands, definitions, handlers, history, metrics, order, slots, store, validation, waiting, wakeups
+from . import commands, definitions, estimates, handlers, history, metrics, order, shares, slots, store, validation, waiting, wakeups
 from .definitions import LeaseDefinition, LevelSpec
 from .errors import InvalidLeaseRequest, LeaseBusy, LeaseLost, LeaseUnavailable
 from .identity import self_pod_id
@@ -74,6 +74,7 @@ class LeaseRequest:
     pod: str | None = None  # None: this process's pod; "": detached (HTTP clients), idle reap only
     pod_bound: bool = False
     wait_ms: int | None = None  # override the definition's waitMs (e.g. the HTTP request bound)
+    priority: str | None = None  # a class of the definition's ``priorities``; None: its default
 
     def validated(self) -> "LeaseRequest":
         """Check every field; returns self.
@@ -100,6 +101,9 @@ class LeaseRequest:
             validation.lease_name(self.lease)
         if self.wait_ms is not None and (isinstance(self.wait_ms, bool) or not isinstance(self.wait_ms, int) or self.wait_ms < 0):
             raise InvalidLeaseRequest("wait_ms must be a non-negative int")
+        if self.priority is not None and (not isinstance(self.priority, str)
+                                          or definitions.PRIORITY_RE.fullmatch(self.priority) is None):
+            raise InvalidLeaseRequest(f"priority must be a class name, got {self.priority!r}")
         return self
 
 
@@ -109,6 +113,9 @@ class Lease:
     """A held lease. Use as a context manager or call :meth:`release` (idempotent)."""
 
     is_noop = False
+    #: Seconds the wait estimate said this grant would take when the request queued (None:
+    #: it did not queue, or the gate had no hold history yet).
+    estimated_wait_s: float | None = None
 
     def __init__(self, token: str, definition: LeaseDefinition, request: LeaseRequest, levels: list[str],
                  expires_at: datetime | None = None, acquired_at: datetime | None = None):
@@ -120,6 +127,7 @@ class Lease:
         self.acquired_at = acquired_at
         self._released = False
         self._release_failed = False
+        self._granted = time.monotonic()  # a duration for wait estimates, never a TTL
 
     @property
     def resource(self) -> str:
@@ -200,11 +208,12 @@ class Lease:
             metrics.RELEASE.labels(resource=tag, outcome="already-released").inc()
             return False
         try:
-            doc = release_holder({"_id": self.token}, resource=self.resource)
+            held_ms = (time.monotonic() - self._granted) * 1000
+            doc = release_holder({"_id": self.token}, resource=self.resource, hold_ms=held_ms)
             if doc is None and self._release_failed:
                 # The failed call's delete may have landed after all (a timeout does not say):
                 # return our own entries by value; nobody can pull one twice.
-                gate = waiting.give_back(list(self.levels), self._booking())
+                gate = waiting.give_back(list(self.levels), self._booking(), hold_ms=held_ms)
                 self._released = True
                 return gate is not None
         except pymongo.errors.PyMongoError as exc:
@@ -253,7 +262,8 @@ NOOP = _NoopLease()
 
 
 
-def release_holder(query: dict[str, Any], *, resource: str | None = None) -> dict[str, Any] | None:
+def release_holder(query: dict[str, Any], *, resource: str | None = None,
+                   hold_ms: float | None = None) -> dict[str, Any] | None:
     """Delete the holder matching ``query`` (``findOneAndDelete``), then return its slots by
     entry and hand the freed gate slot to the next waiting ticket.
 
@@ -276,7 +286,11 @@ def release_holder(query: dict[str, Any], *, resource: str | None = None) -> dic
     _pause_point("release")
     try:
         with _bound():
-            waiting.give_back(slots.holder_keys(doc), slots.holder_entry(doc))
+            if doc.get("state") != "HELD":
+                hold_ms = None
+            elif hold_ms is None:
+                hold_ms = estimates.held_ms(doc.get("heldAt"))
+            waiting.give_back(slots.holder_keys(doc), slots.holder_entry(doc), hold_ms=hold_ms)
     except pymongo.errors.PyMongoError as exc:
         metrics.RELEASE.labels(resource=tag, outcome="error").inc()
         log.warning("release of %s: returning its slots failed (%s); repair returns them", doc["_id"], exc)
@@ -327,13 +341,15 @@ class _Attempt:
         self.gate = specs[-1]
         self.acquired_at: datetime | None = None
         self.created_at = 0.0  # monotonic, when the holder document was (re)written
+        # (rank, class): resolved once from the definition, carried in the ticket.
+        self.priority: tuple[int, str | None] = definition.priority_of(request.tenant_id, request.priority)
 
     def create_holder(self) -> None:
         """Write the holder document (PENDING) on server time; idempotent, so a waiter whose
         document was reaped while it waited writes it again before it books."""
         doc = store.holders().find_one_and_update(
             *commands.holder_upsert(self.token, definition=self.definition, request=self.request, pod=self.pod,
-                                    keys=self.keys),
+                                    keys=self.keys, priority=self.priority[1]),
             upsert=True,
             projection={"acquiredAt": 1},
             return_document=ReturnDocument.AFTER,
@@ -341,7 +357,7 @@ class _Attempt:
         self.acquired_at = self.acquired_at or doc["acquiredAt"]
         self.created_at = time.monotonic()
 
-    def book(self, *, privileged: bool, allow_queue: bool) -> Lease:
+    def book(self, *, privileged: bool, allow_queue: bool, charge: dict[str, Any] | None = None) -> Lease:
         """Take every level narrow → wide, then mark the holder HELD.
 
         ``privileged``: the order rule picked this ticket, so it may take the gate while
@@ -361,7 +377,7 @@ class _Attempt:
             while len(taken) < len(self.specs):
                 rest = self.specs[len(taken):]
                 booked = slots.take(rest, self.booking, self.definition.resource, gate_key=self.gate.key,
-                                    privileged=privileged, ticket=self.token)
+                                    privileged=privileged, ticket=self.token, charge=charge)
                 taken.extend(spec.key for spec in rest[:booked])
                 if booked == len(rest):
                     break
@@ -488,6 +504,7 @@ def prepare(request: LeaseRequest) -> "tuple[_Attempt, int] | None":
                                outcome="unavailable").inc()
         raise
     if definition is None or definition.is_noop:
+        # Nothing is limited, so nothing waits: a priority has nothing to order here.
         metrics.ACQUIRE.labels(resource=metrics.definition_tag(definition), outcome="noop").inc()
         return None
     specs = definition.level_specs(request.tenant_id, request.project_id, request.user_id)
@@ -611,14 +628,18 @@ class _Waiter:
         self.blocked: _Blocked | None = None
         self.gate: dict[str, Any] | None = None
         self.tag = metrics.resource_tag(attempt.definition.resource)
+        self.estimate_s: float | None = None
 
     def _ticket(self) -> dict[str, Any]:
         request = self.attempt.request
         caps = {spec.level: spec.cap for spec in self.attempt.specs if spec is not self.attempt.gate}
-        return {"id": self.attempt.token, "t": request.tenant_id, "p": request.project_id, "u": request.user_id,
-                "at": self.attempt.acquired_at, "seen": self.attempt.acquired_at, "ttl": waiting.ticket_ttl_ms(),
-                "caps": caps, "lvl": self.blocked.spec.level if self.blocked else self.attempt.gate.level,
-                "w": wakeups.process_id()}
+        ticket = {"id": self.attempt.token, "t": request.tenant_id, "p": request.project_id, "u": request.user_id,
+                  "at": self.attempt.acquired_at, "seen": self.attempt.acquired_at, "ttl": waiting.ticket_ttl_ms(),
+                  "caps": caps, "lvl": self.blocked.spec.level if self.blocked else self.attempt.gate.level,
+                  "w": wakeups.process_id()}
+        # Weights and class resolved now, so the order rule needs nothing but the gate.
+        ticket.update(shares.ticket_fields(self.attempt.definition, request, self.attempt.priority))
+        return ticket
 
     def wait(self, blocked: _Blocked) -> "Lease | Ticket":
         """Wait in the queue until granted, out of time (Busy) or kept as a ticket.
@@ -659,6 +680,9 @@ class _Waiter:
         outcome = "error"
         try:
             self.gate = _step(self.attempt, self._enqueue)
+            if self.gate is not None:
+                ms = estimates.wait_ms(self.gate, self.attempt.token, self.gate["clock"])
+                self.estimate_s = None if ms is None else ms / 1000.0
             while True:
                 lease = self._decide()
                 if lease is not None:
@@ -689,6 +713,7 @@ class _Waiter:
             wakeups.unregister(self.attempt.token)
             metrics.WAITING.labels(resource=self.tag).dec()
             metrics.WAIT_SECONDS.labels(resource=self.tag).observe(time.monotonic() - self.started)
+            shares.observe_wait(self.attempt.definition, self.attempt.priority[1], time.monotonic() - self.started)
             history.waited(self, outcome, time.monotonic() - self.started)
             metrics.WAIT_OUTCOME.labels(resource=self.tag, outcome=outcome).inc()
 
@@ -757,7 +782,10 @@ class _Waiter:
                 attempt.create_holder()
             for attempt_no in range(2):
                 try:
-                    return attempt.book(privileged=True, allow_queue=True)
+                    lease = attempt.book(privileged=True, allow_queue=True,
+                                         charge=order.charge(self.gate, attempt.token))
+                    lease.estimated_wait_s = self.estimate_s
+                    return lease
                 except _Vanished:
                     # Stalled past the ticket TTL: the ticket and its holder document were
                     # pruned. Return what we just booked and queue again, from the back.
@@ -800,7 +828,9 @@ class _Waiter:
                 self.attempt.discard()
         except pymongo.errors.PyMongoError as exc:
             log.info("timeout clean-up of %s failed (%s); the ticket goes stale by itself", self.attempt.token, exc)
-        return _busy(self.attempt.definition, blocked, position=place)
+        ms = None if gate is None else estimates.wait_ms(gate, self.attempt.token, gate["clock"])
+        return _busy(self.attempt.definition, blocked, position=place,
+                     retry_after=None if ms is None else round(ms / 1000.0, 3))
 
 
 @dataclass(frozen=True)
@@ -818,6 +848,7 @@ class Ticket:
     position: int | None
     server_time: datetime
     deadline: datetime
+    estimated_grant_at: datetime | None = None
 
     @classmethod
     def of(cls, token: str, definition: LeaseDefinition, gate: dict[str, Any], blocked: _Blocked | None) -> "Ticket":
@@ -828,7 +859,8 @@ class Ticket:
                    level=order.blocking_level(gate, mine, now) if mine else (
                        blocked.spec.level if blocked else "global"),
                    position=order.position(gate, token, now), server_time=now,
-                   deadline=seen + timedelta(milliseconds=int(mine.get("ttl") or 0)))
+                   deadline=seen + timedelta(milliseconds=int(mine.get("ttl") or 0)),
+                   estimated_grant_at=estimates.grant_at(gate, token, now))
 
 
 def acquire_or_ticket(request: LeaseRequest, *, keep_ms: int) -> "Lease | _NoopLease | Ticket":
@@ -888,7 +920,7 @@ def resume(ticket_id: str, *, scope: dict[str, str], keep_ms: int) -> "Lease | T
     request = LeaseRequest(type=holder.get("type", ""), lease=holder.get("leaseName"), tenant_id=holder["tenantId"],
                            project_id=holder["projectId"], user_id=holder["userId"],
                            holder_ref=holder.get("holderRef", ""), pod=holder.get("pod", ""),
-                           pod_bound=bool(holder.get("podBound")))
+                           pod_bound=bool(holder.get("podBound")), priority=holder.get("priority"))
     definition = definitions.resolve(request.lease, request.tenant_id, request.project_id)
     if holder.get("state") == "HELD":
         return Lease(ticket_id, definition, request, list(holder.get("levels") or ()),

@@ -58,7 +58,8 @@ def holder_keys(doc: dict[str, Any]) -> list[str]:
 
 
 def take(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_key: str,
-         privileged: bool = False, ticket: str | None = None) -> int:
+         privileged: bool = False, ticket: str | None = None,
+         charge: dict[str, dict[str, Any]] | None = None) -> int:
     """Book ``specs`` in order (narrow → wide) for ``booking`` in one ordered bulk write.
 
     Each level is a conditional push (``count < cap``, entry not there yet), so a slot is
@@ -69,7 +70,8 @@ def take(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_key: s
     and tries again when it has room.
 
     ``gate_key``: the lease's widest level; a newcomer (not ``privileged``) may only take it
-    while nobody queues there. A ``privileged`` take also removes ``ticket`` from the queue.
+    while nobody queues there. A ``privileged`` take also removes ``ticket`` from the queue
+    and applies ``charge`` (the order rule's share accounting, ``$inc``/``$max`` operators).
 
     Returns:
         How many of ``specs`` are booked now, from the first: ``len(specs)`` when all.
@@ -78,7 +80,7 @@ def take(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_key: s
         pymongo.errors.PyMongoError: the store failed; what is booked is unknown (the caller
             gives every entry back by value, which is idempotent).
     """
-    ops = take_ops(specs, booking, resource, gate_key=gate_key, privileged=privileged, ticket=ticket)
+    ops = take_ops(specs, booking, resource, gate_key=gate_key, privileged=privileged, ticket=ticket, charge=charge)
     if not ops:
         return 0
     try:
@@ -89,7 +91,8 @@ def take(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_key: s
 
 
 def take_ops(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_key: str,
-             privileged: bool = False, ticket: str | None = None) -> list[UpdateOne]:
+             privileged: bool = False, ticket: str | None = None,
+             charge: dict[str, dict[str, Any]] | None = None) -> list[UpdateOne]:
     """The ordered bulk of :func:`take` (the async executor sends the same one)."""
     ops = []
     for spec in specs:
@@ -107,6 +110,8 @@ def take_ops(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_ke
         }
         if is_gate and privileged and ticket is not None:
             update["$pull"] = {"queue": {"id": ticket}}
+            for op, values in (charge or {}).items():
+                update[op] = {**update.get(op, {}), **values}
         ops.append(UpdateOne(query, update, upsert=True))
     return ops
 
@@ -144,12 +149,13 @@ def create(spec: LevelSpec, resource: str) -> None:
         pass  # created by another process a moment ago
 
 
-def give_back(keys: Sequence[str], booking: str) -> dict[str, Any] | None:
+def give_back(keys: Sequence[str], booking: str, *, record: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """Return ``booking``'s slot on each counter of ``keys`` (narrow first, the gate last).
 
     Only a counter that still lists the entry is decremented, so racing releasers, reapers
     and repairers return a slot at most once. The gate's update returns its document so the
-    caller can hand the slot to the next waiting ticket.
+    caller can hand the slot to the next waiting ticket. ``record``: more update operators
+    for the gate (the hold duration, for wait estimates), in the same command.
 
     Returns:
         The gate counter after the update, or None when it did not list the entry.
@@ -164,7 +170,7 @@ def give_back(keys: Sequence[str], booking: str) -> dict[str, Any] | None:
     if narrow:
         store.counters().bulk_write(pull_ops(narrow, booking), ordered=False)
     return store.counters().find_one_and_update(
-        {"_id": gate, "holders": booking}, _pull(booking), return_document=ReturnDocument.AFTER)
+        {"_id": gate, "holders": booking}, {**_pull(booking), **(record or {})}, return_document=ReturnDocument.AFTER)
 
 
 def pull_ops(keys: Sequence[str], booking: str) -> list[UpdateOne]:

@@ -203,13 +203,16 @@ def hand_off(gate: dict[str, Any] | None, *, skip: str | None = None) -> list[st
 MAX_DEAD_ROUNDS = 3
 
 
-def give_back(keys: list[str], booking: str) -> dict[str, Any] | None:
-    """Return a holder's slots and hand the freed gate slot to the next ticket.
+def give_back(keys: list[str], booking: str, *, hold_ms: float | None = None) -> dict[str, Any] | None:
+    """Return a holder's slots and hand the freed gate slot to the next ticket; ``hold_ms``
+    (how long the slot was held) is kept on the gate for wait estimates.
 
     Raises:
         pymongo.errors.PyMongoError: the store failed part-way (repair returns the rest).
     """
-    gate = slots.give_back(keys, booking)
+    from . import estimates
+
+    gate = slots.give_back(keys, booking, record=estimates.hold_update(hold_ms))
     note_queue(gate)
     hand_off(gate)
     return gate

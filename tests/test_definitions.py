@@ -19,13 +19,21 @@ FIELD_YAML = {
     "levels.user": ("levels: {{user: {v}}}", "levels", "user"),
     "ttlSeconds": ("ttlSeconds: {v}", "ttlSeconds", None),
     "waitMs": ("waitMs: {v}", "waitMs", None),
+    "shares.tenants": ("shares: {{tenants: {{acme: {v}}}}}", None, None),
+    "shares.projects": ("shares: {{projects: {{p1: {v}}}}}", None, None),
+    "priorities": ("priorities: [c{v}, low]", None, None),
+    "maxStarvationMs": ("maxStarvationMs: {v}", None, None),
 }
 
 
 def value_of(definition, field):
     if field.startswith("levels."):
         return definition.levels.get(field.split(".", 1)[1])
-    return {"ttlSeconds": definition.ttl_seconds, "waitMs": definition.wait_ms, "resource": definition.resource}[field]
+    return {"ttlSeconds": definition.ttl_seconds, "waitMs": definition.wait_ms, "resource": definition.resource,
+            "shares.tenants": definition.tenant_shares.get("acme"),
+            "shares.projects": definition.project_shares.get("p1"),
+            "priorities": int(definition.priorities[0][1:]) if definition.priorities else None,
+            "maxStarvationMs": definition.max_starvation_ms}[field]
 
 
 def raw_put(layer, name, text):
@@ -52,6 +60,10 @@ def test_ownership_matrix_for_every_field_and_stored_layer(field, layer):
         assert merged.sources[field] == layer
     else:
         assert value_of(merged, field) == value_of(base, field)
+    # and a field the layer may not own is reported as ignored, never applied
+    text = template.format(v=77)
+    assert config.ignored_fields(*LAYER_AT[layer], document_path("tex"), text) == (
+        [] if layer in FIELD_OWNERS[field] else [field])
 
 
 @pytest.mark.parametrize("layer", ["system", "tenant", "project"])
@@ -243,3 +255,39 @@ def test_given_a_reserved_layer_id_in_a_python_request_then_it_is_refused_and_no
     finally:
         _handlers.unregister_handler("reserved-t")
     assert store.counters().count_documents({}) == 0 and store.holders().count_documents({}) == 0
+
+
+@pytest.mark.parametrize("text", [
+    "shares: {tenants: {acme: 0}}",
+    "shares: {tenants: {acme: -2}}",
+    "shares: {tenants: {acme: yes}}",
+    "shares: {tenants: {'a.b': 1}}",
+    "shares: {tenants: [acme]}",
+    "shares: {users: {u1: 2}}",
+    "priorities: []",
+    "priorities: [Interactive]",
+    "priorities: [a, a]",
+    "priorities: [a, b]\ndefaultPriority: c",
+    "maxStarvationMs: 0",
+    "priorities: [a]\nallowedPriorities: {acme: [z]}",
+])
+def test_broken_share_or_class_fields_in_the_system_layer_fail_closed(text):
+    raw_put("system", "tex", text)
+    with pytest.raises(leases.LeaseUnavailable):
+        definitions.resolve("tex", "acme", "p1")
+    with pytest.raises(leases.InvalidDefinition):
+        config.validate_document("_vance", "_tenant", document_path("tex"), text)
+
+
+def test_classes_default_to_the_lowest_and_a_restricted_tenant_is_refused_not_downgraded():
+    config.put_document("_vance", "_tenant", document_path("tex"),
+                        "priorities: [interactive, batch]\nallowedPriorities: {globex: [batch]}\nmaxStarvationMs: 2000")
+    acme = load("tex", "acme", "p1")
+    assert acme.priority_of("acme", None) == (1, "batch")
+    assert acme.priority_of("acme", "interactive") == (0, "interactive")
+    assert load("tex", "globex", "p1").classes_for("globex") == ("batch",)
+    with pytest.raises(leases.PriorityNotAllowed):
+        acme.priority_of("globex", "interactive")
+    with pytest.raises(leases.InvalidLeaseRequest):
+        acme.priority_of("acme", "urgent")
+    assert acme.to_dict()["priorities"] == ["interactive", "batch"] and acme.to_dict()["maxStarvationMs"] == 2000

@@ -8,6 +8,7 @@ malformed ids are refused like lease tokens.
 
 from __future__ import annotations
 
+import math
 import subprocess
 import time
 import uuid
@@ -91,9 +92,12 @@ def assert_ticket(response, status, lease):
     assert response.status_code == status, response.text
     body = response.json()
     assert set(body) == {"ticket", "resource", "leaseName", "position", "level", "pollIntervalSeconds",
-                         "deadline", "serverTime"}
+                         "deadline", "serverTime", "estimatedGrantAt", "estimatedWaitSeconds"}
     assert body["leaseName"] == lease and body["pollIntervalSeconds"] == POLL_SECONDS
-    assert response.headers["Retry-After"] == str(POLL_SECONDS)
+    # Retry-After: the estimated wait (rounded up), never later than the poll interval.
+    expected = POLL_SECONDS if body["estimatedWaitSeconds"] is None else max(1, min(
+        POLL_SECONDS, math.ceil(body["estimatedWaitSeconds"])))
+    assert response.headers["Retry-After"] == str(expected)
     assert response.headers["Cache-Control"] == "no-store"
     return body
 
@@ -316,3 +320,65 @@ def test_given_a_broken_ticket_poll_setting_when_starting_then_the_process_refus
                             timeout=60, env=child_env(LEASES_TICKET_POLL_SECONDS=value))
     assert result.returncode != 0
     assert "LEASES_TICKET_POLL_SECONDS must be" in result.stderr
+
+
+def test_given_a_hold_history_when_a_ticket_is_issued_then_it_carries_the_estimated_grant_time(server, acme, lease_name):
+    # Given: one hold of the resource has been released (the gate now knows a typical hold).
+    first = acquire(server, acme, lease_name)
+    time.sleep(0.3)
+    assert acme.delete(f"{server}/api/v1/leases/{first.json()['token']}", timeout=30).status_code == 200
+    holder = acquire(server, acme, lease_name)
+    assert holder.status_code == 201
+    # When: two requests queue behind the holder.
+    one = queued(server, acme, lease_name, user="u2")
+    two = queued(server, acme, lease_name, user="u3")
+    # Then: each has an estimate, the second about one hold later than the first.
+    assert one["estimatedWaitSeconds"] is not None and two["estimatedWaitSeconds"] is not None
+    assert 0.1 <= one["estimatedWaitSeconds"] <= 1.0
+    assert two["estimatedWaitSeconds"] - one["estimatedWaitSeconds"] == pytest.approx(
+        2 * one["estimatedWaitSeconds"], rel=0.2)
+    assert one["estimatedGrantAt"] >= one["serverTime"]
+    for ticket in (one, two):
+        abandon(server, acme, ticket["ticket"])
+
+
+@pytest.fixture
+def classes_lease():
+    name = f"cls-{uuid.uuid4().hex[:8]}"
+    config.put_document("_vance", "_tenant", document_path(name),
+                        "levels: {global: 1}\nttlSeconds: 30\nwaitMs: 60000\npriorities: [interactive, batch]\n"
+                        "allowedPriorities: {globex: [batch]}\n")
+    return name
+
+
+def test_given_classes_when_acquiring_with_a_priority_over_http_then_it_is_validated_and_carried(
+        server, acme, globex, classes_lease):
+    assert_problem(acquire(server, acme, classes_lease, priority="urgent"), 400, "INVALID_REQUEST")
+    assert_problem(acquire(server, acme, classes_lease, priority=3), 400, "INVALID_BODY")
+    body = assert_problem(acquire(server, globex, classes_lease, priority="interactive"), 403, "PRIORITY_NOT_ALLOWED")
+    assert "globex" in body["detail"]
+    assert store.holders().count_documents({"leaseName": classes_lease}) == 0  # nothing written
+    held = acquire(server, globex, classes_lease, priority="batch")
+    assert held.status_code == 201, held.text
+    ticket = queued(server, acme, classes_lease, user="u2", priority="interactive")
+    assert queue_entry(ticket["ticket"])["pn"] == "interactive"
+    abandon(server, acme, ticket["ticket"])
+    globex.delete(f"{server}/api/v1/leases/{held.json()['token']}", timeout=30)
+
+
+def test_given_the_http_client_then_it_sends_the_priority_and_raises_the_typed_refusal(server, classes_lease):
+    from leases.client import HttpLeaseClient
+    from leases.errors import InvalidLeaseRequest, PriorityNotAllowed
+
+    acme_secret = keys.create_key(tenant_id="acme", project_id=None, name="cl", acting_user="test")[1]
+    globex_secret = keys.create_key(tenant_id="globex", project_id=None, name="cl", acting_user="test")[1]
+    with pytest.raises(PriorityNotAllowed):
+        HttpLeaseClient(server, globex_secret).acquire(type=TYPE, user_id="u", project_id="p1", lease=classes_lease,
+                                                        priority="interactive", wait_ms=0)
+    with pytest.raises(InvalidLeaseRequest):
+        HttpLeaseClient(server, acme_secret).acquire(type=TYPE, user_id="u", project_id="p1", lease=classes_lease,
+                                                      priority="nope", wait_ms=0)
+    lease = HttpLeaseClient(server, acme_secret).acquire(type=TYPE, user_id="u", project_id="p1",
+                                                          lease=classes_lease, priority="interactive", wait_ms=0)
+    assert store.holders().find_one({"_id": lease.token})["priority"] == "interactive"
+    lease.release()

@@ -32,6 +32,15 @@ def since(value: datetime | None, now: datetime | None) -> str:
 
 
 @register.filter
+def due_in(value: datetime | None, now: datetime | None) -> str:
+    """A future server time relative to ``now``: "in 3s" ("now" once it has passed)."""
+    if value is None or now is None:
+        return "—"
+    seconds = (value - now).total_seconds()
+    return "now" if seconds < 1 else f"in {_duration(seconds)}"
+
+
+@register.filter
 def remaining(seconds: float | None) -> str:
     """TTL remaining; a negative value is a holder the next sweep reaps."""
     if seconds is None:

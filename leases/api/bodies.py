@@ -198,6 +198,7 @@ ACQUIRE_FIELDS: dict[str, Callable[[Any, str], Any]] = {
     "podBound": boolean,
     "proposedIntervalSeconds": integer(1, MAX_INTERVAL_SECONDS),
     "waitMs": integer(0, MAX_WAIT_MS),
+    "priority": optional_string,
 }
 RENEW_FIELDS: dict[str, Callable[[Any, str], Any]] = {
     "proposedIntervalSeconds": integer(1, MAX_INTERVAL_SECONDS),

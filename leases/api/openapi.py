@@ -56,7 +56,7 @@ is fetched again by polling once more). `DELETE` gives the place up (or releases
 it was granted as). The ticket id becomes the lease token. Unknown and other tenants'
 tickets answer `410 STALE_LEASE`. `waitMs: 0` and inline definitions never queue. A
 `429 LEASE_BUSY` answer carries the diagnosis (resource, level, scope, count, cap) and
-`Retry-After` (seconds): retry after it with random jitter and exponential backoff,
+`Retry-After` (seconds; the queue's wait estimate when it has one): retry after it with random jitter and exponential backoff,
 bounded by your own deadline. `503 LEASE_UNAVAILABLE` means the lease
 cannot be decided (store unreachable, broken configuration): fail closed, do not use the
 resource unprotected, retry later.
@@ -141,6 +141,13 @@ _SCHEMAS: dict[str, Any] = {
             "proposedIntervalSeconds": {"type": "integer", "minimum": 1, "maximum": MAX_INTERVAL_SECONDS},
             "waitMs": {"type": "integer", "minimum": 0, "maximum": MAX_WAIT_MS,
                        "description": "Shortens the server's bounded wait for a slot."},
+            "priority": {"type": ["string", "null"], "pattern": "^[a-z][a-z0-9_-]{0,31}$",
+                         "description": "A priority class of the lease definition (`priorities`, highest first); "
+                                        "absent or null: its `defaultPriority`. A class the definition does not "
+                                        "name answers 400 INVALID_REQUEST; one the operator does not let this "
+                                        "tenant use answers 403 PRIORITY_NOT_ALLOWED (never a silent downgrade). "
+                                        "A waiting request of a higher class goes before lower ones; one that "
+                                        "waited past `maxStarvationMs` goes before every class."},
         },
     },
     "RenewRequest": {
@@ -214,6 +221,13 @@ _SCHEMAS: dict[str, Any] = {
                          "description": "Server time by which the next poll must arrive, else the ticket is "
                                         "dropped (410 EXPIRED)."},
             "serverTime": {"type": "string", "format": "date-time", "description": "Server time of this answer."},
+            "estimatedGrantAt": {"type": ["string", "null"], "format": "date-time",
+                                 "description": "Server time at which the ticket is expected to be granted, from "
+                                                "the resource's recent hold durations and the tickets the order "
+                                                "rule puts ahead of it; null while the resource has no hold history."},
+            "estimatedWaitSeconds": {"type": ["number", "null"], "minimum": 0,
+                                     "description": "estimatedGrantAt − serverTime. `Retry-After` is this, rounded "
+                                                    "up, at most pollIntervalSeconds and at least 1."},
         },
     },
     "NoopGrant": {
@@ -318,7 +332,8 @@ def _paths() -> dict[str, Any]:
                             "headers": {**_POLL_HEADER, "Location": {
                                 "schema": {"type": "string"}, "description": "/api/v1/tickets/{ticket}"}}},
                     **_COMMON,
-                    "403": _problem("PROJECT_FORBIDDEN: the key is bound to another project."),
+                    "403": _problem("PROJECT_FORBIDDEN: the key is bound to another project; "
+                                    "PRIORITY_NOT_ALLOWED: the tenant may not use that priority class."),
                     "429": _problem("LEASE_BUSY: a level stayed full for the bounded wait.", "BusyProblem", headers={
                         "Retry-After": {"schema": {"type": "integer", "minimum": 1},
                                         "description": "Seconds to wait before retrying (add jitter)."}}),

@@ -8,6 +8,7 @@ HTTP status, its ``code`` goes into the body next to ``type``, ``title``, ``stat
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from django.http import JsonResponse
@@ -19,6 +20,7 @@ from leases.errors import (
     LeaseExpired,
     LeaseLost,
     LeaseUnavailable,
+    PriorityNotAllowed,
     ProjectForbidden,
     StaleLease,
     Unauthenticated,
@@ -40,6 +42,7 @@ _STATUS: list[tuple[type[LeaseError], int, str]] = [
     (LeaseExpired, 410, "Lease expired"),
     (LeaseLost, 410, "Lease lost"),
     (LeaseUnavailable, 503, "Lease store unavailable"),
+    (PriorityNotAllowed, 403, "Priority class not allowed for this tenant"),
     (InvalidLeaseRequest, 400, "Invalid request"),
 ]
 
@@ -62,15 +65,19 @@ def from_error(error: LeaseError) -> JsonResponse:
     """The problem answer for ``error``, with the headers its status needs."""
     status, title = status_of(error)
     extra: dict[str, Any] = {}
+    retry_after = BUSY_RETRY_AFTER_SECONDS
     if isinstance(error, LeaseBusy):
+        if error.retry_after is not None:
+            # The queue's estimate of when this request's turn would have come.
+            retry_after = max(BUSY_RETRY_AFTER_SECONDS, math.ceil(error.retry_after))
         extra = {"resource": error.resource, "level": error.level, "scope": error.scope,
-                 "count": error.count, "cap": error.cap, "retryAfterSeconds": BUSY_RETRY_AFTER_SECONDS}
+                 "count": error.count, "cap": error.cap, "retryAfterSeconds": retry_after}
     reason = getattr(error, "reason", None)
     if isinstance(error, LeaseExpired) and reason:
         extra["reason"] = reason
     response = problem(status, error.code, title, str(error), **extra)
     if isinstance(error, LeaseBusy):
-        response["Retry-After"] = str(BUSY_RETRY_AFTER_SECONDS)
+        response["Retry-After"] = str(retry_after)
     if isinstance(error, Unauthenticated):
         response["WWW-Authenticate"] = 'Bearer realm="leases"'
     return response

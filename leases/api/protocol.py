@@ -147,7 +147,8 @@ def ticket_keep_ms() -> int:
 
 def acquire(*, key: ApiKey, type: str, user_id: str, project_id: str, lease: str | None = None,
             inline: dict[str, Any] | None = None, holder_ref: str = "", pod_bound: bool = False,
-            proposed_interval: int | None = None, wait_ms: int | None = None) -> "Grant | service.Ticket":
+            proposed_interval: int | None = None, wait_ms: int | None = None,
+            priority: str | None = None) -> "Grant | service.Ticket":
     """Acquire a detached lease (``pod=""``: only the idle reap applies) for ``key``'s tenant.
 
     The wait for a slot is ``min(definition waitMs, LEASES_HTTP_MAX_WAIT_MS, wait_ms)`` so a
@@ -159,7 +160,8 @@ def acquire(*, key: ApiKey, type: str, user_id: str, project_id: str, lease: str
     Raises:
         ProjectForbidden: a project-bound key named another project.
         InvalidLeaseRequest: bad ids (also the reserved ``_tenant`` / ``_vance``), names,
-            inline definition or unknown type.
+            inline definition, unknown type or a priority class the lease does not define.
+        PriorityNotAllowed: a class the tenant may not use (never downgraded silently).
         LeaseBusy: a level stayed full for the bounded wait.
         LeaseUnavailable: the store is unreachable or the configuration is broken.
     """
@@ -172,7 +174,7 @@ def acquire(*, key: ApiKey, type: str, user_id: str, project_id: str, lease: str
     request = service.LeaseRequest(
         type=type, tenant_id=key.tenant_id, project_id=project_id, user_id=user_id, lease=lease,
         inline=inline, holder_ref=holder_ref, pod="", pod_bound=pod_bound,
-        wait_ms=bound if wait_ms is None else min(bound, wait_ms),
+        wait_ms=bound if wait_ms is None else min(bound, wait_ms), priority=priority,
     )
     held = service.acquire(request) if wait_ms == 0 else service.acquire_or_ticket(request, keep_ms=ticket_keep_ms())
     if isinstance(held, service.Ticket):

@@ -12,6 +12,7 @@ filter, so another tenant's ticket answers like one that never existed (``STALE_
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,23 @@ class TicketAnswer:
     poll_seconds: int
 
     @property
+    def estimated_wait_seconds(self) -> float | None:
+        """Seconds from the server time until the estimated grant (None: no estimate yet)."""
+        ticket = self.ticket
+        if ticket.estimated_grant_at is None:
+            return None
+        return max(0.0, (ticket.estimated_grant_at - ticket.server_time).total_seconds())
+
+    @property
+    def retry_after(self) -> int:
+        """``Retry-After``: the estimated wait, but never later than the poll interval (a
+        ticket must be polled to stay alive) and never below one second."""
+        wait = self.estimated_wait_seconds
+        if wait is None:
+            return self.poll_seconds
+        return max(1, min(self.poll_seconds, math.ceil(wait)))
+
+    @property
     def location(self) -> str:
         return f"/api/v1/tickets/{self.ticket.id}"
 
@@ -46,6 +64,8 @@ class TicketAnswer:
             "pollIntervalSeconds": self.poll_seconds,
             "deadline": protocol.iso(ticket.deadline),
             "serverTime": protocol.iso(ticket.server_time),
+            "estimatedGrantAt": None if ticket.estimated_grant_at is None else protocol.iso(ticket.estimated_grant_at),
+            "estimatedWaitSeconds": None if self.estimated_wait_seconds is None else round(self.estimated_wait_seconds, 3),
         }
 
 

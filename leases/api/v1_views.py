@@ -73,7 +73,7 @@ def acquire(request: HttpRequest, *, key: ApiKey) -> HttpResponse:
         key=key, type=body["type"], user_id=body["userId"], project_id=body["projectId"],
         lease=body.get("lease"), inline=body.get("inline"), holder_ref=body.get("holderRef") or "",
         pod_bound=body.get("podBound", False), proposed_interval=body.get("proposedIntervalSeconds"),
-        wait_ms=body.get("waitMs"),
+        wait_ms=body.get("waitMs"), priority=body.get("priority"),
     )
     if isinstance(grant, service.Ticket):
         return _waiting(tickets.answer(grant), 202)
@@ -82,7 +82,7 @@ def acquire(request: HttpRequest, *, key: ApiKey) -> HttpResponse:
 
 def _waiting(ticket: tickets.TicketAnswer, status: int) -> JsonResponse:
     response = _created(ticket.to_json(), status)
-    response["Retry-After"] = str(ticket.poll_seconds)
+    response["Retry-After"] = str(ticket.retry_after)
     if status == 202:
         response["Location"] = ticket.location
     return response

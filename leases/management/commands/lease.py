@@ -28,10 +28,11 @@ from typing import Any, Callable, Iterable, Sequence
 import pymongo.errors
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from leases import actions, reads, validation
+from leases import actions, reads, shares, validation
 from leases.conf import lease_settings
 from leases.errors import (
     HolderNotFound,
+    InvalidLeaseRequest,
     LeaseError,
     PodCallError,
     PodNotFound,
@@ -190,6 +191,16 @@ class Command(BaseCommand):
                        help="Only counters older than this (default LEASES_RECONCILE_SAFETY_MS).")
         p.add_argument("--json", action="store_true")
 
+        p = sub.add_parser("weights", help="Tenant weights per lease (System layer); unlisted tenants weigh 1.")
+        p.add_argument("--json", action="store_true")
+
+        p = sub.add_parser("set-weight", help="Set a tenant's weight on a lease in the System layer (audited); "
+                                              "'default' removes it (weight 1).")
+        p.add_argument("name", help="Lease name.")
+        p.add_argument("tenant", help="Tenant id.")
+        p.add_argument("weight", help="A positive number, or 'default'.")
+        p.add_argument("--json", action="store_true")
+
         p = sub.add_parser("stats", help="Per-minute history of one resource: grants, busy, waits, occupancy, reaps.")
         p.add_argument("resource")
         p.add_argument("--tenant", help="Only this tenant's minutes (default: all tenants summed).")
@@ -331,6 +342,11 @@ class Command(BaseCommand):
                 return w.level
             return f"{w.level} {w.blocked_count}/{w.blocked_cap}"
 
+        def estimate(w: reads.WaiterView) -> str:
+            if w.estimated_grant_at is None:
+                return "-"
+            return f"{max(0.0, (w.estimated_grant_at - now).total_seconds()):.1f}s"
+
         def text() -> str:
             if not result.items:
                 return "No waiting tickets."
@@ -338,9 +354,11 @@ class Command(BaseCommand):
                      "-" if w.position is None else w.position,
                      _when(w.waiting_since),
                      "-" if w.waiting_since is None else f"{int((now - w.waiting_since).total_seconds())}s",
+                     w.priority or "-", estimate(w),
                      blocked(w), "STALE" if w.stale else "", w.ticket_id) for w in result.items]
-            body = table(["RESOURCE", "TENANT", "PROJECT", "USER", "POS", "WAITING-SINCE", "WAITED", "BLOCKED-AT",
-                          "STALE", "TICKET"], rows, numeric=["POS", "WAITED"])
+            body = table(["RESOURCE", "TENANT", "PROJECT", "USER", "POS", "WAITING-SINCE", "WAITED", "CLASS",
+                          "EST-GRANT-IN", "BLOCKED-AT", "STALE", "TICKET"], rows,
+                         numeric=["POS", "WAITED", "EST-GRANT-IN"])
             stale = sum(1 for w in result.items if w.stale)
             tail = f"{len(result.items)} waiting ticket(s), {stale} stale"
             if stale:
@@ -348,6 +366,32 @@ class Command(BaseCommand):
             return f"{body}\n\n{tail}. Server time {_when(now)}."
 
         self.emit(o, result.to_dict(), text)
+
+    def do_weights(self, o: dict[str, Any]) -> None:
+        rows = shares.tenant_weights()
+
+        def text() -> str:
+            if not rows:
+                return "No tenant weights set: every tenant weighs 1."
+            body = table(["LEASE", "TENANT", "WEIGHT"], [(r["lease"], r["tenant"], f"{r['weight']:g}") for r in rows],
+                         numeric=["WEIGHT"])
+            return f"{body}\n\n{len(rows)} weight(s); tenants not listed weigh 1."
+
+        self.emit(o, rows, text)
+
+    def do_set_weight(self, o: dict[str, Any]) -> None:
+        raw = o["weight"]
+        if raw == "default":
+            weight = None
+        else:
+            try:
+                weight = float(raw)
+            except ValueError:
+                raise InvalidLeaseRequest(f"weight must be a positive number or 'default', got {raw!r}") from None
+        after = shares.set_tenant_weight(o["name"], o["tenant"], weight, acting_user=_operator())
+        shown = "1 (default)" if weight is None else f"{weight:g}"
+        self.emit(o, {"lease": o["name"], "tenant": o["tenant"], "weight": weight, "tenantWeights": after},
+                  lambda: f"Tenant {o['tenant']} now weighs {shown} on lease {o['name']} (System layer; audited).")
 
     def do_definition(self, o: dict[str, Any]) -> None:
         validation.lease_name(o["name"])

@@ -39,8 +39,12 @@ class Command(BaseCommand):
 
     def _put(self, tenant, project, name, file, **_):
         text = sys.stdin.read() if file == "-" else open(file, encoding="utf-8").read()
-        config.put_document(tenant, project, definitions.document_path(name), text)
-        self.stdout.write(f"stored {definitions.document_path(name)} for {tenant}/{project}")
+        path = definitions.document_path(name)
+        config.put_document(tenant, project, path, text)
+        self.stdout.write(f"stored {path} for {tenant}/{project}")
+        note = config.ignored_note(tenant, project, path, text)
+        if note:
+            self.stdout.write(self.style.WARNING(f"warning: {note}"))
 
     def _delete(self, tenant, project, name, **_):
         existed = config.delete_document(tenant, project, definitions.document_path(name))

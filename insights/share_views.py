@@ -1,0 +1,81 @@
+"""Insights → Leases → Shares: the tenant's weight and classes on a lease, and the weights of
+its projects, which its admins set here (written to the Tenant layer, audited)."""
+
+from __future__ import annotations
+
+from urllib.parse import urlencode
+
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_http_methods
+
+from leases import definitions, reads, shares
+from leases.definitions import TENANT_PROJECT
+from leases.errors import InvalidLeaseRequest, LeaseUnavailable
+
+from .access import tenant_admin_required
+from .forms import DefinitionForm, ProjectWeightForm
+from .models import Tenant
+from .views import _project_slugs
+
+
+def _share_context(tenant: Tenant, name: str) -> dict:
+    """What this tenant may know of a lease's shares: its own weight and classes, its
+    projects' weights — never another tenant's weight or classes."""
+    definition = definitions.load(name, tenant.slug, TENANT_PROJECT)
+    projects = _project_slugs(tenant)
+    return {
+        "lease": name,
+        "tenant_weight": definition.tenant_weight(tenant.slug),
+        "tenant_weight_layer": definition.sources.get("shares.tenants", "default")
+        if tenant.slug in definition.tenant_shares else "default",
+        "classes": list(definition.classes_for(tenant.slug)),
+        "all_classes": list(definition.priorities),
+        "default_class": definition.default_priority,
+        "max_starvation_ms": definition.max_starvation_ms,
+        "project_weights": [(p, definition.project_weight(p), p in definition.project_shares) for p in projects],
+        "project_layer": definition.sources.get("shares.projects"),
+    }
+
+
+@require_http_methods(["GET", "POST"])
+@tenant_admin_required
+def shares_view(request: HttpRequest, tenant: Tenant) -> HttpResponse:
+    """GET ?name=<lease>: the shares; POST (CSRF-checked): set one project's weight."""
+    projects = _project_slugs(tenant)
+    status = 200
+    weight_form = None
+    if request.method == "POST":
+        weight_form = ProjectWeightForm(request.POST, projects=projects)
+        if weight_form.is_valid():
+            data = weight_form.cleaned_data
+            try:
+                shares.set_project_weight(tenant.slug, data["name"], data["project"], data["weight"],
+                                          acting_user=request.user)
+            except (InvalidLeaseRequest, LeaseUnavailable) as exc:
+                weight_form.add_error(None, str(exc))
+            else:
+                shown = "the default 1" if data["weight"] is None else f"{data['weight']:g}"
+                messages.success(request, f"Project {data['project']} now weighs {shown} within "
+                                          f"{tenant.slug}'s share of {data['name']}.")
+                url = reverse("insights:shares", args=[tenant.slug]) + "?" + urlencode({"name": data["name"]})
+                return redirect(url)
+        status = 400
+        name = request.POST.get("name", "")
+    else:
+        name = request.GET.get("name", "")
+    picker = DefinitionForm({"name": name, "project": TENANT_PROJECT} if name else None, projects=projects)
+    context = {"tenant": tenant, "section": "shares", "picker": picker, "error": None, "share": None,
+               "lease_names": reads.known_lease_names(tenant.slug)}
+    if name and picker.is_valid():
+        try:
+            context["share"] = _share_context(tenant, picker.cleaned_data["name"])
+        except LeaseUnavailable as exc:
+            context["error"] = str(exc)
+        context["weight_form"] = weight_form or ProjectWeightForm(initial={"name": picker.cleaned_data["name"]},
+                                                                  projects=projects)
+    elif name:
+        status = 400
+    return render(request, "insights/shares.html", context, status=status)
