@@ -77,6 +77,8 @@ def test_given_a_free_resource_when_acquiring_async_then_check_and_release_work_
     assert payload == {"jobId": "$not-an-operator"}
     assert (first, second) == (True, False)
     assert [count(k) for k in lease.levels] == [0, 0, 0] and store.holders().count_documents({}) == 0
+    # The hold's duration is kept on the gate for wait estimates, as by the sync release.
+    assert len(store.counters().find_one({"_id": "aio|global|*"}).get("holds") or ()) == 1
 
 
 def test_given_async_with_when_the_block_raises_then_the_lease_is_released():
