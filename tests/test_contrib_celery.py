@@ -11,6 +11,7 @@ import subprocess
 import threading
 import time
 import uuid
+from datetime import datetime, timedelta
 
 import pytest
 import redis
@@ -206,6 +207,17 @@ def test_given_a_function_without_a_lease_parameter_then_it_is_refused():
         @leased_celery.leased(TYPE, lease="ctask", tenant="t", project="t", user="t")
         def body(self, t):
             return None
+
+
+@pytest.mark.parametrize("grant_in,expected", [(None, 2.0), (0.1, 0.5), (1.2, 1.2), (30.0, 2.0)])
+def test_given_a_kept_ticket_then_its_retry_comes_at_the_estimate_within_half_a_second_and_one_poll(
+        settings, grant_in, expected):
+    settings.LEASES_TICKET_POLL_SECONDS = 2
+    now = datetime(2026, 1, 1, 12, 0, 0)
+    ticket = service.Ticket(id="t" * 24, resource="ctask", lease_name="ctask", level="global", position=1,
+                            server_time=now, deadline=now + timedelta(seconds=6),
+                            estimated_grant_at=None if grant_in is None else now + timedelta(seconds=grant_in))
+    assert leased_celery.ticket_delay(ticket) == pytest.approx(expected)
 
 
 def test_retries_exhausted_is_a_busy_error_that_rebuilds_from_its_message():

@@ -23,11 +23,12 @@ fair queue across retries: the first attempt leaves a kept ticket (as the HTTP `
 flow does) and each retry polls it, which keeps it alive and books the slot on its turn.
 That is only safe while the retry comes back within the ticket's keep window, which a
 Celery countdown cannot promise (a busy or dead worker runs the retry late or never): the
-countdown is the poll interval, the keep window three of them, and a retry that comes
-back late finds its ticket dropped and queues again at the back. A dead worker's ticket
-therefore holds its place for one keep window at most, like a client that stopped polling.
-After ``max_retries`` the task fails with :class:`~leases.errors.LeaseRetriesExhausted`
-and its ticket is given up.
+countdown is the server's estimate of the ticket's grant, between half a second and one
+poll interval, the keep window three poll intervals, and a retry that comes back late
+finds its ticket dropped and queues again at the back. A dead worker's ticket therefore
+holds its place for one keep window at most, like a client that stopped polling. Every
+poll is a retry: after ``max_retries`` the task fails with
+:class:`~leases.errors.LeaseRetriesExhausted` and its ticket is given up.
 
 This module is an optional integration (Celery is the only thing it adds), which is why it
 lives in ``leases.contrib`` and not beside the engine; it also keeps ``leases.celery`` free,
@@ -49,6 +50,7 @@ log = logging.getLogger(__name__)
 
 TICKET_KWARG = "_leases_ticket"
 DEFAULT_MAX_RETRIES = 30
+MIN_TICKET_DELAY_S = 0.5  # an estimate of "now" must not spend the retries in a busy loop
 IdSource = str | Callable[..., str]
 
 
@@ -184,7 +186,7 @@ def _retry(task: Any, request: service.LeaseRequest, outcome: Any, args: tuple[A
     if countdown is not None:
         delay = float(countdown)
     elif ticket is not None:
-        delay = poll_seconds()
+        delay = ticket_delay(ticket)
     else:
         suggested = getattr(outcome, "retry_after", None)
         delay = float(suggested) if suggested else poll_seconds() * random.uniform(1.0, 1.5)
@@ -193,6 +195,17 @@ def _retry(task: Any, request: service.LeaseRequest, outcome: Any, args: tuple[A
         delay = min(delay, keep_ms() / 3000.0)
         kwargs = {**kwargs, TICKET_KWARG: ticket.id}
     raise task.retry(args=args, kwargs=kwargs, countdown=delay, max_retries=max_retries)
+
+
+def ticket_delay(ticket: service.Ticket) -> float:
+    """When to poll a kept ticket: at the server's estimate of its grant when that comes
+    sooner than the poll interval (a slot free for us idles until we poll), else after one
+    poll interval (the ticket must be polled within its keep window whatever the estimate)."""
+    poll = poll_seconds()
+    if ticket.estimated_grant_at is None:
+        return poll
+    until = (ticket.estimated_grant_at - ticket.server_time).total_seconds()
+    return max(MIN_TICKET_DELAY_S, min(until, poll))
 
 
 def _resource(outcome: Any) -> str:
