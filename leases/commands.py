@@ -55,3 +55,9 @@ def touch(token: str, *, ttl_seconds: int, extra: dict[str, Any] | None = None) 
     if extra:
         update.update(extra)
     return {"_id": token, "state": "HELD"}, [{"$set": update}]
+
+
+def adopt(token: str, *, pod: str) -> tuple[dict, dict]:
+    """A held lease moves to the pod that uses it now (a kept ticket granted to a retry that
+    runs in another process than the one that queued it)."""
+    return {"_id": token, "state": "HELD"}, {"$set": {"pod": pod}}

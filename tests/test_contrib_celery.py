@@ -190,6 +190,27 @@ def test_given_a_ticket_dropped_before_the_retry_when_the_task_retries_then_it_q
         holder.release()
 
 
+def test_given_a_ticket_queued_by_another_worker_when_this_one_is_granted_then_the_lease_moves_to_this_pod(
+        handler):
+    from leases.identity import self_pod_id
+
+    put("levels: {global: 1}\nwaitMs: 0\nttlSeconds: 30")
+    holder = leases.acquire(leases.LeaseRequest(type=TYPE, lease="ctask", tenant_id="other", project_id="p",
+                                                user_id="u"))
+    elsewhere = service.LeaseRequest(type=TYPE, lease="ctask", tenant_id="acme", project_id="p1", user_id="u1",
+                                     wait_ms=0, pod="worker-that-queued")
+    ticket = leased_celery._acquire(elsewhere, None, keep_place=True)
+    assert isinstance(ticket, service.Ticket)
+    assert store.holders().find_one({"_id": ticket.id})["pod"] == "worker-that-queued"
+    holder.release()
+    granted = leased_celery._acquire(elsewhere, ticket.id, keep_place=True)
+    try:
+        assert isinstance(granted, service.Lease) and granted.token == ticket.id
+        assert store.holders().find_one({"_id": ticket.id})["pod"] == self_pod_id() == granted.request.pod
+    finally:
+        granted.release()
+
+
 @pytest.mark.parametrize("kwargs,message", [
     (dict(tenant="nope", project="project_id", user="user_id"), "no argument 'nope'"),
     (dict(tenant="tenant_id", project="project_id", user=3), "must name an argument or be a callable"),

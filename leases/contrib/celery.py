@@ -37,14 +37,26 @@ the module name Celery's ``-A`` looks up as an application.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import logging
 import random
 from typing import Any, Callable
 
-from leases import service
-from leases.errors import InvalidLeaseRequest, LeaseBusy, LeaseExpired, LeaseRetriesExhausted, StaleLease
+import pymongo.errors
+
+from leases import commands, service, store
+from leases.errors import (
+    InvalidLeaseRequest,
+    LeaseBusy,
+    LeaseExpired,
+    LeaseLost,
+    LeaseRetriesExhausted,
+    LeaseUnavailable,
+    StaleLease,
+)
+from leases.identity import self_pod_id
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +164,8 @@ def _acquire(request: service.LeaseRequest, ticket_id: str | None, *, keep_place
         if not isinstance(ticket_id, str):
             raise InvalidLeaseRequest("the kept ticket must be a ticket id")
         try:
-            return service.resume(ticket_id, scope=scope, keep_ms=keep_ms())
+            resumed = service.resume(ticket_id, scope=scope, keep_ms=keep_ms())
+            return _adopt(resumed) if isinstance(resumed, service.Lease) else resumed
         except (LeaseExpired, StaleLease) as exc:
             # The retry came back after the keep window (a busy or restarted worker): the
             # place is gone, queue again from the back.
@@ -163,6 +176,33 @@ def _acquire(request: service.LeaseRequest, ticket_id: str | None, *, keep_place
         return service.acquire(request)
     except LeaseBusy as busy:
         return busy
+
+
+def _adopt(lease: service.Lease) -> service.Lease:
+    """Move a lease granted to a resumed ticket onto this process's pod: the retry may run
+    in another worker than the one that queued it, and the pod reap must follow the process
+    that holds the lease, not the one that once asked for it.
+
+    Raises:
+        LeaseLost: the lease was reaped in the meantime.
+        LeaseUnavailable: the store failed (the lease is released, best effort).
+    """
+    pod = self_pod_id()
+    if lease.request.pod in ("", pod):
+        return lease
+    try:
+        with service._bound():
+            moved = store.holders().update_one(*commands.adopt(lease.token, pod=pod))
+    except pymongo.errors.PyMongoError as exc:
+        try:
+            lease.release()
+        except LeaseUnavailable:
+            log.warning("release of %s failed; reap and repair return it", lease.token)
+        raise LeaseUnavailable(f"lease store unreachable: {exc.__class__.__name__}") from None
+    if not moved.matched_count:
+        raise LeaseLost(f"lease {lease.token} on {lease.resource} was lost (reaped or revoked)")
+    lease.request = dataclasses.replace(lease.request, pod=pod)
+    return lease
 
 
 def _retry(task: Any, request: service.LeaseRequest, outcome: Any, args: tuple[Any, ...],
