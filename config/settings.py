@@ -17,6 +17,7 @@ Environment variables
 | CELERY_BROKER_URL               | CELERY_BROKER_URL               | redis://127.0.0.1:6379/0       | Celery broker.                                                          |
 | CELERY_RESULT_BACKEND           | CELERY_RESULT_BACKEND           | (none)                         | Celery result backend, e.g. redis://127.0.0.1:6379/2. Empty: disabled.  |
 | LEASES_MONGO_TIMEOUT_MS         | LEASES_MONGO_TIMEOUT_MS         | 2000                           | Bound for server selection / connect / socket / operation timeouts.    |
+| (settings only)                 | LEASES_DATABASE                 | default                        | Django alias (django-mongodb-backend) of the lease apps' models; see leases.routers. |
 | LEASES_REAP_INTERVAL            | LEASES_REAP_INTERVAL            | 30                             | Seconds between "lease-sweep" beat runs.                                |
 | LEASES_RECONCILE_SAFETY_MS      | LEASES_RECONCILE_SAFETY_MS      | 60000                          | Counter-reconcile safety margin (ms).                                   |
 | LEASES_INTERNAL_SECRET          | LEASES_INTERNAL_SECRET          | insecure dev secret            | Shared secret for internal (pod-to-pod) endpoints.                      |
@@ -32,6 +33,7 @@ Environment variables
 | LEASES_POD_AUTOSTART            | LEASES_POD_AUTOSTART            | 1                              | Web processes register as pods on their first request (tests: off).    |
 | LEASES_WORKER_INTERNAL_BIND     | LEASES_WORKER_INTERNAL_BIND     | 127.0.0.1:0                    | host:port a Celery worker serves /internal/lease/ on (0 = free port).  |
 | LEASES_SESSION_TOOLS            | LEASES_SESSION_TOOLS            | {}                             | JSON {tool: {endpoint, auth}} for leases.contrib.sessions.             |
+| (settings only)                 | LEASES_TENANT_ACCESS            | insights.access.ModelTenantAccess | Dotted path of the tenancy hook (a leases.tenancy.TenantAccess).     |
 | LEASES_HTTP_MAX_WAIT_MS         | LEASES_HTTP_MAX_WAIT_MS         | 5000                           | Upper bound (ms) of an HTTP acquire's wait for a slot (then 202 ticket). |
 | LEASES_TICKET_TTL_MS            | LEASES_TICKET_TTL_MS            | 3000                           | A waiting ticket not kept alive this long is dropped (dead waiter).    |
 | LEASES_WAIT_POLL_MS             | LEASES_WAIT_POLL_MS             | 1000                           | A waiter's keep-alive and safety poll when no wake-up comes (ms).      |
@@ -94,6 +96,9 @@ INSTALLED_APPS = [
     "leases",
     "insights",
     "leases.api",
+    # The reference consumers (the demo's ``tex`` and ``browser`` types): opt-in apps.
+    "leases.contrib.jobs",
+    "leases.contrib.sessions",
 ]
 
 # Contrib apps' own migrations use AutoField; these MongoDB-specific ones (generated with

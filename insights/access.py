@@ -1,5 +1,8 @@
 """Who may see a tenant's Insights pages: resolved from the URL for ``request.user``.
 
+The answer comes from the tenancy hook (:func:`leases.tenancy.tenant_access`, setting
+``LEASES_TENANT_ACCESS``); :class:`ModelTenantAccess` is the default, on this app's models.
+
 * anonymous → redirect to the login page;
 * malformed slug, missing tenant, or not a member → 404 (a stranger cannot tell an
   existing tenant from a missing one);
@@ -9,42 +12,89 @@
 from __future__ import annotations
 
 from functools import wraps
-from typing import Callable
+from typing import Any, Callable
 
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.views.defaults import permission_denied
 
+from leases.tenancy import TenantAccess, TenantGrant, tenant_access
 from leases.validation import ID_RE
 
-from .models import Membership, Tenant
+
+class ModelTenantAccess(TenantAccess):
+    """The default hook: ``insights.Tenant``, ``insights.Project`` and ``insights.Membership``."""
+
+    def grant(self, user: Any, tenant_id: str) -> TenantGrant | None:
+        from .models import Membership, Tenant
+
+        if not getattr(user, "is_authenticated", False):
+            return None
+        # Two plain lookups instead of a join: "missing tenant" and "not a member" end alike.
+        tenant = Tenant.objects.filter(slug=tenant_id).first()
+        membership = None if tenant is None else Membership.objects.filter(user_id=user.pk, tenant_id=tenant.pk).first()
+        if membership is None:
+            return None
+        return TenantGrant(slug=tenant.slug, name=tenant.name, role=membership.role)
+
+    def grants(self, user: Any) -> list[TenantGrant]:
+        from .models import Membership, Tenant
+
+        if not getattr(user, "is_authenticated", False):
+            return []
+        memberships = list(Membership.objects.filter(user_id=user.pk))
+        tenants = Tenant.objects.in_bulk([m.tenant_id for m in memberships])
+        found = [TenantGrant(slug=tenants[m.tenant_id].slug, name=tenants[m.tenant_id].name, role=m.role)
+                 for m in memberships if m.tenant_id in tenants]
+        return sorted(found, key=lambda g: g.slug)
+
+    def projects(self, tenant_id: str) -> list[str]:
+        from .models import Project, Tenant
+
+        tenant_pk = Tenant.objects.filter(slug=tenant_id).values_list("pk", flat=True).first()
+        if tenant_pk is None:
+            return []
+        return list(Project.objects.filter(tenant_id=tenant_pk).order_by("slug").values_list("slug", flat=True))
+
+    def tenant_exists(self, tenant_id: str) -> bool:
+        from .models import Tenant
+
+        return Tenant.objects.filter(slug=tenant_id).exists()
+
+    def project_exists(self, tenant_id: str, project_id: str) -> bool:
+        from .models import Project, Tenant
+
+        tenant_pk = Tenant.objects.filter(slug=tenant_id).values_list("pk", flat=True).first()
+        return tenant_pk is not None and Project.objects.filter(tenant_id=tenant_pk, slug=project_id).exists()
 
 
-def resolve_admin_tenant(request: HttpRequest, tenant_slug: str) -> Tenant:
-    """The tenant named by ``tenant_slug`` if ``request.user`` is one of its admins.
+def resolve_admin_tenant(request: HttpRequest, tenant_slug: str) -> TenantGrant:
+    """The tenant named by ``tenant_slug`` if the hook says ``request.user`` is one of its admins.
 
     The caller handles anonymous users first (see :func:`tenant_admin_required`).
 
     Raises:
         Http404: malformed slug, no such tenant, or the user is not a member.
         PermissionDenied: the user is a member but not an ADMIN.
+        ImproperlyConfigured: ``LEASES_TENANT_ACCESS`` names no usable hook.
     """
-    # The slug is checked before it reaches a query, so "$ne"-like values are just 404s.
+    # The slug is checked before it reaches the hook, so "$ne"-like values are just 404s.
     if not isinstance(tenant_slug, str) or ID_RE.fullmatch(tenant_slug) is None:
         raise Http404("No such tenant")
-    # Two plain lookups instead of a join: "missing tenant" and "not a member" end alike.
-    tenant = Tenant.objects.filter(slug=tenant_slug).first()
-    membership = None if tenant is None else Membership.objects.filter(user_id=request.user.pk, tenant_id=tenant.pk).first()
-    if membership is None:
+    granted = tenant_access().grant(request.user, tenant_slug)
+    if granted is None:
         raise Http404("No such tenant")
-    if not membership.is_admin:
+    if granted.slug != tenant_slug:
+        # A hook answering for another tenant than asked would bind the pages to it.
+        raise Http404("No such tenant")
+    if not granted.is_admin:
         raise PermissionDenied("Insights → Leases is for tenant admins")
-    return tenant
+    return granted
 
 
 def tenant_admin_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    """Decorate a view taking ``tenant`` from the URL; it receives the :class:`Tenant` instead."""
+    """Decorate a view taking ``tenant`` from the URL; it receives the :class:`TenantGrant` instead."""
 
     @wraps(view)
     def wrapper(request: HttpRequest, tenant: str, *args, **kwargs) -> HttpResponse:
@@ -61,12 +111,8 @@ def tenant_admin_required(view: Callable[..., HttpResponse]) -> Callable[..., Ht
     return wrapper
 
 
-def memberships_of(user) -> list[Membership]:
-    """The user's memberships, for the start page."""
+def grants_of(user: Any) -> list[TenantGrant]:
+    """The tenants the user may see, for the start page."""
     if not user.is_authenticated:
         return []
-    memberships = list(Membership.objects.filter(user_id=user.pk))
-    tenants = Tenant.objects.in_bulk([m.tenant_id for m in memberships])
-    for m in memberships:
-        m.tenant = tenants[m.tenant_id]  # fill the relation without a join
-    return sorted(memberships, key=lambda m: m.tenant.slug)
+    return tenant_access().grants(user)

@@ -13,16 +13,17 @@ from django.shortcuts import render
 from leases import history
 from leases.errors import InvalidLeaseRequest
 
+from leases.tenancy import TenantGrant
+
 from .access import tenant_admin_required
 from .charts import history_charts, stacked_bars
-from .models import Tenant
 from .views import _refresh_context
 
 SINCE_CHOICES = ("30m", "1h", "6h", "24h")
 
 
 @tenant_admin_required
-def history_view(request: HttpRequest, tenant: Tenant) -> HttpResponse:
+def history_view(request: HttpRequest, tenant: TenantGrant) -> HttpResponse:
     """Per-minute grants, busy answers, waits, peak occupancy and reaps of one resource."""
     error = None
     status = 200

@@ -18,10 +18,10 @@ from django.views.decorators.http import require_http_methods
 
 from leases import actions, audit, reads
 from leases.errors import AuditEntryNotFound, HolderNotFound, InvalidLeaseRequest, LeaseUnavailable
+from leases.tenancy import TenantGrant, tenant_access
 
-from .access import memberships_of, tenant_admin_required
+from .access import grants_of, tenant_admin_required
 from .forms import DefinitionForm, HolderFilterForm, RevokeForm
-from .models import Tenant
 
 REFRESH_SECONDS = 5
 PER_PAGE = 50
@@ -46,18 +46,18 @@ def _refresh_context(request: HttpRequest) -> dict:
     }
 
 
-def _project_slugs(tenant: Tenant) -> list[str]:
-    return list(tenant.projects.order_by("slug").values_list("slug", flat=True))
+def _project_slugs(tenant: TenantGrant) -> list[str]:
+    return tenant_access().projects(tenant.slug)
 
 
 @login_required
 def home(request: HttpRequest) -> HttpResponse:
     """Start page: the tenants the user belongs to."""
-    return render(request, "insights/home.html", {"memberships": memberships_of(request.user)})
+    return render(request, "insights/home.html", {"grants": grants_of(request.user)})
 
 
 @tenant_admin_required
-def holders(request: HttpRequest, tenant: Tenant) -> HttpResponse:
+def holders(request: HttpRequest, tenant: TenantGrant) -> HttpResponse:
     """Holders of the tenant with filters and paging."""
     form = HolderFilterForm(request.GET or None)
     page = None
@@ -88,12 +88,12 @@ def holders(request: HttpRequest, tenant: Tenant) -> HttpResponse:
     return render(request, template, context, status=status)
 
 
-def _holders_url(tenant: Tenant, counter: reads.CounterView) -> str:
+def _holders_url(tenant: TenantGrant, counter: reads.CounterView) -> str:
     return reverse("insights:holders", args=[tenant.slug]) + "?" + urlencode({"counter": counter.key})
 
 
 @tenant_admin_required
-def counters(request: HttpRequest, tenant: Tenant) -> HttpResponse:
+def counters(request: HttpRequest, tenant: TenantGrant) -> HttpResponse:
     """Counters of the tenant, project and user levels with BOOKED and drift, and a flag
     on the resources whose (shared, unseen) global level is full."""
     rows = reads.list_counters(tenant_id=tenant.slug)
@@ -108,7 +108,7 @@ def counters(request: HttpRequest, tenant: Tenant) -> HttpResponse:
 
 
 @tenant_admin_required
-def waiting(request: HttpRequest, tenant: Tenant) -> HttpResponse:
+def waiting(request: HttpRequest, tenant: TenantGrant) -> HttpResponse:
     """The tenant's own waiting tickets per resource: place in the queue, since when, and
     the level that blocks each (the global level without its numbers)."""
     waiters = reads.list_waiters(tenant_id=tenant.slug)
@@ -123,7 +123,7 @@ def waiting(request: HttpRequest, tenant: Tenant) -> HttpResponse:
 
 
 @tenant_admin_required
-def audit_entry(request: HttpRequest, tenant: Tenant, entry_id: str) -> HttpResponse:
+def audit_entry(request: HttpRequest, tenant: TenantGrant, entry_id: str) -> HttpResponse:
     """One audit record of the tenant (a revocation: who, when, why, which holder)."""
     try:
         entry = audit.get_entry(entry_id, tenant_id=tenant.slug)
@@ -134,7 +134,7 @@ def audit_entry(request: HttpRequest, tenant: Tenant, entry_id: str) -> HttpResp
 
 
 @tenant_admin_required
-def definition(request: HttpRequest, tenant: Tenant) -> HttpResponse:
+def definition(request: HttpRequest, tenant: TenantGrant) -> HttpResponse:
     """The merged definition of a lease as an acquisition in one of the tenant's projects sees it."""
     projects = _project_slugs(tenant)
     form = DefinitionForm(request.GET or None, projects=projects)
@@ -158,7 +158,7 @@ def definition(request: HttpRequest, tenant: Tenant) -> HttpResponse:
     return render(request, "insights/definition.html", context, status=status)
 
 
-def _tenant_holder(tenant: Tenant, token: str) -> reads.HolderView:
+def _tenant_holder(tenant: TenantGrant, token: str) -> reads.HolderView:
     try:
         return reads.get_holder(token, tenant_id=tenant.slug)
     except (HolderNotFound, InvalidLeaseRequest):
@@ -167,7 +167,7 @@ def _tenant_holder(tenant: Tenant, token: str) -> reads.HolderView:
 
 
 @tenant_admin_required
-def holder_detail(request: HttpRequest, tenant: Tenant, token: str) -> HttpResponse:
+def holder_detail(request: HttpRequest, tenant: TenantGrant, token: str) -> HttpResponse:
     """One holder of the tenant."""
     holder = _tenant_holder(tenant, token)
     return render(request, "insights/holder_detail.html",
@@ -175,7 +175,7 @@ def holder_detail(request: HttpRequest, tenant: Tenant, token: str) -> HttpRespo
                    "definition_url": _definition_url(tenant, holder, _project_slugs(tenant))})
 
 
-def _definition_url(tenant: Tenant, holder: reads.HolderView, projects: list[str]) -> str:
+def _definition_url(tenant: TenantGrant, holder: reads.HolderView, projects: list[str]) -> str:
     """The definition tab for the holder's lease, seen from its project when Insights
     knows that project (else tenant-wide, which the form accepts)."""
     from leases.definitions import TENANT_PROJECT
@@ -187,7 +187,7 @@ def _definition_url(tenant: Tenant, holder: reads.HolderView, projects: list[str
 
 @require_http_methods(["GET", "POST"])
 @tenant_admin_required
-def revoke(request: HttpRequest, tenant: Tenant, token: str) -> HttpResponse:
+def revoke(request: HttpRequest, tenant: TenantGrant, token: str) -> HttpResponse:
     """GET: the confirmation step. POST (CSRF-checked): revoke by operator decision."""
     if request.method == "POST":
         form = RevokeForm(request.POST)

@@ -9,6 +9,9 @@ Public consumer contract::
         lease.update_payload({"jobId": job_id})
         while not done:
             lease.check()   # every usage step: raises LeaseLost once reaped or revoked
+
+    async with leases.aacquire(request) as lease:   # asyncio: the same, on pymongo's async client
+        await lease.acheck()
 """
 
 from .errors import (
@@ -22,10 +25,14 @@ from .errors import (
     UnknownLeaseType,
 )
 from .service import NOOP, Lease, LeaseRequest, acquire
+from .aio import ANOOP, AsyncLease, aacquire
 
 
 __all__ = [
     "acquire",
+    "aacquire",
+    "AsyncLease",
+    "ANOOP",
     "Lease",
     "LeaseRequest",
     "NOOP",

@@ -10,7 +10,8 @@ setting is never frozen at import time)::
     lease_settings.TICKET_TTL_MS    # LEASES_TICKET_TTL_MS or 3000
 
 ``MONGODB_URI`` is read here too: the engine talks to MongoDB with pymongo on that URI, beside
-whatever database Django's ``default`` alias uses.
+whatever database Django's ``default`` alias uses (the lease apps' own models live on the
+alias ``LEASES_DATABASE`` names, see :mod:`leases.routers`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from typing import Any
 DEFAULTS: dict[str, Any] = {
     # Store
     "MONGO_TIMEOUT_MS": 2000,
+    # The Django database alias (a django-mongodb-backend one) of the lease apps' models;
+    # leases.routers.LeasesRouter sends them there.
+    "DATABASE": "default",
     # Sweeps and reconcile
     "REAP_INTERVAL": 30,
     "RECONCILE_SAFETY_MS": 60000,
@@ -46,6 +50,8 @@ DEFAULTS: dict[str, Any] = {
     # History
     "HISTORY_HOURS": 24,
     "HISTORY_FLUSH_SECONDS": 5,
+    # Tenancy: who may see which tenant in which role (a leases.tenancy.TenantAccess)
+    "TENANT_ACCESS": "insights.access.ModelTenantAccess",
     # Reference consumers
     "SESSION_TOOLS": {},
 }

@@ -27,6 +27,8 @@ from pathlib import Path
 from .errors import EmbeddedServerError
 
 START_TIMEOUT_SECONDS = 20.0
+# The set name SecantusDB advertises in its single-node replica-set mode.
+REPLICA_SET_NAME = "secantus"
 
 __all__ = [
     "EmbeddedServer",
@@ -75,7 +77,8 @@ class EmbeddedServer:
     """A running ``secantusd-py`` subprocess. Stop it with :meth:`stop` or a ``with`` block."""
 
     def __init__(self, process: subprocess.Popen, host: str, port: int, storage_path: str,
-                 log_path: str):
+                 log_path: str, *, replica_set: bool = False):
+        self.replica_set = replica_set
         self.process = process
         self.host = host
         self.port = port
@@ -84,6 +87,9 @@ class EmbeddedServer:
 
     @property
     def uri(self) -> str:
+        """How to reach it: a direct connection, or (``replica_set=True``) replica-set discovery."""
+        if self.replica_set:
+            return f"mongodb://{self.host}:{self.port}/?replicaSet={REPLICA_SET_NAME}"
         return f"mongodb://{self.host}:{self.port}/?directConnection=true"
 
     @property
@@ -153,8 +159,12 @@ def _wait_ready(server: EmbeddedServer, timeout: float) -> None:
 
 def start_server(storage_path: str, port: int = 0, *, host: str = "127.0.0.1",
                  log_path: str | None = None,
-                 timeout: float = START_TIMEOUT_SECONDS) -> EmbeddedServer:
+                 timeout: float = START_TIMEOUT_SECONDS, replica_set: bool = False) -> EmbeddedServer:
     """Spawn ``secantusd-py`` and return once it answers ``hello``.
+
+    ``replica_set=True`` runs it as a single-node replica set (named ``secantus``, with an
+    oplog) and its :attr:`~EmbeddedServer.uri` uses replica-set discovery, the way a
+    production URI reaches a real replica set; the default is a standalone server.
 
     ``storage_path`` is a directory (created if missing, reopened intact) or ``":memory:"``.
     ``port=0`` picks a free port. stdout/stderr go to ``log_path`` (default: a file in the
@@ -173,7 +183,7 @@ def start_server(storage_path: str, port: int = 0, *, host: str = "127.0.0.1",
                # Standalone: the single-node replica-set mode keeps an oplog whose cost per
                # write grows with its length (measured: 0.9 ms → 6 ms per update after a test
                # suite's worth of writes); nothing here needs change streams or transactions.
-               "--standalone"]
+               *([] if replica_set else ["--standalone"])]
         try:
             process = subprocess.Popen(
                 cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -185,7 +195,7 @@ def start_server(storage_path: str, port: int = 0, *, host: str = "127.0.0.1",
         except OSError as exc:
             log_file.close()
             raise EmbeddedServerError(f"could not run {cmd[0]}: {exc}") from exc
-        server = EmbeddedServer(process, host, chosen, storage_path, log)
+        server = EmbeddedServer(process, host, chosen, storage_path, log, replica_set=replica_set)
         server._log_file = log_file
         try:
             _wait_ready(server, timeout)

@@ -42,6 +42,30 @@ class LeaseBusy(LeaseError):
         )
 
 
+class LeaseRetriesExhausted(LeaseBusy):
+    """A task retried on a busy resource as often as it may (``leases.contrib.celery``).
+
+    ``retries`` is how many retries it spent; ``resource``, ``level`` and ``position`` what
+    the last attempt saw. The message alone rebuilds it, so it survives a result backend.
+    """
+
+    code = "LEASE_RETRIES_EXHAUSTED"
+
+    def __init__(self, message: str = "", *, retries: int | None = None, resource: str = "", level: str = "",
+                 position: int | None = None):
+        self.retries = retries
+        self.resource = resource
+        self.level = level
+        self.scope = ""
+        self.count = None
+        self.cap = 0
+        self.position = position
+        self.retry_after = None
+        where = f", queue position {position}" if position is not None else ""
+        LeaseError.__init__(self, message or (
+            f"lease still busy after {retries} retries: resource {resource!r} level {level or '?'}{where}"))
+
+
 class LeaseUnavailable(LeaseError):
     """The lease cannot be decided: store unreachable or broken configuration (fail-closed)."""
 

@@ -19,7 +19,10 @@ import os
 import random
 import secrets
 import sys
+import threading
 import time
+from collections.abc import Generator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -28,7 +31,7 @@ import pymongo
 import pymongo.errors
 from pymongo import ReturnDocument
 
-from . import definitions, estimates, handlers, history, metrics, order, shares, slots, store, validation, waiting, wakeups
+from . import commands, definitions, estimates, handlers, history, metrics, order, shares, slots, store, validation, waiting, wakeups
 from .definitions import LeaseDefinition, LevelSpec
 from .errors import InvalidLeaseRequest, LeaseBusy, LeaseLost, LeaseUnavailable
 from .identity import self_pod_id
@@ -146,15 +149,10 @@ class Lease:
         return f"<Lease {self.definition.name} {self.token[:8]}… on {self.resource}>"
 
     def _touch(self, extra: dict[str, Any] | None = None) -> bool:
-        update: dict[str, Any] = {
-            "lastSeenAt": "$$NOW",
-            "expiresAt": store.now_plus_ms(self.definition.ttl_seconds * 1000),
-        }
-        if extra:
-            update.update(extra)
         # A touch counts as held when it *matched*: two touches in one millisecond write
         # the same value and MongoDB reports nModified = 0.
-        result = store.holders().update_one({"_id": self.token, "state": "HELD"}, [{"$set": update}])
+        result = store.holders().update_one(*commands.touch(self.token, ttl_seconds=self.definition.ttl_seconds,
+                                                            extra=extra))
         return result.matched_count == 1
 
     def check(self) -> None:
@@ -281,9 +279,7 @@ def release_holder(query: dict[str, Any], *, resource: str | None = None,
         pymongo.errors.PyMongoError: the delete failed; nothing was released.
     """
     with _bound():
-        doc = store.holders().find_one_and_delete(
-            query, projection={"keys": 1, "levels": 1, "resource": 1, "tenantId": 1, "projectId": 1,
-                               "userId": 1, "state": 1, "heldAt": 1})
+        doc = store.holders().find_one_and_delete(query, projection=commands.RELEASE_PROJECTION)
     if doc is None:
         return None
     tag = metrics.resource_tag(doc.get("resource") or resource or "unknown")
@@ -351,30 +347,9 @@ class _Attempt:
     def create_holder(self) -> None:
         """Write the holder document (PENDING) on server time; idempotent, so a waiter whose
         document was reaped while it waited writes it again before it books."""
-        definition, request = self.definition, self.request
-        # $literal keeps user strings from being read as field paths or operators.
         doc = store.holders().find_one_and_update(
-            {"_id": self.token},
-            [{"$set": {
-                "state": "PENDING",
-                "resource": {"$literal": definition.resource},
-                "leaseName": {"$literal": definition.name},
-                "type": {"$literal": request.type},
-                "tenantId": {"$literal": request.tenant_id},
-                "projectId": {"$literal": request.project_id},
-                "userId": {"$literal": request.user_id},
-                "holderRef": {"$literal": request.holder_ref},
-                "priority": {"$literal": self.priority[1]},
-                "pod": {"$literal": self.pod},
-                "podBound": {"$literal": request.pod_bound},
-                "ttlSeconds": {"$literal": definition.ttl_seconds},
-                "keys": {"$literal": self.keys},
-                "levels": {"$literal": []},
-                "payload": {"$literal": {}},
-                "acquiredAt": "$$NOW",
-                "lastSeenAt": "$$NOW",
-                "expiresAt": store.now_plus_ms(definition.ttl_seconds * 1000),
-            }}],
+            *commands.holder_upsert(self.token, definition=self.definition, request=self.request, pod=self.pod,
+                                    keys=self.keys, priority=self.priority[1]),
             upsert=True,
             projection={"acquiredAt": 1},
             return_document=ReturnDocument.AFTER,
@@ -422,9 +397,7 @@ class _Attempt:
                 retried.add(spec.key)
             _pause_point("acquire")
             held = store.holders().find_one_and_update(
-                {"_id": self.token},
-                [{"$set": {"state": "HELD", "levels": {"$literal": self.keys}, "lastSeenAt": "$$NOW", "heldAt": "$$NOW",
-                           "expiresAt": store.now_plus_ms(self.definition.ttl_seconds * 1000)}}],
+                *commands.mark_held(self.token, keys=self.keys, ttl_seconds=self.definition.ttl_seconds),
                 projection={"expiresAt": 1, "acquiredAt": 1},
                 return_document=ReturnDocument.AFTER,
             )
@@ -505,6 +478,22 @@ def acquire(request: LeaseRequest) -> Lease | _NoopLease:
 
 
 def _acquire_request(request: LeaseRequest, *, keep_ms: int | None) -> "Lease | _NoopLease | Ticket":
+    prepared = prepare(request)
+    if prepared is None:
+        return NOOP
+    attempt, wait_ms = prepared
+    started = time.monotonic()
+    with outcome(attempt) as record:
+        return record(_acquire(attempt, wait_ms, started, keep_ms))
+
+
+def prepare(request: LeaseRequest) -> "tuple[_Attempt, int] | None":
+    """Validate the request and resolve its definition: the attempt and its wait bound, or
+    None for NOOP (no lease referenced, or no caps). Shared by the sync and async acquire.
+
+    Raises:
+        InvalidLeaseRequest, LeaseUnavailable: as :func:`acquire` (nothing written).
+    """
     if not isinstance(request, LeaseRequest):
         raise InvalidLeaseRequest("acquire() takes a LeaseRequest")
     request.validated()
@@ -517,15 +506,28 @@ def _acquire_request(request: LeaseRequest, *, keep_ms: int | None) -> "Lease | 
     if definition is None or definition.is_noop:
         # Nothing is limited, so nothing waits: a priority has nothing to order here.
         metrics.ACQUIRE.labels(resource=metrics.definition_tag(definition), outcome="noop").inc()
-        return NOOP
-    tag = metrics.resource_tag(definition.resource)
+        return None
     specs = definition.level_specs(request.tenant_id, request.project_id, request.user_id)
     pod = self_pod_id() if request.pod is None else request.pod
     wait_ms = definition.wait_ms if request.wait_ms is None else min(request.wait_ms, definition.wait_ms)
-    attempt = _Attempt(request, definition, specs, pod)
-    started = time.monotonic()
+    return _Attempt(request, definition, specs, pod), wait_ms
+
+
+@contextmanager
+def outcome(attempt: "_Attempt") -> Iterator[Any]:
+    """Count an acquisition's outcome (metrics, history); yields ``record(result)`` for a
+    result that came back, and counts Busy and Unavailable as they pass."""
+    definition, request = attempt.definition, attempt.request
+    tag = metrics.resource_tag(definition.resource)
+
+    def record(result: Any) -> Any:
+        if isinstance(result, Lease):
+            metrics.ACQUIRE.labels(resource=tag, outcome="success").inc()
+            history.grant(definition.resource, request.tenant_id)
+        return result
+
     try:
-        lease = _acquire(attempt, wait_ms, started, keep_ms)
+        yield record
     except LeaseBusy:
         metrics.ACQUIRE.labels(resource=tag, outcome="busy").inc()
         history.busy(definition.resource, request.tenant_id)
@@ -533,10 +535,6 @@ def _acquire_request(request: LeaseRequest, *, keep_ms: int | None) -> "Lease | 
     except LeaseUnavailable:
         metrics.ACQUIRE.labels(resource=tag, outcome="unavailable").inc()
         raise
-    if isinstance(lease, Lease):
-        metrics.ACQUIRE.labels(resource=tag, outcome="success").inc()
-        history.grant(definition.resource, request.tenant_id)
-    return lease
 
 
 def _step(attempt: _Attempt, fn: Any) -> Any:
@@ -568,6 +566,33 @@ def _acquire(attempt: _Attempt, wait_ms: int, started: float, keep_ms: int | Non
     if not queues:
         return _step(attempt, lambda: _fail_fast(attempt, result))
     return _Waiter(attempt, deadline, started, keep_ms=keep_ms).wait(result)
+
+
+def contended_steps(attempt: _Attempt, wait_ms: int, started: float,
+                    event: threading.Event | None = None) -> Generator["tuple[threading.Event, float]", "bool | None", Lease]:
+    """Acquire for an attempt whose uncontended try (the async executor's) found no room,
+    as steps (see :meth:`_Waiter.steps`): the funnel once more with its diagnosis and
+    repair, then the queue, up to ``wait_ms`` from ``started``.
+
+    Raises:
+        LeaseBusy, LeaseUnavailable: as :func:`acquire`.
+    """
+    queues = wait_ms > 0
+
+    def again() -> "Lease | _Blocked":
+        # The uncontended try wrote the holder document a moment ago.
+        try:
+            return attempt.book(privileged=False, allow_queue=queues)
+        except _Blocked as blocked:
+            return blocked
+
+    result = _step(attempt, again)
+    if isinstance(result, Lease):
+        return result
+    if not queues:
+        return _step(attempt, lambda: _fail_fast(attempt, result))
+    waiter = _Waiter(attempt, started + wait_ms / 1000.0, started)
+    return (yield from waiter.steps(result, event))
 
 
 def _fail_fast(attempt: _Attempt, blocked: _Blocked) -> Lease:
@@ -619,6 +644,31 @@ class _Waiter:
         return ticket
 
     def wait(self, blocked: _Blocked) -> "Lease | Ticket":
+        """Wait in the queue until granted, out of time (Busy) or kept as a ticket.
+
+        Raises:
+            LeaseBusy, LeaseUnavailable: as :func:`acquire`.
+        """
+        steps = self.steps(blocked)
+        woken: bool | None = None
+        try:
+            while True:
+                try:
+                    event, timeout = steps.send(woken)
+                except StopIteration as done:
+                    return done.value
+                woken = event.wait(timeout)
+        finally:
+            steps.close()
+
+    def steps(self, blocked: _Blocked, event: threading.Event | None = None) -> Generator[
+            "tuple[threading.Event, float]", "bool | None", "Lease | Ticket"]:
+        """The waiting as steps: each ``yield (event, timeout)`` asks the driver to sleep until
+        the wake-up ``event`` is set or ``timeout`` passes, and to send back whether it was
+        woken. The store work between two yields is blocking; the async executor runs it in
+        a thread and sleeps on the event loop. Closed at a yield (the caller went away), it
+        leaves the queue and drops its holder document.
+        """
         if blocked.spec is not self.attempt.gate and waiting.is_full(blocked.counter) and _step(
                 self.attempt, lambda: waiting.repair(blocked.counter, blocked.counter["clock"])):
             # A slot nobody booked came back: try again before queueing.
@@ -627,7 +677,7 @@ class _Waiter:
                 return lease
             blocked = lease
         self.blocked = blocked
-        event = wakeups.register(self.attempt.token)
+        event = wakeups.register(self.attempt.token, event)
         metrics.WAITING.labels(resource=self.tag).inc()
         outcome = "error"
         try:
@@ -650,7 +700,12 @@ class _Waiter:
                     outcome = "timeout"
                     raise self._give_up()
                 period = waiting.poll_ms() / 1000.0 * random.uniform(1.0, 1.25)
-                woken = event.wait(min(remaining, period))
+                try:
+                    woken = yield event, min(remaining, period)
+                except GeneratorExit:
+                    outcome = "cancelled"
+                    self._give_up()
+                    raise
                 event.clear()
                 if woken:
                     lease = self._try(woken=True)

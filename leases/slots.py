@@ -80,6 +80,20 @@ def take(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_key: s
         pymongo.errors.PyMongoError: the store failed; what is booked is unknown (the caller
             gives every entry back by value, which is idempotent).
     """
+    ops = take_ops(specs, booking, resource, gate_key=gate_key, privileged=privileged, ticket=ticket, charge=charge)
+    if not ops:
+        return 0
+    try:
+        store.counters().bulk_write(ops, ordered=True)
+    except pymongo.errors.BulkWriteError as exc:
+        return booked_before(exc)
+    return len(ops)
+
+
+def take_ops(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_key: str,
+             privileged: bool = False, ticket: str | None = None,
+             charge: dict[str, dict[str, Any]] | None = None) -> list[UpdateOne]:
+    """The ordered bulk of :func:`take` (the async executor sends the same one)."""
     ops = []
     for spec in specs:
         is_gate = spec.key == gate_key
@@ -99,16 +113,20 @@ def take(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_key: s
             for op, values in (charge or {}).items():
                 update[op] = {**update.get(op, {}), **values}
         ops.append(UpdateOne(query, update, upsert=True))
-    if not ops:
-        return 0
-    try:
-        store.counters().bulk_write(ops, ordered=True)
-    except pymongo.errors.BulkWriteError as exc:
-        errors = exc.details.get("writeErrors") or []
-        if len(errors) == 1 and errors[0].get("code") == 11000:
-            return int(errors[0]["index"])
-        raise
-    return len(ops)
+    return ops
+
+
+def booked_before(exc: pymongo.errors.BulkWriteError) -> int:
+    """How many levels an ordered take booked before the one that had no room.
+
+    Raises:
+        pymongo.errors.BulkWriteError: ``exc`` itself, when it is anything but that one
+            ``_id`` collision.
+    """
+    errors = exc.details.get("writeErrors") or []
+    if len(errors) == 1 and errors[0].get("code") == 11000:
+        return int(errors[0]["index"])
+    raise exc
 
 
 def create(spec: LevelSpec, resource: str) -> None:
@@ -150,10 +168,19 @@ def give_back(keys: Sequence[str], booking: str, *, record: dict[str, Any] | Non
         return None
     *narrow, gate = keys
     if narrow:
-        store.counters().bulk_write(
-            [UpdateOne({"_id": key, "holders": booking}, _pull(booking)) for key in narrow], ordered=False)
+        store.counters().bulk_write(pull_ops(narrow, booking), ordered=False)
     return store.counters().find_one_and_update(
         {"_id": gate, "holders": booking}, {**_pull(booking), **(record or {})}, return_document=ReturnDocument.AFTER)
+
+
+def pull_ops(keys: Sequence[str], booking: str) -> list[UpdateOne]:
+    """Return ``booking``'s slot on each counter of ``keys`` that still lists it (one bulk)."""
+    return [UpdateOne({"_id": key, "holders": booking}, _pull(booking)) for key in keys]
+
+
+def pull_update(booking: str) -> dict[str, Any]:
+    """The update that returns ``booking``'s slot (with ``clock``, for the hand-off)."""
+    return _pull(booking)
 
 
 def _pull(booking: str) -> dict[str, Any]:

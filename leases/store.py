@@ -7,10 +7,12 @@ updates. Every time the engine compares against "now" it uses MongoDB's clock.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
+import weakref
 from datetime import datetime
-from typing import Any
+from typing import Any, Callable
 
 import pymongo
 from pymongo.collection import Collection
@@ -23,6 +25,20 @@ PODS = "lease_pods"
 AUDIT = "lease_audit"
 TOMBSTONES = "lease_tombstones"
 TOMBSTONE_SECONDS = 7 * 24 * 3600
+
+# What the engine needs from MongoDB, set on its client whatever the URI says (keyword
+# options win over the URI's): a grant is acknowledged only once a majority of the replica set
+# has it, so a failover cannot roll back a slot a caller already holds; the funnel reads its
+# counters and holders from the primary (a secondary may lag behind a grant, and a stale read
+# there would let a cap be exceeded); a write or read that meets a failover is retried once on
+# the new primary instead of surfacing as an error. On a standalone server these cost nothing.
+# leases.checks warns when MONGODB_URI asks for something else.
+REQUIRED_CLIENT_OPTIONS: dict[str, Any] = {
+    "w": "majority",
+    "readPreference": "primary",
+    "retryWrites": True,
+    "retryReads": True,
+}
 
 _lock = threading.Lock()
 _client: pymongo.MongoClient | None = None
@@ -38,10 +54,16 @@ def _settings() -> tuple[str, int]:
 
 
 def database_name() -> str:
-    """The database the engine shares with Django (the test database under pytest)."""
+    """The database the engine shares with the lease apps' models (the test database under pytest).
+
+    That is the ``NAME`` of the alias ``LEASES_DATABASE`` names (``default`` unless the host
+    routes the lease apps to a MongoDB alias of their own).
+    """
     from django.db import connections
 
-    return connections["default"].settings_dict["NAME"]
+    from leases.conf import lease_settings
+
+    return connections[lease_settings.DATABASE].settings_dict["NAME"]
 
 
 def client() -> pymongo.MongoClient:
@@ -53,20 +75,70 @@ def client() -> pymongo.MongoClient:
     if _client is None or _client_pid != pid:
         with _lock:
             if _client is None or _client_pid != pid:
-                uri, timeout_ms = _settings()
-                # timeoutMS bounds every operation (client-side operation timeout), so an
-                # unreachable server answers LeaseUnavailable in about this time instead of
-                # pymongo's 30 s server-selection default.
-                _client = pymongo.MongoClient(
-                    uri,
-                    timeoutMS=timeout_ms,
-                    serverSelectionTimeoutMS=timeout_ms,
-                    connectTimeoutMS=timeout_ms,
-                    tz_aware=False,
-                    appname="django-leases",
-                )
+                uri, options = client_options()
+                _client = pymongo.MongoClient(uri, **options)
                 _client_pid = pid
     return _client
+
+
+def client_options() -> tuple[str, dict[str, Any]]:
+    """The URI and options of the engine's clients, sync and async alike."""
+    uri, timeout_ms = _settings()
+    # timeoutMS bounds every operation (client-side operation timeout), so an unreachable
+    # server answers LeaseUnavailable in about this time instead of pymongo's 30 s
+    # server-selection default.
+    return uri, {"timeoutMS": timeout_ms, "serverSelectionTimeoutMS": timeout_ms,
+                 "connectTimeoutMS": timeout_ms, "tz_aware": False, "appname": "django-leases",
+                 **REQUIRED_CLIENT_OPTIONS}
+
+
+# One async client per event loop: an AsyncMongoClient must not be shared across loops.
+_async_clients: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[int, pymongo.AsyncMongoClient]]" = (
+    weakref.WeakKeyDictionary())
+
+
+_async_factory: Callable[[], pymongo.AsyncMongoClient] | None = None
+
+
+def async_client() -> pymongo.AsyncMongoClient:
+    """The running event loop's async client (created on first use in that loop)."""
+    loop = asyncio.get_running_loop()
+    pid = os.getpid()
+    known = _async_clients.get(loop)
+    if known is None or known[0] != pid:
+        if _async_factory is not None:
+            made = _async_factory()
+        else:
+            uri, options = client_options()
+            made = pymongo.AsyncMongoClient(uri, **options)
+        known = (pid, made)
+        _async_clients[loop] = known
+    return known[1]
+
+
+def set_async_client_factory(factory: Callable[[], pymongo.AsyncMongoClient] | None) -> None:
+    """Build each loop's async client with ``factory`` (benchmarks add command listeners);
+    None goes back to the settings-built client. Clients already made stay until closed."""
+    global _async_factory
+    _async_factory = factory
+
+
+async def aclose() -> None:
+    """Close the running event loop's async client (call it before the loop ends)."""
+    known = _async_clients.pop(asyncio.get_running_loop(), None)
+    if known is not None and known[0] == os.getpid():
+        await known[1].close()
+
+
+def async_db() -> "pymongo.asynchronous.database.AsyncDatabase":
+    """The lease database on the running loop's async client. Indexes are ensured by the
+    sync :func:`db` (the async executor calls it once per process from a thread)."""
+    return async_client()[database_name()]
+
+
+def indexed() -> bool:
+    """Whether this process has ensured the indexes of the lease database."""
+    return database_name() in _indexed
 
 
 def set_client(new_client: pymongo.MongoClient | None) -> None:

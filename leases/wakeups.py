@@ -68,10 +68,12 @@ def channel(process: str | None = None) -> str:
     return f"leases:wake:{store.database_name()}:{process or process_id()}"
 
 
-def register(ticket_id: str) -> threading.Event:
-    """The event a waiter sleeps on; starts this process's subscriber on first use and
-    waits briefly until it is subscribed (never longer than ``SUBSCRIBE_WAIT_S``)."""
-    event = threading.Event()
+def register(ticket_id: str, event: threading.Event | None = None) -> threading.Event:
+    """The event a waiter sleeps on (``event``, or a new one); starts this process's
+    subscriber on first use and waits briefly until it is subscribed (never longer than
+    ``SUBSCRIBE_WAIT_S``). The subscriber thread calls the event's ``set()``, so a subclass
+    may pass the wake-up on (the async executor's wakes its coroutine)."""
+    event = event if event is not None else threading.Event()
     with _lock:
         _events[ticket_id] = event
     if _ensure_listening():

@@ -1,7 +1,8 @@
 """Insights → API keys: tenant admins create (plaintext shown once) and revoke keys.
 
 Access is :func:`insights.access.tenant_admin_required` (the same rule as Insights →
-Leases: anonymous → login, non-member → 404, member without ADMIN → 403). These views use
+Leases, asked of the tenancy hook ``LEASES_TENANT_ACCESS``: anonymous → login, non-member →
+404, member without ADMIN → 403). These views use
 the session and are CSRF-protected like every other page.
 """
 
@@ -14,18 +15,18 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
 from insights.access import tenant_admin_required
-from insights.models import Tenant
 from leases.errors import ApiKeyNotFound, InvalidLeaseRequest, LeaseUnavailable
+from leases.tenancy import TenantGrant, tenant_access
 
 from . import keys
 from .key_forms import CreateKeyForm
 
 
-def _projects(tenant: Tenant) -> list[str]:
-    return list(tenant.projects.order_by("slug").values_list("slug", flat=True))
+def _projects(tenant: TenantGrant) -> list[str]:
+    return tenant_access().projects(tenant.slug)
 
 
-def _page(request: HttpRequest, tenant: Tenant, form: CreateKeyForm, *, created=None, plaintext=None,
+def _page(request: HttpRequest, tenant: TenantGrant, form: CreateKeyForm, *, created=None, plaintext=None,
           status: int = 200, error: str | None = None) -> HttpResponse:
     context = {
         "tenant": tenant, "form": form, "keys": keys.list_keys(tenant_id=tenant.slug),
@@ -39,7 +40,7 @@ def _page(request: HttpRequest, tenant: Tenant, form: CreateKeyForm, *, created=
 
 @require_http_methods(["GET", "POST"])
 @tenant_admin_required
-def key_list(request: HttpRequest, tenant: Tenant) -> HttpResponse:
+def key_list(request: HttpRequest, tenant: TenantGrant) -> HttpResponse:
     """GET: the tenant's keys and the create form. POST: create a key and show it once."""
     projects = _projects(tenant)
     if request.method == "GET":
@@ -63,7 +64,7 @@ def key_list(request: HttpRequest, tenant: Tenant) -> HttpResponse:
 
 @require_POST
 @tenant_admin_required
-def key_revoke(request: HttpRequest, tenant: Tenant, prefix: str) -> HttpResponse:
+def key_revoke(request: HttpRequest, tenant: TenantGrant, prefix: str) -> HttpResponse:
     """POST (CSRF-checked): revoke one of the tenant's keys; it answers 401 from now on."""
     try:
         key = keys.revoke_key(tenant_id=tenant.slug, prefix=prefix, acting_user=request.user)

@@ -5,7 +5,8 @@ id used in lists and as the lookup value; ``secret`` is 32 random bytes, url-saf
 Only the SHA-256 of the whole key is stored and compared with ``hmac.compare_digest``.
 Every create and revoke writes an audit record (``lease_audit``, MongoDB time).
 
-A key names an existing tenant (``insights.Tenant``) and, when bound, one of its projects:
+A key names an existing tenant and, when bound, one of its projects (asked of the tenancy
+hook, ``LEASES_TENANT_ACCESS``):
 a key for a made-up tenant would book counters that share the global cap while no tenant
 admin can see them. The scope is checked again on every authentication, so a key whose
 tenant or project was deleted stops working.
@@ -78,13 +79,12 @@ def _missing_scope(tenant_id: str, project_id: str | None) -> type[InvalidApiKey
     Raises:
         DatabaseError: the store is unreachable (callers turn it into LeaseUnavailable).
     """
-    from insights.models import Project, Tenant
+    from leases.tenancy import tenant_access
 
-    # Two plain lookups (no join): the ids were validated, so they are plain values here.
-    tenant_pk = Tenant.objects.filter(slug=tenant_id).values_list("pk", flat=True).first()
-    if tenant_pk is None:
+    access = tenant_access()
+    if not access.tenant_exists(tenant_id):
         return UnknownTenant
-    if project_id and not Project.objects.filter(tenant_id=tenant_pk, slug=project_id).exists():
+    if project_id and not access.project_exists(tenant_id, project_id):
         return UnknownProject
     return None
 

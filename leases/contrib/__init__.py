@@ -1,23 +1,13 @@
-"""Reference consumers of the lease contract (§7), each with its revocation handler.
+"""Reference consumers of the lease contract, each an opt-in Django app with its handler.
 
 * :mod:`leases.contrib.jobs` — a poll-loop job tracker (like tex2pdf), type ``tex``,
   pod-bound: the poll state lives in this pod.
 * :mod:`leases.contrib.sessions` — a remote HTTP session (like the MCP browser session),
   type ``browser``, not pod-bound: the session lives in the remote server.
-* :mod:`leases.contrib.demo` — a tiny local remote service and the demo consumer loop.
+* :mod:`leases.contrib.demo` — a tiny local remote service and the demo consumer loop (a
+  plain module the example project uses, not an app).
 
-``register_handlers()`` registers both handlers (``LeasesConfig.ready`` calls it).
+Add ``"leases.contrib.jobs"`` and/or ``"leases.contrib.sessions"`` to ``INSTALLED_APPS`` to
+use them; each registers its revocation handler in its own ``ready()``. The engine app
+``leases`` registers no handler of its own.
 """
-
-from __future__ import annotations
-
-
-def register_handlers() -> None:
-    """Register the handlers of the reference consumers (idempotent)."""
-    from leases.handlers import register_handler
-
-    from .jobs import JobHandler
-    from .sessions import SessionHandler
-
-    register_handler(JobHandler())
-    register_handler(SessionHandler())

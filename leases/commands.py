@@ -1,0 +1,57 @@
+"""The holder commands' documents, built once for the sync and the async executor.
+
+Each function is pure: it builds the filter and update the engine sends, so
+``leases.service`` (pymongo) and ``leases.aio`` (pymongo's async client) send the very same
+commands. Every user string goes in as ``$literal``, so none can be read as a field path
+or an operator in a pipeline update.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import store
+
+# What a release needs of the holder it deletes: its counters and its booking entry.
+# heldAt gives the hold's duration, which the gate keeps for wait estimates.
+RELEASE_PROJECTION = {"keys": 1, "levels": 1, "resource": 1, "tenantId": 1, "projectId": 1, "userId": 1, "state": 1,
+                      "heldAt": 1}
+
+
+def holder_upsert(token: str, *, definition: Any, request: Any, pod: str, keys: list[str],
+                  priority: str | None = None) -> tuple[dict, list]:
+    """The PENDING holder document, written on server time (an idempotent upsert)."""
+    return {"_id": token}, [{"$set": {
+        "state": "PENDING",
+        "resource": {"$literal": definition.resource},
+        "leaseName": {"$literal": definition.name},
+        "type": {"$literal": request.type},
+        "tenantId": {"$literal": request.tenant_id},
+        "projectId": {"$literal": request.project_id},
+        "userId": {"$literal": request.user_id},
+        "holderRef": {"$literal": request.holder_ref},
+        "priority": {"$literal": priority},
+        "pod": {"$literal": pod},
+        "podBound": {"$literal": request.pod_bound},
+        "ttlSeconds": {"$literal": definition.ttl_seconds},
+        "keys": {"$literal": keys},
+        "levels": {"$literal": []},
+        "payload": {"$literal": {}},
+        "acquiredAt": "$$NOW",
+        "lastSeenAt": "$$NOW",
+        "expiresAt": store.now_plus_ms(definition.ttl_seconds * 1000),
+    }}]
+
+
+def mark_held(token: str, *, keys: list[str], ttl_seconds: int) -> tuple[dict, list]:
+    """Every level is booked: the holder becomes HELD with the counters it booked."""
+    return {"_id": token}, [{"$set": {"state": "HELD", "levels": {"$literal": keys}, "lastSeenAt": "$$NOW",
+                                      "heldAt": "$$NOW", "expiresAt": store.now_plus_ms(ttl_seconds * 1000)}}]
+
+
+def touch(token: str, *, ttl_seconds: int, extra: dict[str, Any] | None = None) -> tuple[dict, list]:
+    """Check-at-use: the TTL runs from now (server time); ``extra`` fields set with it."""
+    update: dict[str, Any] = {"lastSeenAt": "$$NOW", "expiresAt": store.now_plus_ms(ttl_seconds * 1000)}
+    if extra:
+        update.update(extra)
+    return {"_id": token, "state": "HELD"}, [{"$set": update}]

@@ -1,0 +1,137 @@
+"""leases.checks: production mistakes fail (or warn in) ``manage.py check``."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from django.conf import settings
+from django.core.checks import run_checks
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+from django.test import override_settings
+
+from leases.conf import INSECURE_INTERNAL_SECRET
+
+LONG_SECRET = "x" * 48
+
+
+def ids(*, deploy: bool = False) -> set[str]:
+    return {m.id for m in run_checks(tags=["leases"], include_deployment_checks=deploy)}
+
+
+def test_given_the_test_settings_when_checked_then_no_lease_error():
+    with override_settings(LEASES_INTERNAL_SECRET=LONG_SECRET):
+        assert ids() == set()
+        out = io.StringIO()
+        call_command("check", stdout=out)
+        assert "no issues" in out.getvalue()
+
+
+def test_given_the_default_internal_secret_with_debug_off_when_checked_then_check_fails_with_e001():
+    with override_settings(DEBUG=False, LEASES_INTERNAL_SECRET=INSECURE_INTERNAL_SECRET):
+        with pytest.raises(SystemCheckError, match="leases.E001"):
+            call_command("check", stdout=io.StringIO(), stderr=io.StringIO())
+
+
+def test_given_the_default_internal_secret_with_debug_on_when_checked_then_it_passes():
+    with override_settings(DEBUG=True, LEASES_INTERNAL_SECRET=INSECURE_INTERNAL_SECRET):
+        assert "leases.E001" not in ids()
+
+
+def test_given_a_short_or_empty_secret_then_a_warning_or_an_error():
+    with override_settings(LEASES_INTERNAL_SECRET="short"):
+        assert "leases.W001" in ids()
+    with override_settings(LEASES_INTERNAL_SECRET="", DEBUG=True):
+        assert "leases.E001" in ids()
+
+
+@pytest.mark.parametrize("uri, expected", [
+    ("", "leases.E002"),
+    ("   ", "leases.E002"),
+    ("postgres://127.0.0.1/x", "leases.E003"),
+    ("mongodb://127.0.0.1:notaport/", "leases.E003"),
+])
+def test_given_a_missing_or_unparsable_mongodb_uri_when_checked_then_it_fails(uri, expected):
+    with override_settings(MONGODB_URI=uri, LEASES_INTERNAL_SECRET=LONG_SECRET):
+        with pytest.raises(SystemCheckError, match=expected):
+            call_command("check", stdout=io.StringIO(), stderr=io.StringIO())
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:6379/1", "redis://127.0.0.1:port/1", "", 6379])
+def test_given_an_unparsable_redis_url_when_checked_then_e004(url):
+    with override_settings(LEASES_REDIS_URL=url):
+        assert "leases.E004" in ids()
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/1", "rediss://cache.internal:6380/0", "unix:///run/redis.sock"])
+def test_given_a_good_redis_url_when_checked_then_no_e004(url):
+    with override_settings(LEASES_REDIS_URL=url):
+        assert "leases.E004" not in ids()
+
+
+@pytest.mark.parametrize("overrides", [
+    {"LEASES_POD_INTERVAL_MIN": 30, "LEASES_POD_INTERVAL_MAX": 10},
+    {"LEASES_POD_INTERVAL_MIN": 0},
+    {"LEASES_POD_INTERVAL_SECONDS": 120},
+    {"LEASES_POD_INTERVAL_MAX": "60"},
+])
+def test_given_pod_interval_bounds_that_contradict_when_checked_then_it_fails(overrides):
+    with override_settings(LEASES_INTERNAL_SECRET=LONG_SECRET, **overrides):
+        with pytest.raises(SystemCheckError, match=r"leases\.E00[5]|leases\.E010"):
+            call_command("check", stdout=io.StringIO(), stderr=io.StringIO())
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ({"LEASES_POD_EXPIRY_FACTOR": 1}, "leases.E006"),
+    ({"LEASES_INVALIDATION_LIVENESS_MS": 5000}, "leases.E007"),
+    ({"LEASES_TICKET_POLL_SECONDS": 0}, "leases.E007"),
+    ({"LEASES_HISTORY_HOURS": 0}, "leases.E007"),
+    ({"LEASES_MONGO_TIMEOUT_MS": -1}, "leases.E007"),
+])
+def test_given_other_out_of_range_settings_when_checked_then_each_has_its_error(overrides, expected):
+    with override_settings(**overrides):
+        assert expected in ids()
+
+
+@pytest.mark.parametrize("query, expected", [
+    ("w=1", "leases.W002"),
+    ("readPreference=secondaryPreferred", "leases.W003"),
+    ("retryWrites=false", "leases.W004"),
+    ("retryReads=false", "leases.W004"),
+])
+def test_given_a_uri_asking_less_than_the_engine_needs_then_a_warning_names_it(query, expected):
+    with override_settings(MONGODB_URI=f"mongodb://db1:27017,db2:27017/?replicaSet=rs0&{query}"):
+        assert expected in ids()
+
+
+def test_given_a_replica_set_uri_with_what_the_engine_needs_then_no_warning_even_with_deploy():
+    uri = "mongodb://db1:27017,db2:27017,db3:27017/?replicaSet=rs0&w=majority&readPreference=primary&retryWrites=true"
+    with override_settings(MONGODB_URI=uri, LEASES_INTERNAL_SECRET=LONG_SECRET):
+        assert ids(deploy=True) == set()
+
+
+def test_given_a_direct_connection_uri_then_only_the_deploy_check_warns():
+    with override_settings(MONGODB_URI="mongodb://127.0.0.1:27017/?directConnection=true",
+                           LEASES_INTERNAL_SECRET=LONG_SECRET):
+        assert "leases.W005" not in ids()
+        assert "leases.W005" in ids(deploy=True)
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+def test_given_a_lease_database_alias_that_is_missing_not_mongodb_or_unrouted_then_e008_or_e009():
+    with override_settings(LEASES_DATABASE="nosuch"):
+        assert "leases.E008" in ids()
+    postgres = {"ENGINE": "django.db.backends.postgresql", "NAME": "test"}
+    with override_settings(DATABASES={**settings.DATABASES, "pg": postgres}, LEASES_DATABASE="pg"):
+        assert "leases.E008" in ids()
+    with override_settings(DATABASES={**settings.DATABASES, "leases": settings.DATABASES["default"]},
+                           LEASES_DATABASE="leases"):
+        assert "leases.E009" in ids()
+        with override_settings(DATABASE_ROUTERS=["leases.routers.LeasesRouter"]):
+            assert {"leases.E008", "leases.E009"} & ids() == set()
+
+
+def test_given_a_tenant_access_path_that_does_not_import_then_e011():
+    with override_settings(LEASES_TENANT_ACCESS="nowhere.Access"):
+        assert "leases.E011" in ids()
