@@ -681,6 +681,10 @@ def print_share_table(load: Load, cap: int, seconds: float, uncontended: int, ou
             ratios = [e / a for r in results if load.procs[r["index"]][0] == tenant
                       for e, a in r.get("estimates") or () if a >= 0.010]
             row(f"estimate ÷ actual, median, tenant {tenant}", _s(percentile(ratios, 0.5), 2))
+    waits = [w for r in results for w in r["waits"]]
+    over = sum(1 for w in waits if w > 1.0)
+    row("waits longer than the 1 s keep-alive period (each costs ≥ 1 keep-alive)",
+        f"{100.0 * over / len(waits):.1f} %" if waits else "—")
     cpg = ours.commands_per_grant
     if load.name == "E":
         baseline["E"] = cpg or 0.0
