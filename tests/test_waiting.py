@@ -176,8 +176,7 @@ def test_contended_grant_command_budget(settings, extra):
     # privileged booking 2, its release 3 — uncontended acquire + release is 6, so the
     # queue costs 4 per grant (a keep-alive more if the machine is slow enough for a poll
     # to fall due).
-    put("res", "levels: {global: 1}
-waitMs: 10000" + extra)
+    put("res", "levels: {global: 1}\nwaitMs: 10000" + extra)
     from leases import invalidation
 
     assert invalidation.wait_listening()
