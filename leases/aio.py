@@ -38,7 +38,7 @@ from typing import Any
 import pymongo.errors
 from pymongo import ReturnDocument
 
-from . import commands, holders, metrics, service, slots, store, validation, waiting
+from . import commands, estimates, holders, metrics, service, slots, store, validation, waiting
 from .errors import LeaseLost, LeaseUnavailable
 
 log = logging.getLogger(__name__)
@@ -145,6 +145,8 @@ class AsyncLease:
             metrics.RELEASE.labels(resource=tag, outcome="already-released").inc()
             return False
         booking = slots.entry(self.request.tenant_id, self.request.project_id, self.request.user_id, self.token)
+        # How long the slot was held, kept on the gate for wait estimates (as the sync release).
+        hold = estimates.hold_update((time.monotonic() - self._lease._granted) * 1000)
         try:
             with service._bound():
                 doc = await store.async_db()[store.HOLDERS].find_one_and_delete(
@@ -153,7 +155,7 @@ class AsyncLease:
                 if doc is None and self._release_failed:
                     # The failed call's delete may have landed after all: return our own
                     # entries by value; nobody can pull one twice.
-                    gate = await _give_back(list(self.levels), booking)
+                    gate = await _give_back(list(self.levels), booking, record=hold)
                     self._released = True
                     return gate is not None
         except pymongo.errors.PyMongoError as exc:
@@ -166,7 +168,10 @@ class AsyncLease:
             return False
         try:
             with service._bound():
-                await _give_back(slots.holder_keys(doc), slots.holder_entry(doc))
+                # Shielded: the holder is gone, so a caller cancelled now must not strand
+                # its slots until repair finds them.
+                await asyncio.shield(_give_back(slots.holder_keys(doc), slots.holder_entry(doc),
+                                                record=hold if doc.get("state") == "HELD" else None))
                 # As every release (leases.holders.end): a later renewal answers EXPIRED.
                 await store.async_db()[store.TOMBSTONES].update_one(*holders.tombstone_upsert(doc, "release"),
                                                                     upsert=True)
@@ -326,10 +331,11 @@ def _rollback(attempt: Any) -> None:
         log.warning("rollback of %s failed (%s); reap and repair clean up", attempt.token, exc)
 
 
-async def _give_back(keys: list[str], booking: str) -> dict[str, Any] | None:
+async def _give_back(keys: list[str], booking: str, *, record: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """``waiting.give_back`` on the async client: the narrower levels in one bulk, the last
-    one returning its document; a queue there is handed off (in a thread: the hand-off's
-    wake-up publish and prune are the engine's).
+    one returning its document (with ``record``'s operators, as ``slots.give_back``); a
+    queue there is handed off (in a thread: the hand-off's wake-up publish and prune are
+    the engine's).
 
     Raises:
         pymongo.errors.PyMongoError: the store failed part-way (repair returns the rest).
@@ -340,7 +346,8 @@ async def _give_back(keys: list[str], booking: str) -> dict[str, Any] | None:
     *narrow, gate_key = keys
     if narrow:
         await counters.bulk_write(slots.pull_ops(narrow, booking), ordered=False)
-    gate = await counters.find_one_and_update({"_id": gate_key, "holders": booking}, slots.pull_update(booking),
+    gate = await counters.find_one_and_update({"_id": gate_key, "holders": booking},
+                                              {**slots.pull_update(booking), **(record or {})},
                                               return_document=ReturnDocument.AFTER)
     waiting.note_queue(gate)
     if gate is not None and gate.get("queue"):

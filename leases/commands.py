@@ -50,3 +50,9 @@ def mark_held(token: str, *, keys: list[str], ttl_seconds: int) -> tuple[dict, l
     return {"_id": token}, [{"$set": {"state": "HELD", "levels": {"$literal": keys}, "lastSeenAt": "$$NOW",
                                       "heldAt": "$$NOW", "expiresAt": store.now_plus_ms(ttl_seconds * 1000)}}]
 
+
+
+def adopt(token: str, *, pod: str) -> tuple[dict, dict]:
+    """A held lease moves to the pod that uses it now (a kept ticket granted to a retry that
+    runs in another process than the one that queued it)."""
+    return {"_id": token, "state": "HELD"}, {"$set": {"pod": pod}}

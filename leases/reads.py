@@ -468,7 +468,7 @@ def list_waiters(tenant_id: str | None = None, resource: str | None = None) -> W
             ttl_ms=int(ticket.get("ttl", 0)), stale=stale, level=level,
             blocked_key=key if visible else None, blocked_count=count, blocked_cap=cap,
             priority=ticket.get("pn"),
-            estimated_grant_at=None if stale or place is None else estimates.grant_at_place(gate, place, now)))
+            estimated_grant_at=None if stale or place is None else estimates.grant_at(gate, str(ticket.get("id", "")), now)))
     items.sort(key=lambda w: (w.resource, w.gate, w.position is None, w.position or 0,
                               w.waiting_since or now, w.ticket_id))
     return WaiterList(items, now)

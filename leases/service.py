@@ -584,6 +584,8 @@ class _Waiter:
         self.gate: dict[str, Any] | None = None
         self.tag = metrics.resource_tag(attempt.definition.resource)
         self.estimate_s: float | None = None
+        self.raw_estimate_ms: float | None = None  # uncalibrated, for the gate's record
+        self.queued_at = 0.0  # monotonic
 
     def _ticket(self) -> dict[str, Any]:
         request = self.attempt.request
@@ -636,9 +638,11 @@ class _Waiter:
         outcome = "error"
         try:
             self.gate = _step(self.attempt, self._enqueue)
+            self.queued_at = time.monotonic()
             if self.gate is not None:
-                ms = estimates.wait_ms(self.gate, self.attempt.token, self.gate["clock"])
-                self.estimate_s = None if ms is None else ms / 1000.0
+                self.raw_estimate_ms = estimates.raw_wait_ms(self.gate, self.attempt.token, self.gate["clock"])
+                if self.raw_estimate_ms is not None:
+                    self.estimate_s = self.raw_estimate_ms * estimates.calibration(self.gate) / 1000.0
             while True:
                 lease = self._decide()
                 if lease is not None:
@@ -738,8 +742,12 @@ class _Waiter:
                 attempt.create_holder()
             for attempt_no in range(2):
                 try:
-                    lease = attempt.book(privileged=True, allow_queue=True,
-                                         charge=order.charge(self.gate, attempt.token))
+                    charge = order.charge(self.gate, attempt.token)
+                    if self.queued_at:
+                        record = estimates.outcome_update(self.raw_estimate_ms,
+                                                          (time.monotonic() - self.queued_at) * 1000)
+                        charge = {**charge, **record}
+                    lease = attempt.book(privileged=True, allow_queue=True, charge=charge)
                     lease.estimated_wait_s = self.estimate_s
                     return lease
                 except _Vanished:

@@ -11,8 +11,9 @@ import asyncio
 import os
 import threading
 import weakref
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any
 
 import pymongo
 from pymongo.collection import Collection

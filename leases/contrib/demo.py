@@ -21,6 +21,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from leases import http_client
+
 log = logging.getLogger(__name__)
 
 
@@ -138,12 +140,16 @@ class DemoRemoteServer:
 
 
 def _http_json(method: str, url: str) -> Any:
-    import urllib.request
+    """The JSON body of the demo job service's answer.
 
-    request = urllib.request.Request(url, method=method, data=b"{}" if method == "POST" else None,
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=5) as response:
-        return json.loads(response.read() or b"null")
+    Raises:
+        leases.http_client.HttpCallFailed: no usable answer, or a non-2xx one.
+    """
+    answer = http_client.call_json(method, url, body={} if method == "POST" else None,
+                                   timeout=http_client.REMOTE_TIMEOUT_SECONDS)
+    if not answer.ok:
+        raise http_client.HttpCallFailed(method, url, f"HTTP {answer.status}")
+    return answer.body
 
 
 def run_demo_consumers(*, remote_url: str, stop: threading.Event, tenant_id: str = "demo",
