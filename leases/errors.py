@@ -9,6 +9,8 @@ handlers, the ``lease`` command and the embedded test server.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class LeaseError(Exception):
     """Base of every lease error; ``code`` is the stable, machine-readable name."""
@@ -223,6 +225,22 @@ class ApiKeyRejected(HttpProblem, Unauthenticated):
     """401: missing, wrong or revoked API key (the client's view of ``Unauthenticated``)."""
 
     code = "UNAUTHENTICATED"
+
+
+class HttpCallFailed(LeaseError):
+    """A pod-to-pod, CLI-to-pod or consumer-to-remote call got no usable answer: refused,
+    timed out, unresolvable, a malformed URL or a non-JSON body (``leases.http_client``).
+
+    ``reason`` says which, for logs and operator messages.
+    """
+
+    code = "HTTP_CALL_FAILED"
+
+    def __init__(self, method: str, url: str, reason: Any):
+        self.method = method
+        self.url = url
+        self.reason = reason
+        super().__init__(f"{method} {url} failed: {reason}")
 
 
 # --- Pod registry and revocation dispatch ----------------------------------------------

@@ -17,6 +17,11 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import HttpCallFailed
+
+__all__ = ["HttpCallFailed", "JsonAnswer", "call_json", "OPERATOR_SWEEP_TIMEOUT_SECONDS", "OPERATOR_TIMEOUT_SECONDS",
+           "PEER_TIMEOUT_SECONDS", "REMOTE_TIMEOUT_SECONDS"]
+
 # A revocation offered to a peer pod: the peer only parses, authenticates and schedules.
 PEER_TIMEOUT_SECONDS = 3.0
 # A consumer's remote service (session handshake, call, DELETE; the demo's job service).
@@ -26,19 +31,6 @@ REMOTE_TIMEOUT_SECONDS = 5.0
 OPERATOR_TIMEOUT_SECONDS = 15.0
 # The operator CLI's sweep: a sweep budget of 10 s plus up to 12 s for its dispatches.
 OPERATOR_SWEEP_TIMEOUT_SECONDS = 40.0
-
-
-class HttpCallFailed(Exception):
-    """No usable answer: refused, timed out, unresolvable, a malformed URL or a non-JSON body.
-
-    ``reason`` says which, for logs and operator messages.
-    """
-
-    def __init__(self, method: str, url: str, reason: Any):
-        self.method = method
-        self.url = url
-        self.reason = reason
-        super().__init__(f"{method} {url} failed: {reason}")
 
 
 @dataclass(frozen=True)
