@@ -7,6 +7,16 @@ Loads (hold 100 ms, each ``--seconds`` long, one common measurement window per l
 * C: a 4-level lease (``global: 4, tenant: 2, project: 2, user: 1``) with processes spread
   so that each level is the binding one some of the time.
 
+Who goes next (``--loads shares`` runs all five; global cap 2 each):
+
+* E: equal shares, 2 tenants × 6 processes: the baseline of W (commands per grant) and the
+  wait estimates at steady state;
+* W: the same processes with ``shares: {tenants: {t1: 3, t2: 1}}`` (target 75 / 25 %);
+* P: project weights 2 : 1 inside tenant ``ta`` beside an equal tenant ``tb`` (33 / 17 / 50 %);
+* I: 8 batch processes looping, 1 interactive process arriving every 0.5 s (its p99 wait);
+* S: 4 interactive + 4 batch processes looping, ``maxStarvationMs: 2000`` (every batch process
+  is granted, its longest wait).
+
 Every process connects and warms up first, reports ready, and then all begin at one start
 time the parent hands out and stop at start + seconds; grants outside that window are not
 counted. Each process counts its own MongoDB commands (pymongo command monitoring) inside
@@ -14,7 +24,7 @@ the window only. When a ZooKeeper server can be started (Debian ``zookeeper``, k
 the ``bench`` extra), loads A and B also run on ``kazoo.recipe.lock.Semaphore`` in the same
 run, side by side.
 
-Prints markdown tables. Run: ``python bench/bench_contention.py [--loads A,B,C]
+Prints markdown tables. Run: ``python bench/bench_contention.py [--loads A,B,C | shares]
 [--seconds 30] [--no-zk]`` (embedded server unless MONGODB_URI is set). Not a test: it
 asserts nothing, it measures.
 """
@@ -64,6 +74,9 @@ class Load:
     procs: list[tuple[str, str, str]]  # (tenant, project, user) per process
     zk: bool  # also run on kazoo's Semaphore (single cap: the global one)
     small_tenant: str | None = None  # the tenant whose share the 9 : 3 target is about
+    extra_yaml: str = ""  # more definition fields (shares, priorities, maxStarvationMs)
+    classes: tuple[str | None, ...] = ()  # priority class per process (None: the default)
+    pace: tuple[float | None, ...] = ()  # seconds between arrivals per process (None: loop)
 
 
 def _load_a() -> Load:
@@ -90,7 +103,51 @@ def _load_c() -> Load:
                 {"global": 4, "tenant": 2, "project": 2, "user": 1}, procs, False)
 
 
-LOADS = {"A": _load_a, "B": _load_b, "C": _load_c}
+# --- who goes next: weights, project shares, priority classes, starvation -------------------
+
+T_SHARE_POINTS = 5.0
+T_INTERACTIVE_P99_S = HOLD_S + 0.050
+T_STARVATION_MS = 2000
+T_ESTIMATE_ERROR = 0.25
+
+
+def _load_e() -> Load:
+    procs = [(f"t{t}", "p1", f"u{t}{i}") for t in (1, 2) for i in range(6)]
+    return Load("E", "equal shares: 2 tenants × 6 processes, global cap 2 (the baseline of W; estimates)",
+                {"global": 2}, procs, False)
+
+
+def _load_w() -> Load:
+    procs = [(f"t{t}", "p1", f"u{t}{i}") for t in (1, 2) for i in range(6)]
+    return Load("W", "weights 3 : 1 (t1 : t2), 2 tenants × 6 processes, global cap 2", {"global": 2}, procs, False,
+                extra_yaml="shares: {tenants: {t1: 3, t2: 1}}")
+
+
+def _load_p() -> Load:
+    procs = ([("ta", "pa1", f"a1u{i}") for i in range(4)] + [("ta", "pa2", f"a2u{i}") for i in range(4)]
+             + [("tb", "pb1", f"bu{i}") for i in range(4)])
+    return Load("P", "project weights 2 : 1 inside tenant ta (pa1 : pa2) beside an equal tenant tb, global cap 2",
+                {"global": 2}, procs, False, extra_yaml="shares: {projects: {pa1: 2, pa2: 1}}")
+
+
+def _load_i() -> Load:
+    procs = [("tb", "p1", f"batch{i}") for i in range(8)] + [("ti", "p1", "inter")]
+    return Load("I", "priority under a batch flood: 8 batch processes looping, 1 interactive arriving every 0.5 s",
+                {"global": 2}, procs, False, extra_yaml="priorities: [interactive, batch]",
+                classes=("batch",) * 8 + ("interactive",), pace=(None,) * 8 + (0.5,))
+
+
+def _load_s() -> Load:
+    procs = [("ti", "p1", f"inter{i}") for i in range(4)] + [("tb", "p1", f"batch{i}") for i in range(4)]
+    return Load("S", "starvation bound: 4 interactive + 4 batch processes looping, maxStarvationMs 2000",
+                {"global": 2}, procs, False,
+                extra_yaml=f"priorities: [interactive, batch]\nmaxStarvationMs: {T_STARVATION_MS}",
+                classes=("interactive",) * 4 + ("batch",) * 4)
+
+
+LOADS = {"A": _load_a, "B": _load_b, "C": _load_c, "E": _load_e, "W": _load_w, "P": _load_p, "I": _load_i,
+         "S": _load_s}
+SHARE_LOADS = ("E", "W", "P", "I", "S")
 
 
 def _scope_keys(levels: dict[str, int], proc: tuple[str, str, str]) -> list[tuple[str, str]]:
@@ -135,7 +192,7 @@ def _lease_name(load_name: str) -> str:
 
 
 def _run_window(index, acquire, release, ready_q, start_event, start_value, result_q, seconds,
-                counter=None):
+                counter=None, pace=None):
     """Warm up, report ready, then loop acquire → hold → release inside the shared window."""
     release(acquire())  # connections open, definition cached, counters exist
     ready_q.put(index)
@@ -153,8 +210,14 @@ def _run_window(index, acquire, release, ready_q, start_event, start_value, resu
     grants: list[float] = []
     releases: list[float] = []
     waits: list[float] = []
+    estimates: list[tuple[float, float]] = []  # (estimated wait, actual wait) of queued grants
     busy = errors = 0
+    arrivals = 0
     while True:
+        if pace:
+            # A paced process arrives every ``pace`` seconds from the window's start.
+            arrivals += 1
+            time.sleep(max(0.0, start + arrivals * pace - time.time()))
         called = time.time()
         if called >= end:
             break
@@ -173,6 +236,9 @@ def _run_window(index, acquire, release, ready_q, start_event, start_value, resu
             release(handle)
             break
         grants.append(granted)
+        estimate = getattr(handle, "estimated_wait_s", None)
+        if estimate is not None:
+            estimates.append((estimate, granted - called))
         time.sleep(max(0.0, granted + HOLD_S - time.time()))
         released = time.time()
         release(handle)
@@ -181,7 +247,8 @@ def _run_window(index, acquire, release, ready_q, start_event, start_value, resu
         timer.join()
         commands["n"] = commands["end"] - commands["start"]
     result_q.put({"index": index, "grants": grants, "releases": releases, "waits": waits, "busy": busy, "errors": errors,
-                  "commands": commands.get("n"), "start": start, "end": end})
+                  "commands": commands.get("n"), "start": start, "end": end,
+                  "estimates": estimates})
 
 
 def _project_child(index, load_name, proc, seconds, ready_q, start_event, start_value, result_q):
@@ -203,8 +270,10 @@ def _project_child(index, load_name, proc, seconds, ready_q, start_event, start_
     # command): a long-running process is past that point.
     invalidation.wait_listening()
     tenant, project, user = proc
+    load = LOADS[load_name]()
+    priority = load.classes[index] if load.classes else None
     request = leases.LeaseRequest(type="bench", lease=_lease_name(load_name), tenant_id=tenant,
-                                  project_id=project, user_id=user, holder_ref=f"proc{index}")
+                                  project_id=project, user_id=user, holder_ref=f"proc{index}", priority=priority)
 
     def acquire():
         try:
@@ -213,7 +282,7 @@ def _project_child(index, load_name, proc, seconds, ready_q, start_event, start_
             raise TimeoutError(str(exc)) from None
 
     _run_window(index, acquire, lambda lease: lease.release(), ready_q, start_event, start_value,
-                result_q, seconds, counter)
+                result_q, seconds, counter, pace=load.pace[index] if load.pace else None)
 
 
 def _zk_child(index, hosts, path, cap, seconds, ready_q, start_event, start_value, result_q):
@@ -442,7 +511,7 @@ def define(load: Load) -> None:
 
     body = ", ".join(f"{level}: {cap}" for level, cap in load.levels.items())
     config.put_document("_vance", "_tenant", document_path(_lease_name(load.name)),
-                        f"levels: {{{body}}}\nttlSeconds: 30\nwaitMs: {WAIT_MS}")
+                        f"levels: {{{body}}}\nttlSeconds: 30\nwaitMs: {WAIT_MS}\n{load.extra_yaml}")
 
 
 def uncontended_commands(load: Load) -> int:
@@ -538,13 +607,109 @@ def print_table(load: Load, cap: int, seconds: float, uncontended: int, ours: Fi
     print()
 
 
+def _shares_by(load: Load, results: list[dict], key) -> dict[str, float]:
+    counts: dict[str, int] = defaultdict(int)
+    for r in results:
+        counts[key(r["index"])] += len(r["grants"])
+    total = sum(counts.values())
+    return {k: 100.0 * v / total if total else 0.0 for k, v in sorted(counts.items())}
+
+
+def _waits_of(load: Load, results: list[dict], cls: str) -> list[float]:
+    return [w for r in results if load.classes[r["index"]] == cls for w in r["waits"]]
+
+
+def estimate_error(results: list[dict]) -> tuple[int, float | None, float | None, float | None]:
+    """(samples, median |estimate − actual| ÷ actual, median |estimate − actual| (s), median actual (s))
+    over the grants that queued with an estimate (actual waits under 10 ms are hand-offs
+    already due, left out: a ratio to ~0 says nothing)."""
+    pairs = [(e, a) for r in results for e, a in r.get("estimates") or () if a >= 0.010]
+    if not pairs:
+        return 0, None, None, None
+    return (len(pairs), percentile([abs(e - a) / a for e, a in pairs], 0.5),
+            percentile([abs(e - a) for e, a in pairs], 0.5), percentile([a for _, a in pairs], 0.5))
+
+
+def print_share_table(load: Load, cap: int, seconds: float, uncontended: int, ours: Figures,
+                      results: list[dict], baseline: dict[str, float]) -> None:
+    """The table of one who-goes-next load (weights, projects, classes, starvation, estimates)."""
+    print(f"### Load {load.name}: {load.title}\n")
+    print(f"{len(load.procs)} processes, hold {HOLD_S * 1000:.0f} ms, {seconds:g} s window, cap {cap}"
+          + (f"; definition adds `{load.extra_yaml.replace(chr(10), '; ')}`" if load.extra_yaml else "") + ".\n")
+    print("| figure | measured | target |")
+    print("|---|---:|---|")
+
+    def row(label, value, target=""):
+        print(f"| {label} | {value} | {target} |")
+
+    row("grants in the window", str(ours.grants))
+    row("utilisation (grants ÷ cap·seconds/hold)", _s(ours.utilisation),
+        f"≥ {T_UTILISATION:.2f}" if load.name in ("W", "I") else "")
+    if load.name == "W":
+        for tenant, share in _shares_by(load, results, lambda i: load.procs[i][0]).items():
+            target = 75.0 if tenant == "t1" else 25.0
+            row(f"share of grants, tenant {tenant} (weight {3 if tenant == 't1' else 1})", f"{share:.1f} %",
+                f"{target:.0f} % ± {T_SHARE_POINTS:.0f}")
+    if load.name == "E":
+        for tenant, share in _shares_by(load, results, lambda i: load.procs[i][0]).items():
+            row(f"share of grants, tenant {tenant} (weight 1)", f"{share:.1f} %", "50 %")
+    if load.name == "P":
+        targets = {"ta/pa1": 100 / 3, "ta/pa2": 100 / 6, "tb/pb1": 50.0}
+        for key, share in _shares_by(load, results, lambda i: f"{load.procs[i][0]}/{load.procs[i][1]}").items():
+            row(f"share of grants, {key}", f"{share:.1f} %", f"{targets[key]:.0f} % ± {T_SHARE_POINTS:.0f}")
+    if load.name in ("I", "S"):
+        for cls in ("interactive", "batch"):
+            waits = _waits_of(load, results, cls)
+            grants = sum(len(r["grants"]) for r in results if load.classes[r["index"]] == cls)
+            target = ""
+            if cls == "interactive" and load.name == "I":
+                target = f"p99 ≤ {T_INTERACTIVE_P99_S:.3f} (hold + 50 ms)"
+            if cls == "batch" and load.name == "S":
+                target = f"max ≤ {T_STARVATION_MS / 1000 + HOLD_S:.3f} (maxStarvationMs + hold)"
+            row(f"{cls}: grants; wait p50 / p99 / max (s)",
+                f"{grants}; {_s(percentile(waits, 0.5), 3)} / {_s(percentile(waits, 0.99), 3)} / "
+                f"{_s(max(waits) if waits else None, 3)}", target)
+    if load.name == "S":
+        per = [len(r["grants"]) for r in results if load.classes[r["index"]] == "batch"]
+        row("grants per batch process", ", ".join(map(str, per)), "every one ≥ 1")
+    n, rel, absolute, actual = estimate_error(results)
+    if load.name in ("E", "W"):
+        row("estimate error: median abs(est − actual) ÷ actual (queued grants)", _s(rel, 3) + f" (n = {n})",
+            f"≤ {T_ESTIMATE_ERROR:.2f}")
+        row("estimate: median abs error / median actual wait (s)", f"{_s(absolute, 3)} / {_s(actual, 3)}")
+        for tenant in sorted({p[0] for p in load.procs}):
+            ratios = [e / a for r in results if load.procs[r["index"]][0] == tenant
+                      for e, a in r.get("estimates") or () if a >= 0.010]
+            row(f"estimate ÷ actual, median, tenant {tenant}", _s(percentile(ratios, 0.5), 2))
+    waits = [w for r in results for w in r["waits"]]
+    over = sum(1 for w in waits if w > 1.0)
+    row("waits longer than the 1 s keep-alive period (each costs ≥ 1 keep-alive)",
+        f"{100.0 * over / len(waits):.1f} %" if waits else "—")
+    cpg = ours.commands_per_grant
+    if load.name == "E":
+        baseline["E"] = cpg or 0.0
+        row("store commands per grant (in the window)", _s(cpg, 2), f"uncontended acquire+release {uncontended}")
+    else:
+        base = baseline.get("E")
+        row("store commands per grant (in the window)", _s(cpg, 2),
+            f"≤ equal shares (load E: {_s(base, 2)})" if base else "(run load E for the equal-shares figure)")
+    row("acquire timeouts (LeaseBusy)", str(ours.busy), "0")
+    if ours.errors:
+        row("acquire errors (store unavailable)", str(ours.errors), "0")
+    print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--loads", default="A,B,C", help="comma-separated subset of A,B,C")
+    parser.add_argument("--loads", default="A,B,C",
+                        help="comma-separated subset of A,B,C (fairness) and E,W,P,I,S (shares, classes, "
+                             "starvation, estimates); 'shares' = E,W,P,I,S")
     parser.add_argument("--seconds", type=float, default=30.0, help="measurement window per load")
     parser.add_argument("--no-zk", action="store_true", help="skip the kazoo/ZooKeeper side")
     args = parser.parse_args()
     names = [n.strip().upper() for n in args.loads.split(",") if n.strip()]
+    if names == ["SHARES"]:
+        names = list(SHARE_LOADS)
     unknown = [n for n in names if n not in LOADS]
     if unknown:
         parser.error(f"unknown loads {unknown}; choose from {sorted(LOADS)}")
@@ -573,6 +738,7 @@ def main() -> None:
           f"MongoDB: {'MONGODB_URI' if external else 'embedded server (own process)'}; "
           f"ZooKeeper: {zk.hosts if zk else 'none (' + zk_note + ')'}; "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start\n")
+    baseline: dict[str, float] = {}
     try:
         for load in loads:
             define(load)
@@ -581,6 +747,10 @@ def main() -> None:
             results = run_processes(_project_child, [(i, load.name, proc) for i, proc in enumerate(load.procs)],
                                     args.seconds)
             ours = figures(load, results, cap, args.seconds)
+            if load.name in SHARE_LOADS:
+                print_share_table(load, cap, args.seconds, uncontended, ours, results, baseline)
+                sys.stdout.flush()
+                continue
             theirs = None
             if load.zk and zk is not None:
                 path = f"/bench/contention-{load.name.lower()}"

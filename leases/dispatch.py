@@ -207,7 +207,8 @@ class LeaseRevocationDispatcher:
         sweep), so their outcomes can be reported; other threads' dispatches are not mixed in.
         """
         previous = getattr(self._local, "collected", None)
-        self._local.collected = collected = []
+        collected: list[tuple[RevokedHolder, Future]] = []
+        self._local.collected = collected
         try:
             yield collected
         finally:
@@ -372,7 +373,7 @@ def accept_remote(data: dict) -> RevokedHolder:
     if not isinstance(data, dict):
         raise InvalidLeaseRequest("revocation body must be a JSON object")
     validation.token(data.get("token"))
-    handlers.get_handler(data.get("type"))
+    handlers.get_handler(str(data.get("type") or ""))
     payload = data.get("payload") or {}
     validation.payload(payload)
     for key in ("resource", "leaseName", "tenantId", "projectId", "userId", "holderRef", "pod", "reason"):

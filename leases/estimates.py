@@ -5,11 +5,11 @@ durations ``holds``, its cap and holders, and the place the order rule gives the
 and MongoDB's clock. No extra read: every waiter already has the gate from the command it
 last sent.
 
-At steady state the gate's ``cap`` slots turn over once per mean hold, so one frees every
-``hold ÷ cap`` on average, and the next one is half that away. A ticket with ``k`` tickets
-ahead of it beyond the free slots is granted after about ``(k + ½) · hold ÷ cap``. Tickets
-that arrive later and rank ahead (a higher class, a tenant further below its share) make
-the real wait longer; the estimate is refreshed with every poll.
+At steady state the gate's ``cap`` slots turn over once per typical hold, so one frees
+every ``hold ÷ cap``. The estimate walks the turnover forward — oldest holder releases,
+the order rule picks, whoever released asks again — until the ticket is picked, and so
+counts the tickets that will pass it later (a higher class, a tenant below its weighted
+share), not only those ahead of it now. The estimate is refreshed with every poll.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from statistics import median
 from typing import Any
 
 from . import order
+from .slots import parts_of
 
 # Recent hold durations kept on the gate (ms): enough for a stable median, small enough to
 # follow a change of workload within a few dozen grants.
@@ -33,23 +34,101 @@ def mean_hold_ms(gate: dict[str, Any]) -> float | None:
 
 def wait_ms(gate: dict[str, Any], ticket_id: str, now: datetime) -> float | None:
     """Estimated milliseconds from ``now`` until ``ticket_id`` is granted; None when the
-    gate has no hold history yet or the ticket is not queued (live)."""
-    place = order.position(gate, ticket_id, now)
-    return None if place is None else wait_ms_at_place(gate, place)
+    gate has no hold history yet or the ticket is not queued (live).
+
+    The turnover walk (:func:`raw_wait_ms`) times the gate's own record of how its recent
+    estimates came out (:func:`calibration`): a slot is idle between a release and the next
+    grant, and a busy host stretches that; the record says by how much, here.
+    """
+    raw = raw_wait_ms(gate, ticket_id, now)
+    return None if raw is None else raw * calibration(gate)
 
 
-def wait_ms_at_place(gate: dict[str, Any], place: int) -> float | None:
-    """Estimated milliseconds until the ticket at 1-based ``place`` of the grant order is
-    granted; None when the gate has no hold history yet."""
+def calibration(gate: dict[str, Any]) -> float:
+    """Median of actual ÷ estimated wait over the gate's recent grants (``er``); 1 until
+    three are on record."""
+    ratios = [r for r in gate.get("er") or () if isinstance(r, (int, float)) and not isinstance(r, bool) and r > 0]
+    return float(median(ratios)) if len(ratios) >= 3 else 1.0
+
+
+def outcome_update(raw_ms: float | None, actual_ms: float) -> dict[str, Any]:
+    """The update operators that record how one estimate came out (merged into the grant's
+    booking update: no command of its own). Waits under 10 ms estimated say nothing."""
+    if raw_ms is None or raw_ms < 10:
+        return {}
+    ratio = min(5.0, max(0.2, actual_ms / raw_ms))
+    return {"$push": {"er": {"$each": [round(ratio, 3)], "$slice": -HOLDS_KEPT}}}
+
+
+def raw_wait_ms(gate: dict[str, Any], ticket_id: str, now: datetime) -> float | None:
+    """The turnover walk's estimate, before calibration.
+
+    The slots are turned over one release at a time, oldest holder first, and each freed
+    slot goes where the order rule (``leases.order.pick``) sends it. Whoever releases asks
+    again at once (a ticket of the same tenant and project at the back): at steady state
+    that is what keeps a heavier tenant's tickets passing a lighter one's, which the queue
+    as it stands does not show. A ticket ``k`` releases away is granted after about
+    ``(k − ½) · hold ÷ cap``; a one-off burst is over-estimated by this, never under.
+    """
     hold = mean_hold_ms(gate)
     if hold is None:
         return None
+    steps = releases_until(gate, ticket_id, now)
+    if steps is None:
+        return None
     cap = max(1, int(gate.get("cap", 1)))
-    free = max(0, cap - len(gate.get("holders") or ()))
-    ahead = place - 1 - free  # tickets that need a slot to free before this one's turn
-    if ahead < 0:
-        return 0.0
-    return (ahead + 0.5) * hold / cap
+    return 0.0 if steps == 0 else (steps - 0.5) * hold / cap
+
+
+# A queue this long is estimated by its place alone: the turnover walk would cost more
+# than a keep-alive is worth.
+MAX_WALK_TICKETS = 200
+MAX_WALK_STEPS = 2000
+
+
+def releases_until(gate: dict[str, Any], ticket_id: str, now: datetime) -> int | None:
+    """How many releases until ``ticket_id`` is picked (0: a free slot is its now); None
+    when it is not queued (live) or not reached within the walk's bound."""
+    live = [t for t in gate.get("queue") or () if not order.is_stale(t, now)]
+    if not any(t.get("id") == ticket_id for t in live):
+        return None
+    cap = max(1, int(gate.get("cap", 1)))
+    holders = list(gate.get("holders") or ())
+    if len(live) > MAX_WALK_TICKETS:
+        place = order.position(gate, ticket_id, now)
+        return None if place is None else max(0, place - max(0, cap - len(holders)))
+    # Attributes a re-asking holder's ticket gets: those of a queued ticket of the same
+    # tenant and project (weights, class), else the defaults.
+    like = {(t.get("t"), t.get("p")): t for t in live}
+    held = order.Occupancy.of(holders)
+    passes = order.Passes.of(gate)
+    queue = [dict(t) for t in live]
+    owners = [parts_of(b) for b in holders]  # (tenant, project, user) per slot, oldest first
+    far = now + timedelta(days=3650)
+    serial = 0
+    for step in range(MAX_WALK_STEPS + 1):
+        while len(owners) < cap:
+            chosen = order.pick(queue, held, passes, now)
+            if chosen is None:
+                break
+            if chosen.get("id") == ticket_id:
+                return step
+            queue.remove(chosen)
+            held.add(chosen.get("t", ""), chosen.get("p", ""), chosen.get("u", ""))
+            passes.charge(chosen)
+            owners.append((chosen.get("t", ""), chosen.get("p", ""), chosen.get("u", "")))
+        if not owners:
+            return None  # nothing to release and nothing picked: blocked by its own caps
+        t, p, u = owners.pop(0)
+        held.tenant[t] -= 1
+        held.project[(t, p)] -= 1
+        held.user[(t, u)] -= 1
+        serial += 1
+        template = like.get((t, p), {})
+        queue.append({**{k: template[k] for k in ("wt", "wp", "pc", "caps") if k in template},
+                      "id": f"\x00again{serial}", "t": t, "p": p, "u": u, "at": far + timedelta(seconds=serial),
+                      "seen": now, "ttl": 10**9})
+    return None
 
 
 def grant_at(gate: dict[str, Any], ticket_id: str, now: datetime) -> datetime | None:
@@ -67,12 +146,6 @@ def held_ms(held_at: datetime | None) -> float | None:
     now = datetime.now(timezone.utc) if held_at.tzinfo is not None else datetime.now(timezone.utc).replace(tzinfo=None)
     ms = (now - held_at).total_seconds() * 1000
     return ms if 0 <= ms <= 7 * 24 * 3600 * 1000 else None
-
-
-def grant_at_place(gate: dict[str, Any], place: int, now: datetime) -> datetime | None:
-    """The estimated grant time of the ticket at ``place`` (None: unknown)."""
-    ms = wait_ms_at_place(gate, place)
-    return None if ms is None else now + timedelta(milliseconds=ms)
 
 
 def hold_update(hold_ms: float | None) -> dict[str, Any]:

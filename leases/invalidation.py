@@ -33,7 +33,7 @@ import os
 import threading
 import time
 import uuid
-from typing import Protocol
+from typing import Any, Protocol
 
 import redis
 from redis.backoff import NoBackoff
@@ -156,7 +156,7 @@ def _lost() -> None:
         _subscriber.not_live()
 
 
-def _ping_time(data: object) -> float | None:
+def _ping_time(data: Any) -> float | None:
     try:
         return float(data.decode() if isinstance(data, bytes) else data)
     except (TypeError, ValueError, AttributeError):

@@ -169,16 +169,24 @@ def _order(gate: dict[str, Any], now: datetime, limit: int | None) -> tuple[list
     remaining = [t for t in gate.get("queue") or () if not is_stale(t, now)]
     out: list[dict[str, Any]] = []
     while remaining and (limit is None or len(out) < limit):
-        eligible = [t for t in remaining if held.fits(t) and not sits_out(t, now)]
-        if not eligible:
+        chosen = pick(remaining, held, passes, now)
+        if chosen is None:
             break
-        eligible = [t for t in eligible if not is_suspect(t, now)] or eligible
-        pick = min(eligible, key=lambda t: _rank_key(t, held, passes, now))
-        out.append(pick)
-        remaining.remove(pick)
-        held.add(pick.get("t", ""), pick.get("p", ""), pick.get("u", ""))
-        passes.charge(pick)
+        out.append(chosen)
+        remaining.remove(chosen)
+        held.add(chosen.get("t", ""), chosen.get("p", ""), chosen.get("u", ""))
+        passes.charge(chosen)
     return out, remaining
+
+
+def pick(tickets: list[dict[str, Any]], held: Occupancy, passes: Passes, now: datetime) -> dict[str, Any] | None:
+    """The one ticket of ``tickets`` (live ones) the rule grants next, given what is held and
+    the passes; None when every one is blocked by its own caps or sits out."""
+    eligible = [t for t in tickets if held.fits(t) and not sits_out(t, now)]
+    if not eligible:
+        return None
+    eligible = [t for t in eligible if not is_suspect(t, now)] or eligible
+    return min(eligible, key=lambda t: _rank_key(t, held, passes, now))
 
 
 def ranked(gate: dict[str, Any], now: datetime, limit: int | None = None) -> list[dict[str, Any]]:

@@ -276,7 +276,7 @@ def list_counters(tenant_id: str | None = None, include_global: bool | None = No
         match: dict[str, Any] = {"levels": {"$in": keys}}
         if tenant_id is not None:
             match["tenantId"] = query["tenantId"]
-        pipeline = [
+        pipeline: list[dict[str, Any]] = [
             {"$match": match},
             {"$project": {"levels": 1}},
             {"$unwind": "$levels"},
@@ -468,7 +468,7 @@ def list_waiters(tenant_id: str | None = None, resource: str | None = None) -> W
             ttl_ms=int(ticket.get("ttl", 0)), stale=stale, level=level,
             blocked_key=key if visible else None, blocked_count=count, blocked_cap=cap,
             priority=ticket.get("pn"),
-            estimated_grant_at=None if stale or place is None else estimates.grant_at_place(gate, place, now)))
+            estimated_grant_at=None if stale or place is None else estimates.grant_at(gate, str(ticket.get("id", "")), now)))
     items.sort(key=lambda w: (w.resource, w.gate, w.position is None, w.position or 0,
                               w.waiting_since or now, w.ticket_id))
     return WaiterList(items, now)

@@ -110,12 +110,16 @@ def test_given_the_gate_has_hold_history_when_a_request_times_out_then_busy_carr
     held.release()
 
 
-def test_given_an_estimate_then_it_counts_the_tickets_ahead_in_the_order_rule():
+def test_given_an_estimate_then_it_counts_the_tickets_ahead_and_those_the_rule_lets_pass_later():
     gate = {"cap": 2, "holders": ["a/p/u/h1", "b/p/u/h2"], "holds": [100, 200, 300],
             "queue": [{"id": f"q{i}", "t": "a", "p": "p", "u": "u", "at": store.server_now(), "ttl": 60000}
                       for i in range(3)]}
     now = gate["queue"][0]["at"]
-    assert [estimates.wait_ms(gate, f"q{i}", now) for i in range(3)] == [50.0, 150.0, 250.0]
+    # Typical hold 200 ms, cap 2: a slot frees every 100 ms. q0 takes the first; then b's
+    # holder asks again and, holding less than a, takes every other slot: q1 and q2 are
+    # granted three and five releases from now.
+    assert [estimates.wait_ms(gate, f"q{i}", now) for i in range(3)] == [50.0, 250.0, 450.0]
+    assert estimates.releases_until(gate, "q2", now) == 5
     assert estimates.wait_ms({**gate, "holds": []}, "q0", now) is None
     assert estimates.wait_ms(gate, "nope", now) is None
 

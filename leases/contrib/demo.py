@@ -1,6 +1,7 @@
 """Demo data for the main job: a tiny local remote service and the two demo consumers.
 
-:class:`DemoRemoteServer` plays both remote systems of §7 over real HTTP on 127.0.0.1 — a
+:class:`DemoRemoteServer` plays both remote systems the contrib handlers clean up after (a
+compile farm and a browser-session tool), over real HTTP on 127.0.0.1 — a
 compile service (``POST /jobs``, ``GET /jobs/<id>``) and an MCP-like session server
 (``POST /mcp`` initialize/call, ``DELETE /mcp`` with ``Mcp-Session-Id``) that checks the
 ``Authorization`` header and records every session DELETE. It is demo scenery for the
@@ -113,7 +114,7 @@ class DemoRemoteServer:
     @property
     def url(self) -> str:
         host, port = self.httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host.decode() if isinstance(host, bytes) else host}:{port}"
 
     @property
     def mcp_endpoint(self) -> str:

@@ -1,4 +1,4 @@
-"""Child process: a pod (issue 3) that serves /internal/lease/ and holds two leases.
+"""Child process: a pod that serves /internal/lease/ and holds two leases.
 
 Usage: python -m tests.workers.pod <remote-url>
 

@@ -226,10 +226,6 @@ class SessionPool:
         for session in sessions:
             session.close()
 
-    def tokens(self) -> list[str]:
-        with self._lock:
-            return [s.token for s in self._sessions.values() if s.token]
-
 
 pool = SessionPool()
 

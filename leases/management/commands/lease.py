@@ -1,4 +1,4 @@
-"""``python manage.py lease …``: the operator CLI, across all tenants (§9).
+"""``python manage.py lease …``: the operator CLI, across all tenants (the platform operator's view).
 
 Reads go straight to MongoDB. Revocations go through a live pod's internal admin API
 (``/internal/lease/admin/…``, shared secret), because only pods run handlers and know
@@ -91,28 +91,29 @@ def _operator() -> str:
 def _require_tenant(tenant_id: str, project_id: str) -> None:
     """Fail unless (tenant, project) is known somewhere, so a typo is not answered with defaults.
 
-    Known means: an Insights tenant (project), a stored config document or a holder with
-    that id; pods may lease for tenants that Insights does not list.
+    Known means: a tenant (project) of the tenancy hook (``LEASES_TENANT_ACCESS``), a stored
+    config document or a holder with that id; pods may lease for tenants the hook does not list.
 
     Raises:
         TenantNotFound: the tenant is known nowhere.
         ProjectNotFound: the project is known nowhere in that tenant.
         pymongo.errors.PyMongoError: the store is unreachable.
     """
-    from insights.models import Project, Tenant
     from leases import store
     from leases.definitions import SYSTEM_TENANT, TENANT_PROJECT
+    from leases.tenancy import tenant_access
 
     if tenant_id == SYSTEM_TENANT:
         return
-    tenant_pk = Tenant.objects.filter(slug=tenant_id).values_list("pk", flat=True).first()
-    if tenant_pk is None and not (store.config_documents().find_one({"tenantId": tenant_id}, {"_id": 1})
-                                  or store.holders().find_one({"tenantId": tenant_id}, {"_id": 1})):
+    access = tenant_access()
+    listed = access.tenant_exists(tenant_id)
+    if not listed and not (store.config_documents().find_one({"tenantId": tenant_id}, {"_id": 1})
+                           or store.holders().find_one({"tenantId": tenant_id}, {"_id": 1})):
         raise TenantNotFound(f"no tenant {tenant_id!r} (not in Insights, no config document, no holder)")
     if project_id == TENANT_PROJECT:
         return
     scope = {"tenantId": tenant_id, "projectId": project_id}
-    if not ((tenant_pk is not None and Project.objects.filter(tenant_id=tenant_pk, slug=project_id).exists())
+    if not ((listed and access.project_exists(tenant_id, project_id))
             or store.config_documents().find_one(scope, {"_id": 1}) or store.holders().find_one(scope, {"_id": 1})):
         raise ProjectNotFound(f"tenant {tenant_id!r} has no project {project_id!r} (not in Insights, "
                               f"no config document, no holder)")
@@ -482,22 +483,23 @@ class Command(BaseCommand):
         if token is not None:
             validation.token(token)
         else:
-            validation.pod_id(pod)
+            pod = validation.pod_id(pod)
             # "Nothing to revoke" would hide a typo in the pod id.
             _require_pod(pod)
+        pod_id = pod or ""  # validated above whenever no token was given
         if o["force"]:
             if token is not None:
                 holders = [actions.revoke_holder(token, acting_user=_operator() + " --force",
                                                     reason=reason or "forced revoke (CLI)", dispatch=False)]
             else:
-                holders = actions.revoke_pod(pod, acting_user=_operator() + " --force",
+                holders = actions.revoke_pod(pod_id, acting_user=_operator() + " --force",
                                                 reason=reason or "forced pod revoke (CLI)", dispatch=False)
             wire = [h.to_wire() for h in holders]
             note = self._force_note(holders) if holders else "--force: nothing to revoke."
             self.emit(o, {"via": "mongodb --force", "handlersRan": False, "revoked": wire, "note": note},
                       lambda: f"{self._revoked_table(wire)}\n\n{note}" if wire else note)
             return
-        path = f"/revoke/{urllib.parse.quote(token, safe='')}" if token is not None else f"/revoke-pod/{urllib.parse.quote(pod, safe='')}"
+        path = f"/revoke/{urllib.parse.quote(token, safe='')}" if token is not None else f"/revoke-pod/{urllib.parse.quote(pod_id, safe='')}"
         body = {"actor": _operator()}
         if reason:
             body["reason"] = reason
