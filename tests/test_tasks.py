@@ -40,7 +40,7 @@ def app():
 def handler():
     from leases import handlers
 
-    registered = handlers.register_handler(PreforkTestHandler())
+    registered = handlers.register_handler(PreforkTestHandler(), replace=True)
     config.put_document("_vance", "_tenant", document_path(TYPE), "ttlSeconds: 600\nlevels: {global: 10}")
     yield registered
     handlers.unregister_handler(TYPE)
