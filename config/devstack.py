@@ -238,7 +238,7 @@ def main() -> int:
             specs.append((f"web-{index}", [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
                           {"POD_ID": f"web-{index}", "LEASES_POD_ENDPOINT": f"http://127.0.0.1:{port}"}))
         specs.append(("worker", [sys.executable, "-m", "celery", "-A", "config", "worker", "-l", "info",
-                                 "--pool", "threads", "--concurrency", "2", "-n", "worker-1@%h"],
+                                 "--pool", "prefork", "--concurrency", "2", "-n", "worker-1@%h"],
                       {"POD_ID": "worker-1"}))
         specs.append(("beat", [sys.executable, "-m", "celery", "-A", "config", "beat", "-l", "info",
                                "--schedule", str(VAR / "celerybeat-schedule")], {"LEASES_POD_AUTOSTART": "0"}))

@@ -102,7 +102,7 @@ def stacked_bars(key: str, title: str, rows: Sequence[MinuteRow],
     top = _nice_max(max(totals, default=0))
     col, scale = _frame(chart, rows, top)
     for i, row in enumerate(rows):
-        y = TOP + PLOT_H
+        y: float = TOP + PLOT_H
         for attr, label, cls in series:
             v = value(row, attr)
             if not v:

@@ -14,14 +14,14 @@ from django.views.decorators.http import require_http_methods
 from leases import definitions, reads, shares
 from leases.definitions import TENANT_PROJECT
 from leases.errors import InvalidLeaseRequest, LeaseUnavailable
+from leases.tenancy import TenantGrant
 
 from .access import tenant_admin_required
 from .forms import DefinitionForm, ProjectWeightForm
-from .models import Tenant
 from .views import _project_slugs
 
 
-def _share_context(tenant: Tenant, name: str) -> dict:
+def _share_context(tenant: TenantGrant, name: str) -> dict:
     """What this tenant may know of a lease's shares: its own weight and classes, its
     projects' weights — never another tenant's weight or classes."""
     definition = definitions.load(name, tenant.slug, TENANT_PROJECT)
@@ -42,7 +42,7 @@ def _share_context(tenant: Tenant, name: str) -> dict:
 
 @require_http_methods(["GET", "POST"])
 @tenant_admin_required
-def shares_view(request: HttpRequest, tenant: Tenant) -> HttpResponse:
+def shares_view(request: HttpRequest, tenant: TenantGrant) -> HttpResponse:
     """GET ?name=<lease>: the shares; POST (CSRF-checked): set one project's weight."""
     projects = _project_slugs(tenant)
     status = 200

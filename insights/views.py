@@ -193,7 +193,7 @@ def revoke(request: HttpRequest, tenant: TenantGrant, token: str) -> HttpRespons
         form = RevokeForm(request.POST)
         if form.is_valid():
             try:
-                holder = actions.revoke_holder(
+                revoked = actions.revoke_holder(
                     token, tenant_id=tenant.slug, acting_user=request.user,
                     reason=form.cleaned_data["reason"] or "revoked in Insights",
                 )
@@ -201,8 +201,8 @@ def revoke(request: HttpRequest, tenant: TenantGrant, token: str) -> HttpRespons
                 raise Http404("No such lease holder") from None
             messages.success(
                 request,
-                f"Lease {holder.token[:10]}… on {holder.resource} revoked; its slots are free "
-                f"and {_dispatch_note(holder.type, holder.pod, holder.pod_bound)}.",
+                f"Lease {revoked.token[:10]}… on {revoked.resource} revoked; its slots are free "
+                f"and {_dispatch_note(revoked.type, revoked.pod, revoked.pod_bound)}.",
             )
             return redirect(reverse("insights:holders", args=[tenant.slug]))
         holder = _tenant_holder(tenant, token)

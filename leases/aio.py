@@ -38,7 +38,7 @@ from typing import Any
 import pymongo.errors
 from pymongo import ReturnDocument
 
-from . import commands, metrics, service, slots, store, validation, waiting
+from . import commands, estimates, holders, metrics, service, slots, store, validation, waiting
 from .errors import LeaseLost, LeaseUnavailable
 
 log = logging.getLogger(__name__)
@@ -80,49 +80,57 @@ class AsyncLease:
             # The body's own error matters more; the slot comes back through reap/repair.
             log.warning("release of %s failed after an error in the lease's block", self.token)
 
-    async def _touch(self, extra: dict[str, Any] | None = None) -> bool:
-        query, update = commands.touch(self.token, ttl_seconds=self.definition.ttl_seconds, extra=extra)
-        with service._bound():
-            result = await store.async_db()[store.HOLDERS].update_one(query, update)
-        return result.matched_count == 1  # matched, not modified: see Lease._touch
+    async def _renew(self, payload: dict[str, Any] | None = None) -> None:
+        """:func:`leases.holders.renew` on the async client: the same command and verdict;
+        ending a holder found past its deadline runs in a thread (the engine's reap)."""
+        bound = holders.scope(self.request.tenant_id, self.request.project_id)
+        db = store.async_db()
+        error: LeaseLost | None = None
+        try:
+            with service._bound():
+                doc = await db[store.HOLDERS].find_one_and_update(
+                    *holders.renewal(self.token, bound=bound, payload=payload),
+                    projection=holders.GRANT_FIELDS, return_document=ReturnDocument.AFTER)
+                if doc is None:
+                    tombstone = await db[store.TOMBSTONES].find_one(holders.scoped(self.token, bound), {"reason": 1})
+                    error = holders.answer_for(self.token, tombstone)
+                elif holders.verdict(doc) == holders.EXPIRED:
+                    error = await asyncio.to_thread(holders.expire, self.token)
+                elif holders.verdict(doc) == holders.KEEP_LATER:
+                    await db[store.HOLDERS].update_one(*holders.keep_later(self.token, doc["priorExpiresAt"]))
+                    doc["expiresAt"] = doc["priorExpiresAt"]
+        except pymongo.errors.PyMongoError as exc:
+            raise LeaseUnavailable(f"lease store unreachable during renewal: {exc.__class__.__name__}") from None
+        holders.count_check(doc, error is None)
+        if error is not None:
+            raise error
+        assert doc is not None  # no error means the renewal matched
+        self._lease.expires_at, self._lease.last_seen_at = doc["expiresAt"], doc["lastSeenAt"]
 
     async def acheck(self) -> None:
-        """Check-at-use and touch, as :meth:`leases.Lease.check`.
+        """Check-at-use and renew, as :meth:`leases.Lease.check` (the same renewal rule).
 
         Raises:
-            LeaseLost: the lease was reaped, revoked or released.
+            LeaseLost: the lease ended (``LeaseExpired`` with the reason, or ``StaleLease``).
             LeaseUnavailable: the store is unreachable.
         """
-        tag = metrics.resource_tag(self.resource)
         if self._released:
-            metrics.CHECK.labels(resource=tag, outcome="lost").inc()
+            metrics.CHECK.labels(resource=metrics.resource_tag(self.resource), outcome="lost").inc()
             raise LeaseLost(f"lease {self.token} was released")
-        try:
-            held = await self._touch()
-        except pymongo.errors.PyMongoError as exc:
-            raise LeaseUnavailable(f"lease store unreachable during check: {exc.__class__.__name__}") from None
-        if not held:
-            metrics.CHECK.labels(resource=tag, outcome="lost").inc()
-            raise LeaseLost(f"lease {self.token} on {self.resource} was lost (reaped or revoked)")
-        metrics.CHECK.labels(resource=tag, outcome="ok").inc()
+        await self._renew()
 
     async def aupdate_payload(self, payload: dict[str, Any]) -> None:
-        """Replace the payload the revocation handler will get (also a touch).
+        """Replace the payload the revocation handler will get (also a renewal).
 
         Raises:
             InvalidLeaseRequest: the payload is not a safe JSON-like dict.
-            LeaseLost: the lease is no longer held.
+            LeaseLost: the lease is no longer held (``LeaseExpired`` / ``StaleLease``).
             LeaseUnavailable: the store is unreachable.
         """
         validation.payload(payload)
         if self._released:
             raise LeaseLost(f"lease {self.token} was released")
-        try:
-            held = await self._touch({"payload": {"$literal": payload}})
-        except pymongo.errors.PyMongoError as exc:
-            raise LeaseUnavailable(f"lease store unreachable: {exc.__class__.__name__}") from None
-        if not held:
-            raise LeaseLost(f"lease {self.token} on {self.resource} was lost (reaped or revoked)")
+        await self._renew(payload)
 
     async def arelease(self) -> bool:
         """Give the slots back, as :meth:`leases.Lease.release`: idempotent, True only for
@@ -137,14 +145,17 @@ class AsyncLease:
             metrics.RELEASE.labels(resource=tag, outcome="already-released").inc()
             return False
         booking = slots.entry(self.request.tenant_id, self.request.project_id, self.request.user_id, self.token)
+        # How long the slot was held, kept on the gate for wait estimates (as the sync release).
+        hold = estimates.hold_update((time.monotonic() - self._lease._granted) * 1000)
         try:
             with service._bound():
                 doc = await store.async_db()[store.HOLDERS].find_one_and_delete(
-                    {"_id": self.token}, projection=commands.RELEASE_PROJECTION)
+                    holders.scoped(self.token, holders.scope(self.request.tenant_id, self.request.project_id)),
+                    projection=commands.RELEASE_PROJECTION)
                 if doc is None and self._release_failed:
                     # The failed call's delete may have landed after all: return our own
                     # entries by value; nobody can pull one twice.
-                    gate = await _give_back(list(self.levels), booking)
+                    gate = await _give_back(list(self.levels), booking, record=hold)
                     self._released = True
                     return gate is not None
         except pymongo.errors.PyMongoError as exc:
@@ -157,10 +168,17 @@ class AsyncLease:
             return False
         try:
             with service._bound():
-                await _give_back(slots.holder_keys(doc), slots.holder_entry(doc))
+                # Shielded: the holder is gone, so a caller cancelled now must not strand
+                # its slots until repair finds them.
+                await asyncio.shield(_give_back(slots.holder_keys(doc), slots.holder_entry(doc),
+                                                record=hold if doc.get("state") == "HELD" else None))
+                # As every release (leases.holders.end): a later renewal answers EXPIRED.
+                await store.async_db()[store.TOMBSTONES].update_one(*holders.tombstone_upsert(doc, "release"),
+                                                                    upsert=True)
         except pymongo.errors.PyMongoError as exc:
             metrics.RELEASE.labels(resource=tag, outcome="error").inc()
-            log.warning("release of %s: returning its slots failed (%s); repair returns them", self.token, exc)
+            log.warning("release of %s: returning its slots or its tombstone failed (%s); repair returns them",
+                        self.token, exc)
             return True
         metrics.RELEASE.labels(resource=tag, outcome="ok").inc()
         return True
@@ -203,7 +221,7 @@ class _Acquiring:
         self._request = request
         self._lease: AsyncLease | _AsyncNoopLease | None = None
 
-    def __await__(self):  # type: ignore[no-untyped-def]
+    def __await__(self):
         return _acquire(self._request).__await__()
 
     async def __aenter__(self) -> "AsyncLease | _AsyncNoopLease":
@@ -265,6 +283,7 @@ async def _uncontended(attempt: Any, *, queues: bool) -> service.Lease | None:
                     *commands.holder_upsert(attempt.token, definition=attempt.definition, request=attempt.request,
                                             pod=attempt.pod, keys=attempt.keys, priority=attempt.priority[1]),
                     upsert=True, projection={"acquiredAt": 1}, return_document=ReturnDocument.AFTER)
+                assert doc is not None  # an upsert returning the document after always has one
                 attempt.acquired_at = attempt.acquired_at or doc["acquiredAt"]
                 attempt.created_at = time.monotonic()
                 if queues and waiting.queue_likely(attempt.gate.key):
@@ -282,7 +301,8 @@ async def _uncontended(attempt: Any, *, queues: bool) -> service.Lease | None:
                     return None
                 held = await db[store.HOLDERS].find_one_and_update(
                     *commands.mark_held(attempt.token, keys=attempt.keys, ttl_seconds=attempt.definition.ttl_seconds),
-                    projection={"expiresAt": 1, "acquiredAt": 1}, return_document=ReturnDocument.AFTER)
+                    projection={"expiresAt": 1, "acquiredAt": 1, "lastSeenAt": 1, "intervalSeconds": 1},
+                    return_document=ReturnDocument.AFTER)
                 if held is None:
                     await asyncio.to_thread(_rollback, attempt)
                     raise LeaseUnavailable(f"lease attempt on {attempt.definition.resource} was reaped mid-acquire")
@@ -297,7 +317,8 @@ async def _uncontended(attempt: Any, *, queues: bool) -> service.Lease | None:
         log.warning("store step failed: %r", exc)
         raise LeaseUnavailable(f"lease store error mid-acquire: {exc.__class__.__name__}") from None
     return service.Lease(attempt.token, attempt.definition, attempt.request, list(attempt.keys),
-                         expires_at=held.get("expiresAt"), acquired_at=held.get("acquiredAt"))
+                         expires_at=held.get("expiresAt"), acquired_at=held.get("acquiredAt"),
+                         last_seen_at=held.get("lastSeenAt"), interval_seconds=held.get("intervalSeconds"))
 
 
 def _rollback(attempt: Any) -> None:
@@ -310,10 +331,11 @@ def _rollback(attempt: Any) -> None:
         log.warning("rollback of %s failed (%s); reap and repair clean up", attempt.token, exc)
 
 
-async def _give_back(keys: list[str], booking: str) -> dict[str, Any] | None:
+async def _give_back(keys: list[str], booking: str, *, record: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """``waiting.give_back`` on the async client: the narrower levels in one bulk, the last
-    one returning its document; a queue there is handed off (in a thread: the hand-off's
-    wake-up publish and prune are the engine's).
+    one returning its document (with ``record``'s operators, as ``slots.give_back``); a
+    queue there is handed off (in a thread: the hand-off's wake-up publish and prune are
+    the engine's).
 
     Raises:
         pymongo.errors.PyMongoError: the store failed part-way (repair returns the rest).
@@ -324,7 +346,8 @@ async def _give_back(keys: list[str], booking: str) -> dict[str, Any] | None:
     *narrow, gate_key = keys
     if narrow:
         await counters.bulk_write(slots.pull_ops(narrow, booking), ordered=False)
-    gate = await counters.find_one_and_update({"_id": gate_key, "holders": booking}, slots.pull_update(booking),
+    gate = await counters.find_one_and_update({"_id": gate_key, "holders": booking},
+                                              {**slots.pull_update(booking), **(record or {})},
                                               return_document=ReturnDocument.AFTER)
     waiting.note_queue(gate)
     if gate is not None and gate.get("queue"):

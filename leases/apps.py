@@ -11,14 +11,12 @@ class LeasesConfig(AppConfig):
         # leases.contrib apps'): the engine registers none of its own.
         from django.core.signals import request_started
 
-        from leases.conf import lease_settings
+        from . import checks, definitions, dispatch, invalidation, process, tasks  # noqa: F401 - checks registers, tasks wires the Celery worker signals
 
-        from . import checks, definitions, dispatch, invalidation, pod_renewer, tasks  # noqa: F401 - checks registers, tasks wires the Celery worker signals
-
-        # The cache asks the subscription whether it may serve; without this it never caches.
-        definitions.cache.attach(invalidation.liveness)
+        # The subscription tells the cache what it learns; without this the cache never serves.
+        # Its thread starts only where a process serves (leases.process), not here.
+        invalidation.attach(definitions.cache)
         dispatch.install()
-        if lease_settings.POD_AUTOSTART:
-            # Lazy: only a process that serves requests becomes a (web) pod, not migrate/shell.
-            request_started.connect(pod_renewer.lazy_start_on_request, weak=False,
-                                    dispatch_uid="leases.pod_renewer.lazy_start_on_request")
+        # Lazy: only a process that serves requests starts its machinery, not migrate/shell.
+        request_started.connect(process.on_request_started, weak=False,
+                                dispatch_uid="leases.process.on_request_started")

@@ -203,3 +203,29 @@ def check_tenant_access(app_configs: Any = None, **kwargs: Any) -> list:
     except ImproperlyConfigured as exc:
         return [Error(str(exc), id="leases.E011")]
     return []
+
+
+@register(TAG)
+def check_pod_addresses(app_configs: Any = None, **kwargs: Any) -> list:
+    """``LEASES_POD_ENDPOINT`` (when set) is an http(s) URL; ``LEASES_WORKER_INTERNAL_BIND`` is host:port.
+
+    Other pods deliver revocations to the endpoint; a malformed one would fail only when a
+    revocation is due, so it is caught here.
+    """
+    errors = []
+    endpoint = lease_settings.POD_ENDPOINT
+    if endpoint:
+        parts = urlsplit(endpoint) if isinstance(endpoint, str) else None
+        try:
+            port_ok = parts is not None and (parts.port is None or parts.port > 0)
+        except ValueError:
+            port_ok = False
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+            errors.append(Error(f"LEASES_POD_ENDPOINT {endpoint!r} is not an http(s) URL with a host",
+                                hint="e.g. http://10.0.3.7:8000 (how other pods reach this one)", id="leases.E012"))
+    bind = lease_settings.WORKER_INTERNAL_BIND
+    port = bind.rpartition(":")[2] if isinstance(bind, str) and ":" in bind else ""
+    if not port.isdigit() or int(port) > 65535:
+        errors.append(Error(f"LEASES_WORKER_INTERNAL_BIND {bind!r} is not host:port (port 0 = any free port)",
+                            id="leases.E012"))
+    return errors

@@ -409,7 +409,7 @@ class KeepAlive:
         self.stop()
 
     def _run(self) -> None:
-        wait = self.lease.interval_seconds
+        wait: float = self.lease.interval_seconds
         while not self._stop.wait(wait):
             try:
                 self.lease.renew()

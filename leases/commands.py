@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import store
+from . import holders, store
 
 # What a release needs of the holder it deletes: its counters and its booking entry.
 # heldAt gives the hold's duration, which the gate keeps for wait estimates.
@@ -34,6 +34,8 @@ def holder_upsert(token: str, *, definition: Any, request: Any, pod: str, keys: 
         "pod": {"$literal": pod},
         "podBound": {"$literal": request.pod_bound},
         "ttlSeconds": {"$literal": definition.ttl_seconds},
+        # The interval a grant issues (HTTP), chosen once: a ticket granted later keeps it.
+        "intervalSeconds": {"$literal": holders.choose_interval(definition.ttl_seconds, request.interval_seconds)},
         "keys": {"$literal": keys},
         "levels": {"$literal": []},
         "payload": {"$literal": {}},
@@ -49,9 +51,8 @@ def mark_held(token: str, *, keys: list[str], ttl_seconds: int) -> tuple[dict, l
                                       "heldAt": "$$NOW", "expiresAt": store.now_plus_ms(ttl_seconds * 1000)}}]
 
 
-def touch(token: str, *, ttl_seconds: int, extra: dict[str, Any] | None = None) -> tuple[dict, list]:
-    """Check-at-use: the TTL runs from now (server time); ``extra`` fields set with it."""
-    update: dict[str, Any] = {"lastSeenAt": "$$NOW", "expiresAt": store.now_plus_ms(ttl_seconds * 1000)}
-    if extra:
-        update.update(extra)
-    return {"_id": token, "state": "HELD"}, [{"$set": update}]
+
+def adopt(token: str, *, pod: str) -> tuple[dict, dict]:
+    """A held lease moves to the pod that uses it now (a kept ticket granted to a retry that
+    runs in another process than the one that queued it)."""
+    return {"_id": token, "state": "HELD"}, {"$set": {"pod": pod}}

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
 import threading
 import time
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import pymongo.errors
 import yaml
@@ -466,23 +467,40 @@ class _Entry(NamedTuple):
 class DefinitionCache:
     """Merged definitions per (tenant, project, name), invalidated by config changes.
 
-    The cache only serves while it is told that changes from other processes reach this
-    one: ``liveness`` (wired by the app to :func:`leases.invalidation.liveness`) answers the
-    current live epoch, or ``None`` when the subscription has not proven itself within its
-    bound; then every read loads the layers. An entry is served only in the epoch it was
-    loaded in. A load that raced with an invalidation is not stored (generation check),
-    so a change published while a load was in flight can never leave a stale entry behind.
+    The cache only serves while it has been told that changes from other processes reach
+    this one. The invalidation subscription (attached by the app, :mod:`leases.invalidation`)
+    tells it :meth:`live_until` — the current live epoch and until when (monotonic time) its
+    latest proof holds — and :meth:`not_live` when the connection is lost; the cache never
+    asks anyone. Without a live proof every read loads the layers. An entry is served only
+    in the epoch it was loaded in. A load that raced with an invalidation is not stored
+    (generation check), so a change published while a load was in flight can never leave a
+    stale entry behind.
     """
 
-    def __init__(self, liveness: Callable[[], int | None] | None = None) -> None:
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._entries: dict[tuple[str, str, str], _Entry] = {}
         self._generation = 0
-        self._liveness: Callable[[], int | None] = liveness or (lambda: None)
+        # (epoch, monotonic deadline of the latest proof, pid told), replaced as a whole so
+        # a reader never sees one epoch with another epoch's deadline; None: not live. A
+        # forked child inherits the parent's proof but not the thread that earned it.
+        self._live: tuple[int, float, int] | None = None
 
-    def attach(self, liveness: Callable[[], int | None]) -> None:
-        """Tell the cache how to ask whether cross-process invalidation is live."""
-        self._liveness = liveness
+    def live_until(self, epoch: int, deadline: float) -> None:
+        """Told: every change published elsewhere reaches this process until ``deadline`` (monotonic)."""
+        self._live = (epoch, deadline, os.getpid())
+
+    def not_live(self) -> None:
+        """Told: changes may not reach this process any more; serve nothing until told again."""
+        self._live = None
+        self.clear()
+
+    def live_epoch(self) -> int | None:
+        """The epoch the cache serves in now, or None while it has no live proof."""
+        live = self._live
+        if live is None or time.monotonic() >= live[1] or live[2] != os.getpid():
+            return None
+        return live[0]
 
     def get(self, name: str, tenant_id: str, project_id: str) -> LeaseDefinition:
         """Cached merged definition, loading on a miss or while invalidation is not live.
@@ -494,7 +512,7 @@ class DefinitionCache:
 
         key = (tenant_id, project_id, name)
         max_age = float(lease_settings.DEFINITION_CACHE_SECONDS)
-        epoch = self._liveness()
+        epoch = self.live_epoch()
         entry = self._entries.get(key)
         started = time.monotonic()
         if entry is not None and epoch is not None and entry.epoch == epoch and started - entry.cached_at < max_age:
@@ -503,7 +521,7 @@ class DefinitionCache:
         definition = load(name, tenant_id, project_id)
         # Store only if invalidation was live for the whole load: otherwise another
         # process's write could go unnoticed here.
-        if epoch is not None and self._liveness() == epoch:
+        if epoch is not None and self.live_epoch() == epoch:
             with self._lock:
                 if generation == self._generation:
                     self._entries[key] = _Entry(definition, started, epoch)

@@ -32,11 +32,8 @@ A lost notification is still covered by ``check()``: the holder gets ``LEASE_LOS
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import logging
 import threading
-import urllib.error
-import urllib.request
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -44,7 +41,7 @@ from typing import Callable, Iterator
 
 import pymongo.errors
 
-from . import handlers, store
+from . import handlers, http_client, store
 from .errors import LeaseError, LeaseStillHeld
 from .handlers import RevokedHolder
 from .pod_liveness import LeasePodLiveness, liveness as default_liveness
@@ -53,7 +50,6 @@ log = logging.getLogger(__name__)
 
 REVOKED_PATH = "/internal/lease/revoked"
 SECRET_HEADER = "X-Lease-Secret"
-POST_TIMEOUT_SECONDS = 3.0
 
 
 def _secret() -> str:
@@ -98,7 +94,7 @@ FAILED = "failed"                  # the handler raised
 PENDING = "pending"                # still running when the caller stopped waiting
 
 # Peers asked, at most, when this process lacks a handler: bounds the time one dispatch
-# spends (each POST is bounded by POST_TIMEOUT_SECONDS).
+# spends (each POST is bounded by http_client.PEER_TIMEOUT_SECONDS).
 MAX_PEER_OFFERS = 3
 
 
@@ -211,7 +207,8 @@ class LeaseRevocationDispatcher:
         sweep), so their outcomes can be reported; other threads' dispatches are not mixed in.
         """
         previous = getattr(self._local, "collected", None)
-        self._local.collected = collected = []
+        collected: list[tuple[RevokedHolder, Future]] = []
+        self._local.collected = collected
         try:
             yield collected
         finally:
@@ -330,17 +327,15 @@ class LeaseRevocationDispatcher:
     @staticmethod
     def post_revoked(endpoint: str, holder: RevokedHolder) -> bool:
         """POST the revocation to a foreign pod; True on a 2xx answer."""
-        body = json.dumps(holder.to_wire()).encode()
-        request = urllib.request.Request(
-            endpoint.rstrip("/") + REVOKED_PATH, data=body, method="POST",
-            headers={"Content-Type": "application/json", SECRET_HEADER: _secret()},
-        )
         try:
-            with urllib.request.urlopen(request, timeout=POST_TIMEOUT_SECONDS) as response:
-                return 200 <= response.status < 300
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            log.info("revocation POST to %s failed: %s", endpoint, exc)
+            answer = http_client.call_json("POST", endpoint.rstrip("/") + REVOKED_PATH, body=holder.to_wire(),
+                                           headers={SECRET_HEADER: _secret()}, timeout=http_client.PEER_TIMEOUT_SECONDS)
+        except http_client.HttpCallFailed as exc:
+            log.info("revocation POST to %s failed: %s", endpoint, exc.reason)
             return False
+        if not answer.ok:
+            log.info("revocation POST to %s answered HTTP %d", endpoint, answer.status)
+        return answer.ok
 
 
 _dispatcher: LeaseRevocationDispatcher | None = None
@@ -378,7 +373,7 @@ def accept_remote(data: dict) -> RevokedHolder:
     if not isinstance(data, dict):
         raise InvalidLeaseRequest("revocation body must be a JSON object")
     validation.token(data.get("token"))
-    handlers.get_handler(data.get("type"))
+    handlers.get_handler(str(data.get("type") or ""))
     payload = data.get("payload") or {}
     validation.payload(payload)
     for key in ("resource", "leaseName", "tenantId", "projectId", "userId", "holderRef", "pod", "reason"):

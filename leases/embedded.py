@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import IO, Any
 
 from .errors import EmbeddedServerError
 
@@ -84,6 +85,7 @@ class EmbeddedServer:
         self.port = port
         self.storage_path = storage_path
         self.log_path = log_path
+        self._log_file: IO[bytes] | None = None  # the server's stdout, closed on stop
 
     @property
     def uri(self) -> str:
@@ -96,9 +98,6 @@ class EmbeddedServer:
     def pid(self) -> int:
         return self.process.pid
 
-    def is_running(self) -> bool:
-        return self.process.poll() is None
-
     def stop(self, timeout: float = 10.0) -> None:
         """Terminate the server; kill it if it does not exit within ``timeout`` seconds."""
         proc = self.process
@@ -109,7 +108,7 @@ class EmbeddedServer:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=timeout)
-        log = getattr(self, "_log_file", None)
+        log = self._log_file
         if log is not None and not log.closed:
             log.close()
 
@@ -141,7 +140,7 @@ def _wait_ready(server: EmbeddedServer, timeout: float) -> None:
                 f"secantusd-py exited with code {server.process.returncode} before answering "
                 f"(port {server.port}); log {server.log_path}:\n{_log_tail(server.log_path)}"
             )
-        client = pymongo.MongoClient(server.uri, serverSelectionTimeoutMS=500,
+        client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(server.uri, serverSelectionTimeoutMS=500,
                                      connectTimeoutMS=500, socketTimeoutMS=2000)
         try:
             client.admin.command("hello")

@@ -90,7 +90,9 @@ class LeaseExpired(LeaseLost):
     code = "EXPIRED"
 
     def __init__(self, message: str = "", *, reason: str | None = None):
-        self.reason = reason  # idle, pod, revoke, release, deadline (past expiresAt, not reaped yet)
+        # idle (also: a renewal that came after the deadline), pod, revoke, release,
+        # ticket-expired, abandoned, waiter-gone.
+        self.reason = reason
         super().__init__(message)
 
 
@@ -110,6 +112,12 @@ class PriorityNotAllowed(InvalidLeaseRequest):
     """The request names a priority class its tenant may not use (never silently downgraded)."""
 
     code = "PRIORITY_NOT_ALLOWED"
+
+
+class HandlerAlreadyRegistered(LeaseError):
+    """A second, different handler was registered for a lease type without ``replace=True``."""
+
+    code = "HANDLER_ALREADY_REGISTERED"
 
 
 class InvalidDefinition(InvalidLeaseRequest):

@@ -9,9 +9,10 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
-from .errors import InvalidLeaseRequest, UnknownLeaseType
+from .errors import HandlerAlreadyRegistered, InvalidLeaseRequest, UnknownLeaseType
+from .documents import HolderDoc
 from .validation import LEASE_NAME_RE
 
 
@@ -36,7 +37,7 @@ class RevokedHolder:
     last_seen_at: datetime | None = None
 
     @classmethod
-    def from_doc(cls, doc: dict[str, Any], reason: str) -> "RevokedHolder":
+    def from_doc(cls, doc: HolderDoc, reason: str) -> "RevokedHolder":
         """Build from a holder document as stored in ``resource_lease_holders``."""
         return cls(
             token=doc["_id"],
@@ -70,7 +71,7 @@ class RevokedHolder:
     def from_wire(cls, data: dict[str, Any]) -> "RevokedHolder":
         """Inverse of :meth:`to_wire`."""
         doc = {"_id": data["token"], **{k: v for k, v in data.items() if k not in ("token", "reason")}}
-        return cls.from_doc(doc, data.get("reason", "revoke"))
+        return cls.from_doc(cast(HolderDoc, doc), data.get("reason", "revoke"))
 
 
 class LeaseHandler:
@@ -91,11 +92,17 @@ _lock = threading.Lock()
 _registry: dict[str, LeaseHandler] = {}
 
 
-def register_handler(handler: LeaseHandler) -> LeaseHandler:
-    """Register ``handler`` for its ``type``; a later registration of the same type replaces it.
+def register_handler(handler: LeaseHandler, *, replace: bool = False) -> LeaseHandler:
+    """Register ``handler`` for its ``type``.
+
+    A type has one handler: a second, different handler for it is refused unless the
+    caller says ``replace=True`` — two plug-ins claiming one type would otherwise decide
+    silently, by import order, which cleanup runs. Registering the same handler object
+    again changes nothing.
 
     Raises:
         InvalidLeaseRequest: the handler has no valid ``type`` or no ``on_revoked``.
+        HandlerAlreadyRegistered: another handler has that type and ``replace`` is False.
     """
     handler_type = getattr(handler, "type", "")
     if not isinstance(handler_type, str) or LEASE_NAME_RE.fullmatch(handler_type) is None:
@@ -103,6 +110,11 @@ def register_handler(handler: LeaseHandler) -> LeaseHandler:
     if not callable(getattr(handler, "on_revoked", None)):
         raise InvalidLeaseRequest(f"handler for {handler_type!r} has no on_revoked")
     with _lock:
+        current = _registry.get(handler_type)
+        if current is not None and current is not handler and not replace:
+            raise HandlerAlreadyRegistered(
+                f"lease type {handler_type!r} already has a handler ({type(current).__qualname__}); "
+                "pass replace=True to replace it")
         _registry[handler_type] = handler
     return handler
 

@@ -35,6 +35,7 @@ import pymongo.errors
 from pymongo import UpdateOne
 
 from . import slots, store
+from .documents import HolderDoc
 
 log = logging.getLogger(__name__)
 
@@ -369,7 +370,7 @@ def waited(waiter: Any, outcome: str, seconds: float) -> None:
                   outcome == "granted", attempt.token)
 
 
-def reaped(doc: dict[str, Any], reason: str) -> None:
+def reaped(doc: HolderDoc, reason: str) -> None:
     recorder.reap(doc.get("resource"), doc.get("tenantId"), reason)
 
 

@@ -87,4 +87,5 @@ def serve_internal(bind: str | None = None) -> str:
         bound_host, bound_port = server.server_address[:2]
     if s.POD_ENDPOINT and int(port_text or 0) == bound_port:
         return s.POD_ENDPOINT.rstrip("/")
-    return f"http://{bound_host}:{bound_port}"
+    host = bound_host.decode() if isinstance(bound_host, bytes) else bound_host
+    return f"http://{host}:{bound_port}"

@@ -16,10 +16,13 @@ an answer that arrives after the previous proof had already gone stale starts a 
 and empties the cache, because changes may have been published while nobody could hear
 them; an entry of an earlier epoch is never served.
 
-The thread starts with the first liveness question of each process (:func:`liveness`,
-asked by the cache once the app has wired it) rather than at import or app start: a
-forked worker gets its own thread on first use, and commands that never resolve a
-definition (``migrate``, most of the CLI) never open a Redis connection.
+The subscription tells its subscriber (the definition cache, attached by the app's
+``ready()`` through :func:`attach`) what it learns: a change, a proof with its deadline, a
+lost connection. The cache never asks, and this module never imports it. The thread is
+started explicitly (:func:`start`) by the processes that serve — a web process on its first
+request, each Celery worker process once it exists (:mod:`leases.process`) — never at import
+or app start: a prefork pool forks after the parent set up, and commands that never resolve
+a definition (``migrate``, most of the CLI) never open a Redis connection.
 """
 
 from __future__ import annotations
@@ -30,13 +33,13 @@ import os
 import threading
 import time
 import uuid
+from typing import Any, Protocol
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from . import store
-from .definitions import cache
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +54,31 @@ _origin: tuple[int, str] | None = None
 # (epoch, monotonic send time of the freshest answered ping or None); replaced as a whole
 # so a reader never sees an epoch with another epoch's proof.
 _state: tuple[int, float | None] = (0, None)
+
+
+class Subscriber(Protocol):
+    """What the subscription tells (the definition cache implements it)."""
+
+    def invalidate(self, tenant_id: str | None, project_id: str | None, name: str | None) -> None:
+        """A definition changed: drop what it touched."""
+
+    def clear(self) -> None:
+        """Anything may have changed: drop everything."""
+
+    def live_until(self, epoch: int, deadline: float) -> None:
+        """Changes reach this process until ``deadline`` (monotonic) in ``epoch``."""
+
+    def not_live(self) -> None:
+        """Changes may not reach this process any more."""
+
+
+_subscriber: Subscriber | None = None
+
+
+def attach(subscriber: Subscriber | None) -> None:
+    """Set who is told about changes and liveness (the app attaches the definition cache)."""
+    global _subscriber
+    _subscriber = subscriber
 
 
 class _Silent(Exception):
@@ -90,18 +118,33 @@ def channel() -> str:
 
 
 def _apply(message: dict) -> None:
-    cache.invalidate(message.get("tenantId"), message.get("projectId"), message.get("name"))
+    if _subscriber is not None:
+        _subscriber.invalidate(message.get("tenantId"), message.get("projectId"), message.get("name"))
+
+
+def _from_elsewhere(change: dict, origin: str) -> bool:
+    """Whether ``change`` came from another process than the one with sender id ``origin``.
+
+    Our own change was applied when it was published; applying it again on its way back
+    would only drop entries cached since.
+    """
+    return change.get("origin") != origin
 
 
 def _prove(sent_at: float, bound: float) -> None:
     """Record that everything Redis took before ``sent_at`` has reached this process."""
     global _state
     epoch, proof = _state
-    if proof is None or time.monotonic() - proof >= bound:
-        # The cache stopped serving meanwhile; what it holds may have missed a change.
-        cache.clear()
+    lapsed = proof is None or time.monotonic() - proof >= bound
+    if lapsed:
         epoch += 1
-    _state = (epoch, sent_at if proof is None or sent_at > proof else proof)
+    fresh = sent_at if proof is None or sent_at > proof else proof
+    _state = (epoch, fresh)
+    if _subscriber is not None:
+        if lapsed:
+            # The cache stopped serving meanwhile; what it holds may have missed a change.
+            _subscriber.clear()
+        _subscriber.live_until(epoch, fresh + bound)
     with _proved:
         _proved.notify_all()
 
@@ -109,10 +152,11 @@ def _prove(sent_at: float, bound: float) -> None:
 def _lost() -> None:
     global _state
     _state = (_state[0] + 1, None)
-    cache.clear()
+    if _subscriber is not None:
+        _subscriber.not_live()
 
 
-def _ping_time(data: object) -> float | None:
+def _ping_time(data: Any) -> float | None:
     try:
         return float(data.decode() if isinstance(data, bytes) else data)
     except (TypeError, ValueError, AttributeError):
@@ -154,12 +198,11 @@ def _listen(pubsub: redis.client.PubSub, channel_name: str, bound: float) -> Non
         elif kind == "message":
             try:
                 change = json.loads(message["data"])
-                # Our own change was applied when it was published; applying it again
-                # on its way back would only drop entries cached since.
-                if change.get("origin") != _origin_id():
+                if _from_elsewhere(change, _origin_id()):
                     _apply(change)
             except (ValueError, TypeError, AttributeError):
-                cache.clear()
+                if _subscriber is not None:
+                    _subscriber.clear()
 
 
 def _run(channel_name: str) -> None:
@@ -185,7 +228,7 @@ def _run(channel_name: str) -> None:
 
 
 def start() -> None:
-    """Start this process's listener thread if it is not running (fork-aware)."""
+    """Start this process's listener thread if it is not running (idempotent, fork-aware)."""
     global _thread, _thread_pid
     pid = os.getpid()
     if _thread is not None and _thread_pid == pid and _thread.is_alive():
@@ -209,25 +252,28 @@ def _live_epoch() -> int | None:
     return epoch
 
 
-def liveness() -> int | None:
-    """The current epoch while the subscription has proven itself within the bound, else None.
-
-    Starts the listener thread on first use in a process.
-    """
-    start()
-    return _live_epoch()
-
-
 def listening() -> bool:
     """True while changes from other processes are known to reach this one."""
-    return liveness() is not None
+    return _live_epoch() is not None
 
 
 def wait_listening(timeout: float = 5.0) -> bool:
-    """Block until the subscription has proven itself live (start-up, tests)."""
+    """Start the subscription (if need be) and block until it has proven itself live (start-up, tests)."""
     start()
     with _proved:
         return _proved.wait_for(lambda: _live_epoch() is not None, timeout)
+
+
+def caught_up(timeout: float = 5.0) -> bool:
+    """Block until everything Redis took before this call has been applied here.
+
+    True once a ping sent after this call was answered on the subscription (answers come
+    in order with the published messages); False after ``timeout`` or without a running
+    subscription.
+    """
+    since = time.monotonic()
+    with _proved:
+        return _proved.wait_for(lambda: _state[1] is not None and _state[1] >= since, timeout)
 
 
 def publish(tenant_id: str | None, project_id: str | None, name: str | None) -> None:

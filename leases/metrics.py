@@ -1,4 +1,5 @@
-"""Prometheus metrics of §8; tags stay low-cardinality (no tenant, project or user ids)."""
+"""Prometheus metrics of the engine; tags stay low-cardinality (no tenant, project or user
+ids), so a tenant with many users cannot blow up the scrape or learn about other tenants."""
 
 from __future__ import annotations
 

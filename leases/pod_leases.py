@@ -1,7 +1,8 @@
 """Pod leases: the server-issued registration lease every pod holds in ``lease_pods``.
 
 Every web process and every Celery worker is a pod. On start it registers in
-``lease_pods`` and receives a pod lease (seed 004, registration-lease-v1 applied to pods):
+``lease_pods`` and receives a pod lease, decided by the server so no pod can keep
+itself alive on its own clock:
 
 * ``leaseId`` — identity of the agreement; renewals must present it.
 * ``intervalSeconds`` — decided by the server: the pod's proposal clamped into
@@ -35,6 +36,7 @@ import pymongo.errors
 from leases.conf import lease_settings
 
 from . import store, validation
+from .documents import PodDoc
 from .errors import InvalidLeaseRequest, PodLeaseError
 
 ENDPOINT_MAX = 1024
@@ -132,7 +134,7 @@ def register(pod_id: str, endpoint: str | None, *, proposed_interval: int | None
             return PodLease(Outcome.ATTACHED, pod_id, current["leaseId"], current.get("intervalSeconds"),
                             current["expiryDeadline"], now)
         interval = clamp_interval(proposed_interval)
-        fresh = {
+        fresh: PodDoc = {
             "leaseId": secrets.token_urlsafe(18),
             "endpoint": endpoint,
             "intervalSeconds": interval,

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from . import store
+from .documents import PodDoc
 from .identity import self_pod_id
 
 
@@ -30,7 +31,7 @@ class LeasePodLiveness:
         return self._self_pod or self_pod_id()
 
     @staticmethod
-    def doc_alive(doc: dict[str, Any] | None, now: datetime) -> bool:
+    def doc_alive(doc: PodDoc | None, now: datetime) -> bool:
         """The criterion applied to one ``lease_pods`` document at server time ``now``."""
         return bool(
             doc is not None
@@ -55,7 +56,7 @@ class LeasePodLiveness:
         if pod_id == self.self_pod:
             return (doc or {}).get("endpoint") or ""
         now = now if now is not None else store.server_now()
-        return doc["endpoint"] if self.doc_alive(doc, now) else None
+        return doc["endpoint"] if doc is not None and self.doc_alive(doc, now) else None
 
     def is_alive(self, pod_id: str, *, now: datetime | None = None) -> bool:
         """Whether ``pod_id`` is alive (the own pod always is; detached ``""`` never is).

@@ -1,7 +1,7 @@
 """This process's pod: the thread that keeps its pod lease renewed, started once per process.
 
-Each process (a web process on its first request, a Celery worker process at start) owns
-one :class:`PodRenewer`. The singleton remembers the pid that started it: a forked child
+Each process (a web process on its first request, a Celery worker process at start, see
+:mod:`leases.process`) owns one :class:`PodRenewer`. The singleton remembers the pid that started it: a forked child
 does not inherit its parent's renewer (the thread did not survive the fork) and starts its
 own under its own pod id.
 """
@@ -13,7 +13,7 @@ import logging
 import os
 import random
 import threading
-from typing import Any, Callable
+from typing import Callable
 
 import pymongo.errors
 
@@ -127,22 +127,3 @@ def stop_pod() -> None:
     renewer = current_renewer()
     if renewer is not None:
         renewer.shutdown()
-
-
-def lazy_start_on_request(sender: Any = None, environ: dict[str, Any] | None = None, **_: Any) -> None:
-    """``request_started`` receiver: a web process becomes a pod on its first request.
-
-    Without ``LEASES_POD_ENDPOINT`` the endpoint is taken from that request's host, so a
-    plain ``runserver`` is reachable by the other pods without extra configuration.
-    """
-    if current_renewer() is not None:
-        return
-    endpoint = lease_settings.POD_ENDPOINT or ""
-    if not endpoint and environ:
-        host = environ.get("HTTP_HOST") or f"{environ.get('SERVER_NAME', '127.0.0.1')}:{environ.get('SERVER_PORT', '80')}"
-        endpoint = f"{environ.get('wsgi.url_scheme', 'http')}://{host}"
-    try:
-        start_pod(endpoint)
-    except Exception:  # never fail a request because the pod registry is unreachable
-        log.exception("could not start the pod lease of this web process")
-

@@ -276,7 +276,7 @@ def list_counters(tenant_id: str | None = None, include_global: bool | None = No
         match: dict[str, Any] = {"levels": {"$in": keys}}
         if tenant_id is not None:
             match["tenantId"] = query["tenantId"]
-        pipeline = [
+        pipeline: list[dict[str, Any]] = [
             {"$match": match},
             {"$project": {"levels": 1}},
             {"$unwind": "$levels"},

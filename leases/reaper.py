@@ -11,7 +11,8 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from . import history, listener, metrics, slots, store, waiting
+from . import holders, listener, store
+from .documents import HolderDoc
 from .handlers import RevokedHolder
 
 log = logging.getLogger(__name__)
@@ -19,22 +20,9 @@ log = logging.getLogger(__name__)
 REAP_BATCH = 500
 
 
-def record_tombstone(doc: dict[str, Any], reason: str) -> None:
-    """Remember that a token ended (reaped, revoked, released) so protocols can tell
-    "expired" from "never existed"; tombstones expire through a MongoDB TTL index
-    (they book no counter, so plain deletion is right for them)."""
-    store.tombstones().update_one(
-        {"_id": doc["_id"]},
-        [{"$set": {"tenantId": {"$literal": doc.get("tenantId")},
-                   # projectId lets project-bound API keys see only their project's tombstones.
-                   "projectId": {"$literal": doc.get("projectId")}, "reason": {"$literal": reason},
-                   "resource": {"$literal": doc.get("resource")}, "at": "$$NOW"}}],
-        upsert=True,
-    )
-
-
-def reap(query: dict[str, Any], reason: str) -> tuple[dict[str, Any] | None, RevokedHolder | None]:
-    """Delete one holder matching ``query``, return its slots (by entry) and hand them on.
+def reap(query: dict[str, Any], reason: str) -> tuple[HolderDoc | None, RevokedHolder | None]:
+    """Delete one holder matching ``query``, return its slots (by entry) and hand them on
+    (:func:`leases.holders.end`).
 
     Only a holder that was handed out (``HELD``) is tombstoned and returned for dispatch: a
     ``PENDING`` one (an attempt that crashed mid-acquire, or a waiter's) never reached its
@@ -46,15 +34,9 @@ def reap(query: dict[str, Any], reason: str) -> tuple[dict[str, Any] | None, Rev
     Raises:
         pymongo.errors.PyMongoError: the store is unreachable.
     """
-    doc = store.holders().find_one_and_delete(query)
-    if doc is None:
-        return None, None
-    waiting.give_back(slots.holder_keys(doc), slots.holder_entry(doc))
-    metrics.REAP.labels(reason=reason).inc()
-    history.reaped(doc, reason)
-    if doc.get("state") != "HELD":
+    doc = holders.end(query, reason)
+    if doc is None or doc.get("state") != "HELD":
         return doc, None
-    record_tombstone(doc, reason)
     return doc, RevokedHolder.from_doc(doc, reason)
 
 

@@ -15,10 +15,8 @@ included; what a failed step could not undo is left to repair, reap and reconcil
 from __future__ import annotations
 
 import logging
-import os
 import random
 import secrets
-import sys
 import threading
 import time
 from collections.abc import Generator, Iterator
@@ -31,25 +29,16 @@ import pymongo
 import pymongo.errors
 from pymongo import ReturnDocument
 
-from . import commands, definitions, estimates, handlers, history, metrics, order, shares, slots, store, validation, waiting, wakeups
+from . import (commands, definitions, estimates, handlers, history, holders, metrics, order, shares, slots, store,
+               validation, waiting, wakeups)
 from .definitions import LeaseDefinition, LevelSpec
 from .errors import InvalidLeaseRequest, LeaseBusy, LeaseLost, LeaseUnavailable
 from .identity import self_pod_id
+from .pausepoints import pause_point as _pause_point
 
 log = logging.getLogger(__name__)
 
-PAUSE_ENV = "LEASES_TEST_PAUSE"
 NARROW_RETRY_S = 0.0
-
-
-def _pause_point(name: str) -> None:
-    """Test-only: block forever between two commands when ``LEASES_TEST_PAUSE`` names this
-    point, so a test can ``kill -9`` the process exactly inside a crash window."""
-    if os.environ.get(PAUSE_ENV) == name:
-        sys.stderr.write(f"LEASES-PAUSED {name}\n")
-        sys.stderr.flush()
-        while True:
-            time.sleep(3600)
 
 
 def _bound() -> Any:
@@ -75,6 +64,7 @@ class LeaseRequest:
     pod_bound: bool = False
     wait_ms: int | None = None  # override the definition's waitMs (e.g. the HTTP request bound)
     priority: str | None = None  # a class of the definition's ``priorities``; None: its default
+    interval_seconds: int | None = None  # proposed renewal interval; the server clamps it (HTTP)
 
     def validated(self) -> "LeaseRequest":
         """Check every field; returns self.
@@ -104,6 +94,9 @@ class LeaseRequest:
         if self.priority is not None and (not isinstance(self.priority, str)
                                           or definitions.PRIORITY_RE.fullmatch(self.priority) is None):
             raise InvalidLeaseRequest(f"priority must be a class name, got {self.priority!r}")
+        if self.interval_seconds is not None and (isinstance(self.interval_seconds, bool) or not isinstance(
+                self.interval_seconds, int) or self.interval_seconds < 1):
+            raise InvalidLeaseRequest("interval_seconds must be a positive int")
         return self
 
 
@@ -118,13 +111,16 @@ class Lease:
     estimated_wait_s: float | None = None
 
     def __init__(self, token: str, definition: LeaseDefinition, request: LeaseRequest, levels: list[str],
-                 expires_at: datetime | None = None, acquired_at: datetime | None = None):
+                 expires_at: datetime | None = None, acquired_at: datetime | None = None,
+                 last_seen_at: datetime | None = None, interval_seconds: int | None = None):
         self.token = token
         self.definition = definition
         self.request = request
         self.levels = levels
-        self.expires_at = expires_at  # MongoDB's clock, as of the grant
+        self.expires_at = expires_at  # MongoDB's clock, as of the grant or the last renewal
         self.acquired_at = acquired_at
+        self.last_seen_at = last_seen_at  # MongoDB's clock at the grant or the last renewal
+        self.interval_seconds = interval_seconds  # the server-issued renewal interval
         self._released = False
         self._release_failed = False
         self._granted = time.monotonic()  # a duration for wait estimates, never a TTL
@@ -148,51 +144,41 @@ class Lease:
     def __repr__(self) -> str:
         return f"<Lease {self.definition.name} {self.token[:8]}… on {self.resource}>"
 
-    def _touch(self, extra: dict[str, Any] | None = None) -> bool:
-        # A touch counts as held when it *matched*: two touches in one millisecond write
-        # the same value and MongoDB reports nModified = 0.
-        result = store.holders().update_one(*commands.touch(self.token, ttl_seconds=self.definition.ttl_seconds,
-                                                            extra=extra))
-        return result.matched_count == 1
+    def _scope(self) -> holders.Scope:
+        return holders.scope(self.request.tenant_id, self.request.project_id)
+
+    def _renew(self, payload: dict[str, Any] | None = None) -> None:
+        doc = holders.renew(self.token, bound=self._scope(), payload=payload)
+        self.expires_at, self.last_seen_at = doc["expiresAt"], doc["lastSeenAt"]
 
     def check(self) -> None:
-        """Check-at-use and touch: call at every usage step; the TTL runs from here.
+        """Check-at-use and renew: call at every usage step; the TTL runs from here.
+
+        The renewal rule is the one of every path (:func:`leases.holders.renew`): a lease
+        past its deadline is not revived but ends (``LeaseExpired``, reaped now).
 
         Raises:
-            LeaseLost: the lease was reaped, revoked or released.
+            LeaseLost: the lease ended: ``LeaseExpired`` (reaped, revoked, released — the
+                reason says which) or ``StaleLease`` (the store forgot it).
             LeaseUnavailable: the store is unreachable.
         """
-        tag = metrics.resource_tag(self.resource)
         if self._released:
-            metrics.CHECK.labels(resource=tag, outcome="lost").inc()
+            metrics.CHECK.labels(resource=metrics.resource_tag(self.resource), outcome="lost").inc()
             raise LeaseLost(f"lease {self.token} was released")
-        try:
-            held = self._touch()
-        except pymongo.errors.PyMongoError as exc:
-            raise LeaseUnavailable(f"lease store unreachable during check: {exc.__class__.__name__}") from None
-        if not held:
-            metrics.CHECK.labels(resource=tag, outcome="lost").inc()
-            raise LeaseLost(f"lease {self.token} on {self.resource} was lost (reaped or revoked)")
-        metrics.CHECK.labels(resource=tag, outcome="ok").inc()
+        self._renew()
 
     def update_payload(self, payload: dict[str, Any]) -> None:
-        """Replace the payload the revocation handler will get (also a touch).
+        """Replace the payload the revocation handler will get (also a renewal).
 
         Raises:
             InvalidLeaseRequest: the payload is not a safe JSON-like dict.
-            LeaseLost: the lease is no longer held.
+            LeaseLost: the lease is no longer held (``LeaseExpired`` / ``StaleLease``).
             LeaseUnavailable: the store is unreachable.
         """
         validation.payload(payload)
         if self._released:
             raise LeaseLost(f"lease {self.token} was released")
-        try:
-            # $literal: a payload string such as "$x" must stay a string in a pipeline update.
-            held = self._touch({"payload": {"$literal": payload}})
-        except pymongo.errors.PyMongoError as exc:
-            raise LeaseUnavailable(f"lease store unreachable: {exc.__class__.__name__}") from None
-        if not held:
-            raise LeaseLost(f"lease {self.token} on {self.resource} was lost (reaped or revoked)")
+        self._renew(payload)
 
     def release(self) -> bool:
         """Give the slots back. Idempotent; True only for the call that actually released.
@@ -209,7 +195,7 @@ class Lease:
             return False
         try:
             held_ms = (time.monotonic() - self._granted) * 1000
-            doc = release_holder({"_id": self.token}, resource=self.resource, hold_ms=held_ms)
+            doc = holders.release(self.token, bound=self._scope(), hold_ms=held_ms)
             if doc is None and self._release_failed:
                 # The failed call's delete may have landed after all (a timeout does not say):
                 # return our own entries by value; nobody can pull one twice.
@@ -262,43 +248,6 @@ NOOP = _NoopLease()
 
 
 
-def release_holder(query: dict[str, Any], *, resource: str | None = None,
-                   hold_ms: float | None = None) -> dict[str, Any] | None:
-    """Delete the holder matching ``query`` (``findOneAndDelete``), then return its slots by
-    entry and hand the freed gate slot to the next waiting ticket.
-
-    Only the one who deletes the holder returns its slots. A failure after the delete is
-    logged and left to repair (an entry whose holder is gone is pulled by the next process
-    that finds the counter full, or by the sweep); the holder is released all the same.
-
-    Returns:
-        The deleted holder (``keys``, ``resource``, ``tenantId``, ``projectId``, ``userId``),
-        or ``None`` when nothing matched.
-
-    Raises:
-        pymongo.errors.PyMongoError: the delete failed; nothing was released.
-    """
-    with _bound():
-        doc = store.holders().find_one_and_delete(query, projection=commands.RELEASE_PROJECTION)
-    if doc is None:
-        return None
-    tag = metrics.resource_tag(doc.get("resource") or resource or "unknown")
-    _pause_point("release")
-    try:
-        with _bound():
-            if doc.get("state") != "HELD":
-                hold_ms = None
-            elif hold_ms is None:
-                hold_ms = estimates.held_ms(doc.get("heldAt"))
-            waiting.give_back(slots.holder_keys(doc), slots.holder_entry(doc), hold_ms=hold_ms)
-    except pymongo.errors.PyMongoError as exc:
-        metrics.RELEASE.labels(resource=tag, outcome="error").inc()
-        log.warning("release of %s: returning its slots failed (%s); repair returns them", doc["_id"], exc)
-        return doc
-    metrics.RELEASE.labels(resource=tag, outcome="ok").inc()
-    return doc
-
-
 def release_token(token: str, *, resource: str | None = None) -> bool:
     """Release the holder ``token``.
 
@@ -309,7 +258,7 @@ def release_token(token: str, *, resource: str | None = None) -> bool:
         LeaseUnavailable: the store failed before the holder was deleted (retryable).
     """
     try:
-        doc = release_holder({"_id": token}, resource=resource)
+        doc = holders.release(token)
     except pymongo.errors.PyMongoError as exc:
         metrics.RELEASE.labels(resource=metrics.resource_tag(resource or "unknown"), outcome="error").inc()
         raise LeaseUnavailable(f"lease store unreachable during release: {exc.__class__.__name__}") from None
@@ -354,6 +303,7 @@ class _Attempt:
             projection={"acquiredAt": 1},
             return_document=ReturnDocument.AFTER,
         )
+        assert doc is not None  # an upsert returning the document after always has one
         self.acquired_at = self.acquired_at or doc["acquiredAt"]
         self.created_at = time.monotonic()
 
@@ -398,7 +348,7 @@ class _Attempt:
             _pause_point("acquire")
             held = store.holders().find_one_and_update(
                 *commands.mark_held(self.token, keys=self.keys, ttl_seconds=self.definition.ttl_seconds),
-                projection={"expiresAt": 1, "acquiredAt": 1},
+                projection={"expiresAt": 1, "acquiredAt": 1, "lastSeenAt": 1, "intervalSeconds": 1},
                 return_document=ReturnDocument.AFTER,
             )
             if held is None:
@@ -409,7 +359,8 @@ class _Attempt:
                 self.give_back(taken)
             raise
         return Lease(self.token, self.definition, self.request, list(self.keys),
-                     expires_at=held.get("expiresAt"), acquired_at=held.get("acquiredAt"))
+                     expires_at=held.get("expiresAt"), acquired_at=held.get("acquiredAt"),
+                     last_seen_at=held.get("lastSeenAt"), interval_seconds=held.get("intervalSeconds"))
 
     def give_back(self, keys: list[str]) -> None:
         waiting.give_back(keys, self.booking)
@@ -474,7 +425,9 @@ def acquire(request: LeaseRequest) -> Lease | _NoopLease:
         LeaseUnavailable: MongoDB unreachable or broken configuration (fail-closed); each
             store step ends within ``LEASES_MONGO_TIMEOUT_MS``.
     """
-    return _acquire_request(request, keep_ms=None)
+    lease = _acquire_request(request, keep_ms=None)
+    assert not isinstance(lease, Ticket)  # only a kept place (keep_ms) answers a ticket
+    return lease
 
 
 def _acquire_request(request: LeaseRequest, *, keep_ms: int | None) -> "Lease | _NoopLease | Ticket":
@@ -592,7 +545,9 @@ def contended_steps(attempt: _Attempt, wait_ms: int, started: float,
     if not queues:
         return _step(attempt, lambda: _fail_fast(attempt, result))
     waiter = _Waiter(attempt, started + wait_ms / 1000.0, started)
-    return (yield from waiter.steps(result, event))
+    lease = yield from waiter.steps(result, event)
+    assert isinstance(lease, Lease)  # without keep_ms the wait never ends in a ticket
+    return lease
 
 
 def _fail_fast(attempt: _Attempt, blocked: _Blocked) -> Lease:
@@ -669,8 +624,9 @@ class _Waiter:
         a thread and sleeps on the event loop. Closed at a yield (the caller went away), it
         leaves the queue and drops its holder document.
         """
-        if blocked.spec is not self.attempt.gate and waiting.is_full(blocked.counter) and _step(
-                self.attempt, lambda: waiting.repair(blocked.counter, blocked.counter["clock"])):
+        counter = blocked.counter
+        if blocked.spec is not self.attempt.gate and counter is not None and waiting.is_full(counter) and _step(
+                self.attempt, lambda: waiting.repair(counter, counter["clock"])):
             # A slot nobody booked came back: try again before queueing.
             lease = _step(self.attempt, lambda: _first(self.attempt, allow_queue=True))
             if isinstance(lease, Lease):
@@ -808,8 +764,8 @@ class _Waiter:
                     # Our turn, but a narrower level is full. A slot nobody books any more
                     # comes back by repair; a newcomer's booking on its way to the queue
                     # lasts milliseconds: try once more. Else sit out and pass the turn.
-                    if waiting.is_full(blocked.counter) and waiting.repair(blocked.counter,
-                                                                            blocked.counter["clock"]):
+                    if blocked.counter is not None and waiting.is_full(blocked.counter) and waiting.repair(
+                            blocked.counter, blocked.counter["clock"]):
                         continue
                     if attempt_no == 0:
                         time.sleep(NARROW_RETRY_S)
@@ -861,7 +817,7 @@ class Ticket:
     @classmethod
     def of(cls, token: str, definition: LeaseDefinition, gate: dict[str, Any], blocked: _Blocked | None) -> "Ticket":
         now = gate["clock"]
-        mine = next((t for t in gate.get("queue") or () if t.get("id") == token), {})
+        mine: dict[str, Any] = next((t for t in gate.get("queue") or () if t.get("id") == token), {})
         seen = mine.get("seen") or now
         return cls(id=token, resource=definition.resource, lease_name=definition.name,
                    level=order.blocking_level(gate, mine, now) if mine else (
@@ -892,7 +848,7 @@ def _first(attempt: _Attempt, *, allow_queue: bool) -> "Lease | _Blocked":
         return blocked
 
 
-def resume(ticket_id: str, *, scope: dict[str, str], keep_ms: int) -> "Lease | Ticket":
+def resume(ticket_id: str, *, scope: holders.Scope, keep_ms: int) -> "Lease | Ticket":
     """Poll a kept ticket: keep it alive, and book the slot when it is its turn.
 
     ``scope`` is the caller's tenant binding (``{"tenantId": …}``, plus ``projectId`` for a
@@ -928,11 +884,14 @@ def resume(ticket_id: str, *, scope: dict[str, str], keep_ms: int) -> "Lease | T
     request = LeaseRequest(type=holder.get("type", ""), lease=holder.get("leaseName"), tenant_id=holder["tenantId"],
                            project_id=holder["projectId"], user_id=holder["userId"],
                            holder_ref=holder.get("holderRef", ""), pod=holder.get("pod", ""),
-                           pod_bound=bool(holder.get("podBound")), priority=holder.get("priority"))
-    definition = definitions.resolve(request.lease, request.tenant_id, request.project_id)
+                           pod_bound=bool(holder.get("podBound")), priority=holder.get("priority"),
+                           interval_seconds=holder.get("intervalSeconds"))
+    # A ticket is only kept for a named lease, so its holder always names one.
+    definition = definitions.resolve(request.lease or "", request.tenant_id, request.project_id)
     if holder.get("state") == "HELD":
         return Lease(ticket_id, definition, request, list(holder.get("levels") or ()),
-                     expires_at=holder.get("expiresAt"), acquired_at=holder.get("acquiredAt"))
+                     expires_at=holder.get("expiresAt"), acquired_at=holder.get("acquiredAt"),
+                     last_seen_at=holder.get("lastSeenAt"), interval_seconds=holder.get("intervalSeconds"))
     specs = definition.level_specs(request.tenant_id, request.project_id, request.user_id)
     attempt = _Attempt(request, definition, specs, request.pod or "")
     attempt.token = ticket_id
@@ -950,9 +909,7 @@ def resume(ticket_id: str, *, scope: dict[str, str], keep_ms: int) -> "Lease | T
             if current is not None:
                 waiting.prune(current)
             store.holders().delete_one({"_id": ticket_id, "state": "PENDING"})
-            from . import reaper
-
-            reaper.record_tombstone(holder, "ticket-expired")
+            holders.record_tombstone(holder, "ticket-expired")
 
         _step(attempt, drop)
         raise LeaseExpired(f"ticket {ticket_id} was not polled in time", reason="ticket-expired")
@@ -965,7 +922,7 @@ def resume(ticket_id: str, *, scope: dict[str, str], keep_ms: int) -> "Lease | T
     return Ticket.of(ticket_id, definition, waiter.gate or gate, waiter.blocked)
 
 
-def abandon(ticket_id: str, *, scope: dict[str, str]) -> bool:
+def abandon(ticket_id: str, *, scope: holders.Scope) -> bool:
     """Give up a kept ticket (or release the lease it was granted as).
 
     Returns:
@@ -981,20 +938,12 @@ def abandon(ticket_id: str, *, scope: dict[str, str]) -> bool:
                 keys = slots.holder_keys(holder)
                 if keys:
                     waiting.dequeue(keys[-1], ticket_id)
-                from . import reaper
-
-                reaper.record_tombstone(holder, "abandoned")
+                holders.record_tombstone(holder, "abandoned")
                 return True
     except pymongo.errors.PyMongoError as exc:
         raise LeaseUnavailable(f"lease store unreachable: {exc.__class__.__name__}") from None
     try:
-        doc = release_holder({"_id": ticket_id, **scope})
-        if doc is None:
-            return False
-        from . import reaper
-
-        # A later poll of the ticket then answers EXPIRED (release), not "unknown".
-        reaper.record_tombstone(doc, "release")
-        return True
+        # Tombstoned: a later poll of the ticket answers EXPIRED (release), not "unknown".
+        return holders.release(ticket_id, bound=scope) is not None
     except pymongo.errors.PyMongoError as exc:
         raise LeaseUnavailable(f"lease store unreachable during release: {exc.__class__.__name__}") from None

@@ -24,6 +24,7 @@ from pymongo import ReturnDocument, UpdateOne
 
 from . import store
 from .definitions import LevelSpec
+from .documents import HolderDoc
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +47,12 @@ def parts_of(value: str) -> tuple[str, str, str]:
     return (bits[0], bits[1], bits[2]) if len(bits) == 4 else ("", "", "")
 
 
-def holder_entry(doc: dict[str, Any]) -> str:
+def holder_entry(doc: HolderDoc) -> str:
     """The booking entry of a holder document."""
     return entry(doc.get("tenantId") or "", doc.get("projectId") or "", doc.get("userId") or "", doc["_id"])
 
 
-def holder_keys(doc: dict[str, Any]) -> list[str]:
+def holder_keys(doc: HolderDoc) -> list[str]:
     """The counter keys a holder may book: the ones it set out to take (``keys``), else the
     ones it registered (documents written before bookings had entries)."""
     return list(doc.get("keys") or doc.get("levels") or ())

@@ -11,8 +11,9 @@ import asyncio
 import os
 import threading
 import weakref
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any
 
 import pymongo
 from pymongo.collection import Collection
@@ -213,6 +214,13 @@ def ensure_indexes(database: Database | None = None) -> None:
 
     history.ensure_index(database)
     _indexed.add(database.name)
+
+
+def bounded() -> Any:
+    """One store timeout (``LEASES_MONGO_TIMEOUT_MS``) for a whole step of several commands
+    (an attempt with its rollback, a release with its give-back): an outage ends the step
+    within this bound instead of once per command."""
+    return pymongo.timeout(_settings()[1] / 1000.0)
 
 
 def server_now() -> datetime:

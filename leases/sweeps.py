@@ -1,4 +1,5 @@
-"""The scheduled sweep (§5, §4): idle reap, dead-pod reap and counter reconcile.
+"""The scheduled sweep: idle reap, dead-pod reap and counter reconcile — the safety net for
+everything a crashed process or a missed release leaves behind.
 
 Runs from Celery beat (``leases.tasks.sweep``) every ``LEASES_REAP_INTERVAL`` seconds on any
 number of pods at once: only the one who deletes a holder decrements, and reconcile writes

@@ -29,9 +29,8 @@ def test_given_the_test_settings_when_checked_then_no_lease_error():
 
 
 def test_given_the_default_internal_secret_with_debug_off_when_checked_then_check_fails_with_e001():
-    with override_settings(DEBUG=False, LEASES_INTERNAL_SECRET=INSECURE_INTERNAL_SECRET):
-        with pytest.raises(SystemCheckError, match="leases.E001"):
-            call_command("check", stdout=io.StringIO(), stderr=io.StringIO())
+    with override_settings(DEBUG=False, LEASES_INTERNAL_SECRET=INSECURE_INTERNAL_SECRET), pytest.raises(SystemCheckError, match="leases.E001"):
+        call_command("check", stdout=io.StringIO(), stderr=io.StringIO())
 
 
 def test_given_the_default_internal_secret_with_debug_on_when_checked_then_it_passes():
@@ -53,9 +52,8 @@ def test_given_a_short_or_empty_secret_then_a_warning_or_an_error():
     ("mongodb://127.0.0.1:notaport/", "leases.E003"),
 ])
 def test_given_a_missing_or_unparsable_mongodb_uri_when_checked_then_it_fails(uri, expected):
-    with override_settings(MONGODB_URI=uri, LEASES_INTERNAL_SECRET=LONG_SECRET):
-        with pytest.raises(SystemCheckError, match=expected):
-            call_command("check", stdout=io.StringIO(), stderr=io.StringIO())
+    with override_settings(MONGODB_URI=uri, LEASES_INTERNAL_SECRET=LONG_SECRET), pytest.raises(SystemCheckError, match=expected):
+        call_command("check", stdout=io.StringIO(), stderr=io.StringIO())
 
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:6379/1", "redis://127.0.0.1:port/1", "", 6379])
@@ -77,9 +75,8 @@ def test_given_a_good_redis_url_when_checked_then_no_e004(url):
     {"LEASES_POD_INTERVAL_MAX": "60"},
 ])
 def test_given_pod_interval_bounds_that_contradict_when_checked_then_it_fails(overrides):
-    with override_settings(LEASES_INTERNAL_SECRET=LONG_SECRET, **overrides):
-        with pytest.raises(SystemCheckError, match=r"leases\.E00[5]|leases\.E010"):
-            call_command("check", stdout=io.StringIO(), stderr=io.StringIO())
+    with override_settings(LEASES_INTERNAL_SECRET=LONG_SECRET, **overrides), pytest.raises(SystemCheckError, match=r"leases\.E00[5]|leases\.E010"):
+        call_command("check", stdout=io.StringIO(), stderr=io.StringIO())
 
 
 @pytest.mark.parametrize("overrides, expected", [
@@ -135,3 +132,25 @@ def test_given_a_lease_database_alias_that_is_missing_not_mongodb_or_unrouted_th
 def test_given_a_tenant_access_path_that_does_not_import_then_e011():
     with override_settings(LEASES_TENANT_ACCESS="nowhere.Access"):
         assert "leases.E011" in ids()
+
+
+@pytest.mark.parametrize("overrides", [
+    {"LEASES_POD_ENDPOINT": "10.0.3.7:8000"},
+    {"LEASES_POD_ENDPOINT": "ftp://10.0.3.7/"},
+    {"LEASES_POD_ENDPOINT": "http://10.0.3.7:notaport"},
+    {"LEASES_WORKER_INTERNAL_BIND": "127.0.0.1"},
+    {"LEASES_WORKER_INTERNAL_BIND": "127.0.0.1:99999"},
+])
+def test_given_a_malformed_pod_endpoint_or_worker_bind_then_e012(overrides):
+    with override_settings(**overrides):
+        assert "leases.E012" in ids()
+
+
+@pytest.mark.parametrize("overrides", [
+    {"LEASES_POD_ENDPOINT": "http://10.0.3.7:8000"},
+    {"LEASES_POD_ENDPOINT": "https://pod-3.internal"},
+    {"LEASES_WORKER_INTERNAL_BIND": "0.0.0.0:9100"},
+])
+def test_given_a_good_pod_endpoint_or_worker_bind_then_no_e012(overrides):
+    with override_settings(**overrides):
+        assert "leases.E012" not in ids()

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import threading
 import time
 import uuid
+from datetime import datetime, timedelta
 
 import pytest
 import redis
@@ -33,7 +35,8 @@ def put(text: str) -> None:
 
 @pytest.fixture
 def handler():
-    yield handlers.register_handler(CeleryTestHandler())
+    # The worker module registered its own instance on import; this one records here.
+    yield handlers.register_handler(CeleryTestHandler(), replace=True)
     handlers.unregister_handler(TYPE)
 
 
@@ -126,6 +129,34 @@ def test_given_a_busy_resource_when_the_task_runs_then_it_retries_keeping_its_pl
     assert store.holders().count_documents({}) == 0 and gate_queue() == []
 
 
+def test_given_a_retrying_task_when_a_later_request_queues_behind_it_then_the_task_is_granted_first(worker):
+    put("levels: {global: 1}\nwaitMs: 20000\nttlSeconds: 30")
+    holder = leases.acquire(leases.LeaseRequest(type=TYPE, lease="ctask", tenant_id="other", project_id="p",
+                                                user_id="u"))
+    later: dict = {}
+
+    def queue_behind():
+        with leases.acquire(leases.LeaseRequest(type=TYPE, lease="ctask", tenant_id="acme", project_id="p1",
+                                                user_id="u2")) as lease:
+            later["at"] = time.time()
+            later["token"] = lease.token
+
+    try:
+        task = worker("celerytest.leased_echo", "acme", "p1", "u1")
+        assert wait_for(lambda: task.state == "RETRY" and len(gate_queue()) == 1, 20), task.state
+        first = gate_queue()[0]
+        behind = threading.Thread(target=queue_behind)
+        behind.start()
+        assert wait_for(lambda: len(gate_queue()) == 2, 10)
+        assert gate_queue()[0] == first  # the retrying task is still ahead
+    finally:
+        holder.release()
+    seen = task.get(timeout=30)
+    behind.join(timeout=30)
+    assert seen["token"] == first and later["token"] != first
+    assert seen["at"] <= later["at"]  # granted in queue order, across the task's retries
+
+
 def test_given_a_resource_that_stays_busy_when_the_retries_are_spent_then_the_task_fails_clearly_and_leaves_the_queue(worker):
     holder = leases.acquire(leases.LeaseRequest(type=TYPE, lease="ctask", tenant_id="other", project_id="p",
                                                 user_id="u"))
@@ -160,6 +191,27 @@ def test_given_a_ticket_dropped_before_the_retry_when_the_task_retries_then_it_q
         holder.release()
 
 
+def test_given_a_ticket_queued_by_another_worker_when_this_one_is_granted_then_the_lease_moves_to_this_pod(
+        handler):
+    from leases.identity import self_pod_id
+
+    put("levels: {global: 1}\nwaitMs: 0\nttlSeconds: 30")
+    holder = leases.acquire(leases.LeaseRequest(type=TYPE, lease="ctask", tenant_id="other", project_id="p",
+                                                user_id="u"))
+    elsewhere = service.LeaseRequest(type=TYPE, lease="ctask", tenant_id="acme", project_id="p1", user_id="u1",
+                                     wait_ms=0, pod="worker-that-queued")
+    ticket = leased_celery._acquire(elsewhere, None, keep_place=True)
+    assert isinstance(ticket, service.Ticket)
+    assert store.holders().find_one({"_id": ticket.id})["pod"] == "worker-that-queued"
+    holder.release()
+    granted = leased_celery._acquire(elsewhere, ticket.id, keep_place=True)
+    try:
+        assert isinstance(granted, service.Lease) and granted.token == ticket.id
+        assert store.holders().find_one({"_id": ticket.id})["pod"] == self_pod_id() == granted.request.pod
+    finally:
+        granted.release()
+
+
 @pytest.mark.parametrize("kwargs,message", [
     (dict(tenant="nope", project="project_id", user="user_id"), "no argument 'nope'"),
     (dict(tenant="tenant_id", project="project_id", user=3), "must name an argument or be a callable"),
@@ -177,6 +229,17 @@ def test_given_a_function_without_a_lease_parameter_then_it_is_refused():
         @leased_celery.leased(TYPE, lease="ctask", tenant="t", project="t", user="t")
         def body(self, t):
             return None
+
+
+@pytest.mark.parametrize("grant_in,expected", [(None, 2.0), (0.1, 0.5), (1.2, 1.2), (30.0, 2.0)])
+def test_given_a_kept_ticket_then_its_retry_comes_at_the_estimate_within_half_a_second_and_one_poll(
+        settings, grant_in, expected):
+    settings.LEASES_TICKET_POLL_SECONDS = 2
+    now = datetime(2026, 1, 1, 12, 0, 0)
+    ticket = service.Ticket(id="t" * 24, resource="ctask", lease_name="ctask", level="global", position=1,
+                            server_time=now, deadline=now + timedelta(seconds=6),
+                            estimated_grant_at=None if grant_in is None else now + timedelta(seconds=grant_in))
+    assert leased_celery.ticket_delay(ticket) == pytest.approx(expected)
 
 
 def test_retries_exhausted_is_a_busy_error_that_rebuilds_from_its_message():

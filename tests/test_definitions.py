@@ -291,3 +291,77 @@ def test_classes_default_to_the_lowest_and_a_restricted_tenant_is_refused_not_do
     with pytest.raises(leases.InvalidLeaseRequest):
         acme.priority_of("acme", "urgent")
     assert acme.to_dict()["priorities"] == ["interactive", "batch"] and acme.to_dict()["maxStarvationMs"] == 2000
+
+
+# --- the cache is told whether it may serve ---------------------------------------------------
+
+
+def loads_of(cache, times=2):
+    """How many of ``times`` reads of (acme, p1, tex) through ``cache`` went to MongoDB."""
+    from tests.helpers import counted_commands
+
+    with counted_commands() as counter:
+        for _ in range(times):
+            cache.get("tex", "acme", "p1")
+    return counter.commands.count("find")
+
+
+def test_given_a_cache_never_told_it_is_live_then_every_read_loads_the_layers():
+    cache = definitions.DefinitionCache()
+    assert cache.live_epoch() is None
+    assert loads_of(cache) >= 2 and not cache._entries
+
+
+def test_given_a_cache_told_live_until_a_deadline_then_it_serves_until_then_and_not_after():
+    import time
+
+    cache = definitions.DefinitionCache()
+    cache.live_until(7, time.monotonic() + 60)
+    assert cache.live_epoch() == 7
+    first = loads_of(cache, times=1)
+    assert first >= 1 and loads_of(cache) == 0  # served from the entry
+    # when: the proof's deadline passes without a new one
+    cache.live_until(7, time.monotonic() - 0.001)
+    # then: every read goes to the layers again
+    assert cache.live_epoch() is None and loads_of(cache) >= 2
+
+
+def test_given_a_new_epoch_then_entries_of_the_old_one_are_never_served():
+    import time
+
+    cache = definitions.DefinitionCache()
+    cache.live_until(1, time.monotonic() + 60)
+    cache.get("tex", "acme", "p1")
+    cache.live_until(2, time.monotonic() + 60)
+    assert loads_of(cache, times=1) >= 1 and cache._entries[("acme", "p1", "tex")].epoch == 2
+
+
+def test_given_a_lost_subscription_then_the_cache_is_emptied_and_serves_nothing():
+    import time
+
+    cache = definitions.DefinitionCache()
+    cache.live_until(3, time.monotonic() + 60)
+    cache.get("tex", "acme", "p1")
+    cache.not_live()
+    assert not cache._entries and cache.live_epoch() is None and loads_of(cache) >= 2
+
+
+def test_given_a_forked_child_then_it_does_not_serve_on_its_parents_proof():
+    import os
+    import time
+
+    cache = definitions.DefinitionCache()
+    cache.live_until(5, time.monotonic() + 60)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report and leave without running any cleanup of the parent's
+        os.write(write_end, b"none" if cache.live_epoch() is None else b"live")
+        os._exit(0)
+    os.close(write_end)
+    try:
+        answer = os.read(read_end, 16)
+    finally:
+        os.close(read_end)
+        os.waitpid(pid, 0)
+    assert answer == b"none"
+    assert cache.live_epoch() == 5  # the parent still is

@@ -1,4 +1,5 @@
-"""The §6 dispatch matrix, the internal revocation endpoint, and asynchronous dispatch.
+"""The dispatch matrix (where a revoked holder's handler runs, by pod liveness and pod
+binding), the internal revocation endpoint, and asynchronous dispatch.
 
 The foreign-pod rows go over real HTTP: this process serves the Django app on a free port
 (``internal_server.serve_internal``) and a registered "foreign" pod points at it. The multi-process

@@ -1,6 +1,6 @@
 """HTTP lease protocol (/api/v1/) in-process through Django's test client on the real store.
 
-The seed-004 scenarios over HTTP: duplicate, delayed and replayed renewals never move the
+The server-issued lease scenarios over HTTP: duplicate, delayed and replayed renewals never move the
 deadline backwards; stale and expired answers leave state untouched; release twice;
 acquire after expiry; clamped proposals; busy answers name the right level. Auth (no key,
 wrong key, other tenant's key, revoked key) and bad bodies (400, nothing written).
@@ -244,20 +244,26 @@ def test_given_another_tenants_token_when_renewing_updating_or_releasing_then_it
     assert {k: v for k, v in never.items() if k != "detail"} == {k: v for k, v in mine.items() if k != "detail"}
 
 
-def test_given_a_lease_past_its_deadline_when_renewing_then_410_expired_refreshes_nothing_and_a_fresh_acquire_works(api, key):
+def test_given_a_lease_past_its_deadline_when_renewing_then_410_expired_it_is_reaped_not_revived_and_a_fresh_acquire_works(api, key):
     grant = acquire(api, key, inline=inline(ttl=1)).json()
     deadline = holder(grant["token"])["expiresAt"]
     while store.server_now() <= deadline:  # the server's clock decides, not ours
         time.sleep(0.1)
-    before = state_snapshot()
     body = assert_problem(call(api, "post", f"leases/{grant['token']}/renew", {}, key=key), 410, "EXPIRED")
-    assert body["reason"] == "deadline"
-    assert_problem(call(api, "put", f"leases/{grant['token']}/payload", {"payload": {"a": 1}}, key=key), 410, "EXPIRED")
-    assert state_snapshot() == before  # the expired holder was neither revived nor touched
+    # The renewal that came too late ends the holder at once (as the sweep would have):
+    # no revival, the slot is back, and the tombstone says why.
+    assert body["reason"] == "idle"
+    assert holder(grant["token"]) is None
+    assert store.tombstones().find_one({"_id": grant["token"]})["reason"] == "idle"
+    from leases import dispatch
+    assert dispatch.get_dispatcher().drain(10)  # its handler's claim is written on the tombstone
+    before = state_snapshot()
+    again = assert_problem(call(api, "put", f"leases/{grant['token']}/payload", {"payload": {"a": 1}}, key=key),
+                           410, "EXPIRED")
+    assert again["reason"] == "idle"
+    assert state_snapshot() == before  # an ended token is terminal: nothing is touched
     fresh = acquire(api, key, inline=inline(ttl=1))  # cap 1: only possible because the slot came back
     assert fresh.status_code == 201 and fresh.json()["token"] != grant["token"]
-    # The lazy reap of that acquire tombstoned the old token: still EXPIRED, now with the reason.
-    assert call(api, "post", f"leases/{grant['token']}/renew", {}, key=key).json()["reason"] == "idle"
 
 
 def test_given_a_revoked_lease_when_renewing_then_410_expired_with_reason_revoke(api, key):
@@ -444,3 +450,37 @@ def test_given_the_openapi_route_when_fetched_without_a_key_then_it_lists_every_
     operations_ = {op["operationId"] for item in doc["paths"].values() for op in item.values() if isinstance(op, dict) and "operationId" in op}
     assert operations_ == {"acquireLease", "renewLease", "updateLeasePayload", "releaseLease", "openapiDocument",
                            "pollTicket", "abandonTicket"}
+
+
+# --- command budget ------------------------------------------------------------------------
+
+def test_given_a_warm_four_level_lease_when_using_it_over_http_then_each_call_costs_the_engines_commands(api, key):
+    from leases import invalidation
+    from tests.helpers import counted_commands
+
+    config.put_document("acme", "_tenant", document_path("four"), "levels: {global: 9, tenant: 9, project: 9, user: 9}")
+    assert invalidation.wait_listening()
+    warm = acquire(api, key, lease="four").json()["token"]  # counters exist, cache warm
+    call(api, "delete", f"leases/{warm}", key=key)
+    spent = {}
+    with counted_commands() as counted:
+        def cost(name, response, status):
+            assert response.status_code == status, response.content
+            spent[name] = list(counted.commands)
+            counted.commands.clear()
+            return response
+
+        token = cost("acquire", acquire(api, key, lease="four"), 201).json()["token"]
+        cost("renew", call(api, "post", f"leases/{token}/renew", {}, key=key), 200)
+        cost("payload", call(api, "put", f"leases/{token}/payload", {"payload": {"a": 1}}, key=key), 200)
+        cost("release", call(api, "delete", f"leases/{token}", key=key), 200)
+        cost("ended", call(api, "post", f"leases/{token}/renew", {}, key=key), 410)
+    # The grant answers from the HELD update itself: holder, one bulk for every level, HELD.
+    assert spent["acquire"] == ["findAndModify", "update", "findAndModify"]
+    # A renewal decides on the deadline it replaced (returned by the same command): no
+    # clock read first.
+    assert spent["renew"] == spent["payload"] == ["findAndModify"]
+    # Delete, the narrower levels, the gate (its queue is handed the slot), the tombstone.
+    assert spent["release"] == ["findAndModify", "update", "findAndModify", "update"]
+    # An ended token: the renewal matches nothing, the tombstone says why.
+    assert spent["ended"] == ["findAndModify", "find"]

@@ -8,7 +8,10 @@ import subprocess
 import textwrap
 import time
 
-from leases import config, store
+import redis
+
+from leases import config, definitions, invalidation, store
+from leases.conf import lease_settings
 from leases.definitions import document_path
 from tests.helpers import PYTHON, REPO, child_env, private_redis
 
@@ -192,3 +195,51 @@ def test_a_liveness_bound_above_two_seconds_is_refused_at_start_up():
                             timeout=60, env=child_env(LEASES_INVALIDATION_LIVENESS_MS="5000"))
     assert result.returncode != 0
     assert "LEASES_INVALIDATION_LIVENESS_MS must be between 100 and 2000" in result.stderr
+
+
+# --- the own-origin filter ------------------------------------------------------------------
+
+
+def test_given_a_change_from_another_sender_then_it_is_applied_and_ones_own_is_not():
+    assert invalidation._from_elsewhere({"origin": "other-process", "name": "tex"}, "me")
+    assert invalidation._from_elsewhere({"name": "tex"}, "me")  # no origin: a foreign writer
+    assert not invalidation._from_elsewhere({"origin": "me", "name": "tex"}, "me")
+
+
+def send(message) -> None:
+    """Publish ``message`` on the channel as any writer would (its own connection)."""
+    sender = redis.Redis.from_url(lease_settings.REDIS_URL)
+    try:
+        sender.publish(invalidation.channel(), message if isinstance(message, bytes) else json.dumps(message))
+    finally:
+        sender.close()
+
+
+def cached_tex() -> bool:
+    definitions.cache.clear()
+    assert invalidation.wait_listening(10)
+    assert definitions.resolve("tex", "acme", "p1").levels["project"] == 1
+    return ("acme", "p1", "tex") in definitions.cache._entries
+
+
+def test_given_ones_own_change_comes_back_over_redis_then_entries_cached_since_stay():
+    assert cached_tex()
+    # when: a change event with this process's own sender id arrives after the entry was cached
+    send({"tenantId": "acme", "projectId": "p1", "name": "tex", "origin": invalidation._origin_id()})
+    # then: it was applied when it was published, so the entry stays
+    assert invalidation.caught_up(10)
+    assert ("acme", "p1", "tex") in definitions.cache._entries
+
+
+def test_given_the_same_change_from_another_sender_then_the_entry_is_dropped():
+    assert cached_tex()
+    send({"tenantId": "acme", "projectId": "p1", "name": "tex", "origin": "another-process"})
+    assert invalidation.caught_up(10)
+    assert ("acme", "p1", "tex") not in definitions.cache._entries
+
+
+def test_given_a_malformed_message_then_the_whole_cache_is_dropped():
+    assert cached_tex()
+    send(b"{not json")
+    assert invalidation.caught_up(10)
+    assert not definitions.cache._entries

@@ -68,21 +68,3 @@ def test_given_store_unreachable_when_renewer_steps_then_retry_within_the_interv
     assert renewer.failures == 3
     assert all(2.0 <= d <= 3.0 for d in delays), delays  # interval 4: 0.5·i + U(0, 0.25·i)
     assert renewer.lease.outcome is Outcome.GRANTED  # the last good answer is kept
-
-
-def test_given_web_process_when_first_request_arrives_then_it_becomes_a_pod_at_the_request_host(settings, monkeypatch):
-    settings.LEASES_POD_ENDPOINT = None
-    monkeypatch.setattr(pod_renewer, "_renewer", None)
-    monkeypatch.setattr(pod_renewer, "_renewer_pid", None)
-    monkeypatch.setattr(pod_renewer.atexit, "register", lambda fn: fn)  # this test stops it itself
-    pod_renewer.lazy_start_on_request(environ={"HTTP_HOST": "10.0.0.7:8000", "wsgi.url_scheme": "http"})
-    renewer = pod_renewer.current_renewer()
-    try:
-        assert renewer is not None
-        doc = stored(renewer.pod_id)
-        assert doc["endpoint"] == "http://10.0.0.7:8000" and doc["leaseId"] == renewer.lease.lease_id
-        pod_renewer.lazy_start_on_request(environ={"HTTP_HOST": "elsewhere:1"})  # idempotent per process
-        assert pod_renewer.current_renewer() is renewer
-    finally:
-        renewer.shutdown()
-    assert stored(renewer.pod_id)["stopped"] is True

@@ -109,7 +109,7 @@ def test_definition_view_names_the_layer_of_each_field_and_discards_the_cache_fi
     # Plant a stale cache entry, as a process off the change-event chain could hold one.
     stale = definitions.merge("oplease", {"classpath": {"levels.user": 1}})
     assert invalidation.wait_listening()
-    definitions.cache._entries[("acme", "docs", "oplease")] = definitions._Entry(stale, 10**12, invalidation.liveness())
+    definitions.cache._entries[("acme", "docs", "oplease")] = definitions._Entry(stale, 10**12, definitions.cache.live_epoch())
 
     view = reads.definition_view("oplease", "acme", "docs")
 

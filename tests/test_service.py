@@ -9,7 +9,8 @@ import pymongo
 import pytest
 
 import leases
-from leases import config, definitions, handlers, reaper, service, store
+from leases import config, definitions, handlers, holders, reaper, service, store
+from leases.errors import LeaseExpired
 from leases.definitions import document_path
 from tests.helpers import counted_commands
 
@@ -186,10 +187,37 @@ def test_given_an_idle_holder_when_its_ttl_passes_then_it_is_reaped_and_check_ra
     assert counter("res|project|acme/p1") == 1
     with pytest.raises(leases.LeaseLost) as lost:
         stale.check()
-    assert lost.value.code == "LEASE_LOST"
+    # The answer every path gives for a reaped token: EXPIRED with the tombstone's reason.
+    assert lost.value.code == "EXPIRED" and lost.value.reason == "idle"
     with pytest.raises(leases.LeaseLost):
         stale.update_payload({"x": 1})
     fresh.release()
+
+
+def test_given_a_holder_past_its_deadline_when_checking_then_it_is_not_revived_but_reaped_at_once(handler):
+    put("res", "levels: {project: 1}\nttlSeconds: 30")
+    from leases import dispatch
+    lease = leases.acquire(req(holder_ref="late"))
+    lease.update_payload({"jobId": "J7"})
+    expire_now(lease.token)  # past its deadline on MongoDB's clock; no sweep ran yet
+    with pytest.raises(LeaseExpired) as expired:
+        lease.check()
+    assert expired.value.reason == "idle"
+    assert store.holders().find_one({"_id": lease.token}) is None
+    assert counter("res|project|acme/p1") == 0  # the slot came back with the answer
+    assert store.tombstones().find_one({"_id": lease.token})["reason"] == "idle"
+    assert dispatch.get_dispatcher().drain(10)
+    assert [(h.token, h.reason, h.payload) for h in handler.revoked] == [(lease.token, "idle", {"jobId": "J7"})]
+
+
+def test_given_a_lease_released_in_process_when_renewed_later_then_it_answers_expired_release():
+    put("res", "levels: {project: 1}")
+    lease = leases.acquire(req())
+    assert lease.release() is True
+    assert store.tombstones().find_one({"_id": lease.token})["reason"] == "release"
+    with pytest.raises(LeaseExpired) as expired:
+        holders.renew(lease.token, bound=holders.scope("acme"))
+    assert expired.value.reason == "release"
 
 
 def test_given_a_reaped_holder_with_listener_then_listener_gets_it():
@@ -274,9 +302,11 @@ def test_uncontended_command_budget():
     # Holder, every level's conditional push in one ordered bulk, HELD: 3 whatever L (the
     # old funnel took 2L + 1).
     assert acquire_cmds == ["findAndModify", "update", "findAndModify"], acquire_cmds
-    assert check_cmds == ["update"]
-    # Delete, the narrower levels in one bulk, the gate (which returns its queue).
-    assert release_cmds == ["findAndModify", "update", "findAndModify"]
+    # One renewal: it decides on the deadline it replaced, returned by the same command.
+    assert check_cmds == ["findAndModify"]
+    # Delete, the narrower levels in one bulk, the gate (which returns its queue), the
+    # tombstone (a later renewal answers EXPIRED, as over HTTP).
+    assert release_cmds == ["findAndModify", "update", "findAndModify", "update"]
 
 
 def test_uncontended_command_budget_of_one_level():
@@ -286,7 +316,8 @@ def test_uncontended_command_budget_of_one_level():
     leases.acquire(req(lease="one")).release()
     with counted_commands() as counted:
         leases.acquire(req(lease="one")).release()
-    assert counted.commands == ["findAndModify", "update", "findAndModify", "findAndModify", "findAndModify"]
+    assert counted.commands == ["findAndModify", "update", "findAndModify", "findAndModify", "findAndModify",
+                                "update"]
 
 
 def test_given_unregistered_type_then_refused_and_nothing_written():

@@ -70,3 +70,28 @@ def test_given_a_single_node_replica_set_when_acquiring_checking_and_releasing_t
     assert client.local["oplog.rs"].find_one({"ns": holders_ns, "o._id": lease.token}) is not None
     lease.release()
     assert store.holders().find_one({"_id": lease.token}) is None
+
+
+def test_given_a_single_node_replica_set_when_acquiring_from_asyncio_then_the_async_client_has_the_same_options(engine_on):
+    import asyncio
+
+    from leases import aio
+
+    config.put_document("_vance", "_tenant", document_path("rslease"),
+                        "resource: rsres\nlevels: {global: 1, tenant: 1, user: 1}\nttlSeconds: 60")
+
+    async def cycle():
+        async_client = store.async_client()
+        assert async_client.write_concern.document == {"w": "majority"}
+        assert async_client.read_preference == ReadPreference.PRIMARY
+        try:
+            async with leases.aacquire(leases.LeaseRequest(type="rstest", lease="rslease", tenant_id="acme",
+                                                           project_id="docs", user_id="alice", pod="")) as lease:
+                await lease.acheck()
+                return lease.token
+        finally:
+            await aio.aclose()
+
+    token = asyncio.run(cycle())
+    assert store.holders().find_one({"_id": token}) is None
+    assert engine_on.local["oplog.rs"].find_one({"ns": f"{store.database_name()}.{store.HOLDERS}", "o._id": token})

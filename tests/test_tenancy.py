@@ -15,8 +15,8 @@ from django.test import Client, override_settings
 import leases
 from leases import config, handlers
 from leases.api import keys
-from leases.errors import UnknownProject, UnknownTenant
 from leases.definitions import document_path
+from leases.errors import UnknownProject, UnknownTenant
 from leases.tenancy import ADMIN, MEMBER, TenantAccess, TenantGrant, tenant_access
 
 HOOK = "tests.test_tenancy.GroupTenantAccess"
@@ -135,6 +135,5 @@ def test_given_a_hook_that_grants_another_tenant_than_asked_then_404_not_that_te
 
 @pytest.mark.parametrize("path", ["tests.test_tenancy.NoSuchClass", "no_such_module.Access", "tests.test_tenancy.NotAHook"])
 def test_given_a_bad_hook_path_when_asked_then_improperly_configured_names_it(path):
-    with override_settings(LEASES_TENANT_ACCESS=path):
-        with pytest.raises(ImproperlyConfigured, match="LEASES_TENANT_ACCESS"):
-            tenant_access()
+    with override_settings(LEASES_TENANT_ACCESS=path), pytest.raises(ImproperlyConfigured, match="LEASES_TENANT_ACCESS"):
+        tenant_access()

@@ -31,7 +31,7 @@ MAX_BODY_BYTES = 8 * 1024
 # finished; the revocation itself is complete before this wait starts.
 SETTLE_SECONDS = 5.0
 # The sweep's answer waits longer: a dispatch may offer a revocation to a few peer pods,
-# each POST bounded (dispatch.MAX_PEER_OFFERS x dispatch.POST_TIMEOUT_SECONDS).
+# each POST bounded (dispatch.MAX_PEER_OFFERS x http_client.PEER_TIMEOUT_SECONDS).
 SWEEP_SETTLE_SECONDS = 12.0
 
 

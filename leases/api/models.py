@@ -29,7 +29,3 @@ class ApiKey(models.Model):
     def __str__(self) -> str:
         scope = f"{self.tenant_id}/{self.project_id}" if self.project_id else self.tenant_id
         return f"{self.name} ({self.prefix}) @ {scope}"
-
-    @property
-    def is_active(self) -> bool:
-        return self.revoked_at is None

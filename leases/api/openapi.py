@@ -41,8 +41,9 @@ deleted answers `401 API_KEY_SCOPE_GONE`. Project ids starting with `_` (the res
 there is no proposal. Renew at that interval or at every usage step. Renewal is idempotent:
 the new deadline is `max(previous deadline, now + ttl)`, so duplicate, delayed or replayed
 renewals never move it backwards. `410 STALE_LEASE` (unknown token) and `410 EXPIRED`
-(reaped, revoked, released, or past its deadline) are terminal and refresh nothing:
-acquire a fresh lease.
+(reaped, revoked or released) are terminal: acquire a fresh lease. A renewal that arrives
+after the deadline does not revive the lease: it answers `410 EXPIRED` (`idle`) and ends it
+on the spot, so its slot is free at once.
 
 **Waiting and retries.** An acquire waits for a free slot at most
 `min(definition waitMs, request waitMs, {lease_settings.HTTP_MAX_WAIT_MS} ms)` so no web
@@ -278,8 +279,8 @@ _SCHEMAS: dict[str, Any] = {
                 "type": "object",
                 "properties": {
                     "code": {"enum": ["STALE_LEASE", "EXPIRED"]},
-                    "reason": {"type": "string", "description": "For EXPIRED: release, idle, pod, revoke, "
-                               "deadline (past expiryDeadline, not reaped yet); for tickets also abandoned "
+                    "reason": {"type": "string", "description": "For EXPIRED: release, idle (also a renewal "
+                               "after expiryDeadline), pod, revoke; for tickets also abandoned "
                                "or ticket-expired (not polled by its deadline)."},
                 },
             },

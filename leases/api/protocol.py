@@ -5,11 +5,9 @@ project-bound key) is part of every holder and tombstone filter, so another tena
 answers exactly like a token that never existed (``STALE_LEASE``).
 
 Renewal follows the server-issued lease: the server decides the interval, the deadline is
-``expiresAt`` on MongoDB's clock, and a renewal moves it to ``max(previous, now + ttl)``.
-The filter of the renewal compares ``expiresAt`` with the server time read from MongoDB
-(``store.server_now()``), never with the client's clock and never with ``$$NOW`` (the
-embedded server answers such comparisons wrongly). Unknown (``STALE_LEASE``) and ended
-(``EXPIRED``) tokens are terminal and refresh nothing.
+``expiresAt`` on MongoDB's clock, and a renewal moves it to ``max(previous, now + ttl)`` —
+the rule of every path, :mod:`leases.holders`, which this module only translates to HTTP
+answers. Unknown (``STALE_LEASE``) and ended (``EXPIRED``) tokens are terminal.
 """
 
 from __future__ import annotations
@@ -20,36 +18,19 @@ from datetime import datetime, timezone
 from typing import Any
 
 import pymongo.errors
-from pymongo import ReturnDocument
 
-from leases import metrics, reaper, service, store, validation
+from leases import holders, metrics, service, store, validation
 from leases.conf import lease_settings
-from leases.errors import LeaseExpired, LeaseUnavailable, ProjectForbidden, StaleLease
+from leases.documents import HolderDoc
+from leases.errors import LeaseUnavailable, ProjectForbidden, StaleLease
+from leases.holders import choose_interval, interval_bounds
 
 from .models import ApiKey
 
+__all__ = ["Grant", "ReleaseResult", "acquire", "choose_interval", "grant_of", "interval_bounds", "iso",
+           "epoch_ms", "key_scope", "release", "renew", "ticket_keep_ms", "ticket_poll_seconds"]
+
 log = logging.getLogger(__name__)
-
-_GRANT_FIELDS = {"resource": 1, "leaseName": 1, "type": 1, "ttlSeconds": 1, "expiresAt": 1, "lastSeenAt": 1,
-                 "intervalSeconds": 1}
-
-
-def interval_bounds(ttl_seconds: int) -> tuple[int, int]:
-    """The renewal intervals the server accepts for a lease of ``ttl_seconds``.
-
-    ``[max(1, ttl // 10), max(lo, ttl // 2)]``: at most half the TTL, so one lost or late
-    renewal never loses the lease; at least a tenth, so clients cannot hammer the store.
-    """
-    low = max(1, ttl_seconds // 10)
-    return low, max(low, ttl_seconds // 2)
-
-
-def choose_interval(ttl_seconds: int, proposed: int | None) -> int:
-    """The server-issued interval: ``proposed`` clamped into :func:`interval_bounds`;
-    without a proposal a third of the TTL (two renewals may be lost before expiry)."""
-    low, high = interval_bounds(ttl_seconds)
-    wanted = ttl_seconds // 3 if proposed is None else proposed
-    return min(high, max(low, wanted))
 
 
 def iso(moment: datetime) -> str:
@@ -114,24 +95,35 @@ class ReleaseResult:
         return body
 
 
-def key_scope(key: ApiKey) -> dict[str, str]:
+def key_scope(key: ApiKey) -> holders.Scope:
     """The filter part every holder/tombstone query of ``key`` carries (tenant isolation)."""
-    scope = {"tenantId": key.tenant_id}
-    if key.project_id:
-        scope["projectId"] = key.project_id
-    return scope
+    return holders.scope(key.tenant_id, key.project_id or None)
 
 
-def _grant(doc: dict[str, Any], server_time: datetime) -> Grant:
+def _interval(value: Any, ttl: int) -> int:
+    # Holders written before the interval was stored at creation answer the default.
+    if not isinstance(value, int) or isinstance(value, bool):
+        return choose_interval(ttl, None)
+    return value
+
+
+def _grant(doc: HolderDoc) -> Grant:
     ttl = int(doc.get("ttlSeconds") or 0)
-    interval = doc.get("intervalSeconds")
-    if not isinstance(interval, int) or isinstance(interval, bool):
-        interval = choose_interval(ttl, None)
     return Grant(
         token=doc["_id"], lease_name=doc.get("leaseName"), resource=doc.get("resource"),
-        type=doc.get("type", ""), ttl_seconds=ttl, interval_seconds=interval,
-        expires_at=doc["expiresAt"], server_time=server_time,
+        type=doc.get("type", ""), ttl_seconds=ttl, interval_seconds=_interval(doc.get("intervalSeconds"), ttl),
+        expires_at=doc["expiresAt"], server_time=holders.server_time(doc),
     )
+
+
+def grant_of(held: "service.Lease") -> Grant:
+    """The acquire answer for a lease the engine granted (directly or through a ticket
+    poll): everything comes with the grant's own command, nothing is read again."""
+    ttl = held.definition.ttl_seconds
+    assert held.expires_at is not None and held.last_seen_at is not None
+    return Grant(token=held.token, lease_name=held.definition.name, resource=held.resource,
+                 type=held.request.type, ttl_seconds=ttl, interval_seconds=_interval(held.interval_seconds, ttl),
+                 expires_at=held.expires_at, server_time=held.last_seen_at)
 
 
 def ticket_poll_seconds() -> int:
@@ -175,77 +167,16 @@ def acquire(*, key: ApiKey, type: str, user_id: str, project_id: str, lease: str
         type=type, tenant_id=key.tenant_id, project_id=project_id, user_id=user_id, lease=lease,
         inline=inline, holder_ref=holder_ref, pod="", pod_bound=pod_bound,
         wait_ms=bound if wait_ms is None else min(bound, wait_ms), priority=priority,
+        interval_seconds=proposed_interval,
     )
     held = service.acquire(request) if wait_ms == 0 else service.acquire_or_ticket(request, keep_ms=ticket_keep_ms())
     if isinstance(held, service.Ticket):
-        _issue_interval_to_ticket(held, key, proposed_interval)
+        # The holder already carries the interval a later grant issues (chosen at creation).
         return held
-    if held.is_noop:
+    if not isinstance(held, service.Lease):  # the NOOP lease of an unlimited resource
         return Grant(token=None, lease_name=lease or (inline or {}).get("name"), resource=None, type=type,
                      ttl_seconds=None, interval_seconds=None, expires_at=None, server_time=None, noop=True)
-    interval = choose_interval(held.definition.ttl_seconds, proposed_interval)
-    try:
-        # The issued interval is stored on the holder so every renewal answers the same one
-        # (until a renewal proposes another); the same command reads the server deadline.
-        doc = store.holders().find_one_and_update(
-            {"_id": held.token, **key_scope(key)}, {"$set": {"intervalSeconds": interval}},
-            projection=_GRANT_FIELDS, return_document=ReturnDocument.AFTER)
-    except pymongo.errors.PyMongoError as exc:
-        raise LeaseUnavailable(f"lease store unreachable after acquire: {exc.__class__.__name__}") from None
-    if doc is None:
-        raise LeaseUnavailable("the lease was reaped right after it was acquired; acquire again")
-    return _grant(doc, doc["lastSeenAt"])
-
-
-def _issue_interval_to_ticket(ticket: "service.Ticket", key: ApiKey, proposed: int | None) -> None:
-    """Store the interval a later grant of ``ticket`` issues, clamped by the holder's own TTL
-    (the proposal came with the acquire; the polls that grant it carry none)."""
-    if proposed is None:
-        return  # the grant issues the default (ttl / 3)
-    ttl = {"$ifNull": ["$ttlSeconds", 1]}
-    low = {"$max": [1, {"$floor": {"$divide": [ttl, 10]}}]}
-    high = {"$max": [low, {"$floor": {"$divide": [ttl, 2]}}]}
-    try:
-        store.holders().update_one(
-            {"_id": ticket.id, **key_scope(key), "state": "PENDING"},
-            [{"$set": {"intervalSeconds": {"$toInt": {"$min": [high, {"$max": [low, int(proposed)]}]}}}}])
-    except pymongo.errors.PyMongoError as exc:
-        raise LeaseUnavailable(f"lease store unreachable after queueing: {exc.__class__.__name__}") from None
-
-
-def granted(held: "service.Lease", scope: dict[str, str]) -> Grant:
-    """The acquire answer for a lease granted through a ticket poll: the interval the
-    acquire's proposal chose, else the default one, stored on the holder as acquire does.
-
-    Raises:
-        StaleLease / LeaseExpired: the lease ended right after the grant.
-        LeaseUnavailable: the store is unreachable.
-    """
-    interval = choose_interval(held.definition.ttl_seconds, None)
-    try:
-        doc = store.holders().find_one_and_update(
-            {"_id": held.token, **scope, "state": "HELD"},
-            [{"$set": {"intervalSeconds": {"$ifNull": ["$intervalSeconds", interval]}}}],
-            projection=_GRANT_FIELDS, return_document=ReturnDocument.AFTER)
-        if doc is None:
-            raise _ended(held.token, scope, store.server_now())
-    except pymongo.errors.PyMongoError as exc:
-        raise LeaseUnavailable(f"lease store unreachable after the grant: {exc.__class__.__name__}") from None
-    return _grant(doc, doc["lastSeenAt"])
-
-
-def _ended(token: str, scope: dict[str, str], now: datetime) -> LeaseExpired | StaleLease:
-    """Why a renewal matched nothing: past its deadline or tombstoned → EXPIRED, else STALE."""
-    holder = store.holders().find_one({"_id": token, **scope}, {"state": 1, "expiresAt": 1})
-    if holder is not None and holder.get("state") == "HELD":
-        # Past its deadline but not reaped yet: the reaper (or the next acquire's lazy reap)
-        # removes it and dispatches the handler; the renewal must not revive it.
-        return LeaseExpired(f"lease {token} passed its expiry deadline", reason="deadline")
-    tombstone = store.tombstones().find_one({"_id": token, **scope}, {"reason": 1})
-    if tombstone is not None:
-        return LeaseExpired(f"lease {token} has ended ({tombstone.get('reason', 'ended')})",
-                            reason=tombstone.get("reason"))
-    return StaleLease(f"unknown lease token {token}")
+    return grant_of(held)
 
 
 def renew(*, key: ApiKey, token: str, proposed_interval: int | None = None,
@@ -264,39 +195,7 @@ def renew(*, key: ApiKey, token: str, proposed_interval: int | None = None,
     validation.token(token)
     if payload is not None:
         validation.payload(payload)
-    scope = key_scope(key)
-    try:
-        now = store.server_now()
-        ttl_ms = {"$multiply": ["$ttlSeconds", 1000]}
-        update: dict[str, Any] = {
-            # Comparisons are against ``now`` (a literal read from the server), never $$NOW;
-            # the values written come from $$NOW, which is >= now.
-            "lastSeenAt": {"$cond": [{"$gt": ["$lastSeenAt", now]}, "$lastSeenAt", "$$NOW"]},
-            "expiresAt": {"$cond": [{"$gt": ["$expiresAt", {"$add": [now, ttl_ms]}]},
-                                    "$expiresAt", {"$add": ["$$NOW", ttl_ms]}]},
-        }
-        if payload is not None:
-            update["payload"] = {"$literal": payload}
-        if proposed_interval is not None:
-            # A new proposal re-negotiates the interval, clamped by the holder's own TTL.
-            ttl = {"$ifNull": ["$ttlSeconds", 1]}
-            low = {"$max": [1, {"$floor": {"$divide": [ttl, 10]}}]}
-            high = {"$max": [low, {"$floor": {"$divide": [ttl, 2]}}]}
-            update["intervalSeconds"] = {"$toInt": {"$min": [high, {"$max": [low, int(proposed_interval)]}]}}
-        doc = store.holders().find_one_and_update(
-            {"_id": token, **scope, "state": "HELD", "expiresAt": {"$gte": now}},
-            [{"$set": update}],
-            projection=_GRANT_FIELDS,
-            return_document=ReturnDocument.AFTER,
-        )
-        if doc is None:
-            error = _ended(token, scope, now)
-            metrics.CHECK.labels(resource="unknown", outcome="lost").inc()
-            raise error
-    except pymongo.errors.PyMongoError as exc:
-        raise LeaseUnavailable(f"lease store unreachable during renew: {exc.__class__.__name__}") from None
-    metrics.CHECK.labels(resource=metrics.resource_tag(doc.get("resource", "unknown")), outcome="ok").inc()
-    return _grant(doc, doc["lastSeenAt"])
+    return _grant(holders.renew(token, bound=key_scope(key), payload=payload, proposed_interval=proposed_interval))
 
 
 def release(*, key: ApiKey, token: str) -> ReleaseResult:
@@ -315,8 +214,9 @@ def release(*, key: ApiKey, token: str) -> ReleaseResult:
     validation.token(token)
     scope = key_scope(key)
     try:
-        # Tenant (and project) binding is part of the delete filter.
-        doc = service.release_holder({"_id": token, **scope})
+        # Tenant (and project) binding is part of the delete filter; the tombstone is
+        # written by the release itself.
+        doc = holders.release(token, bound=scope)
         if doc is None:
             tombstone = store.tombstones().find_one({"_id": token, **scope}, {"reason": 1, "resource": 1})
             if tombstone is None:
@@ -327,9 +227,4 @@ def release(*, key: ApiKey, token: str) -> ReleaseResult:
             return ReleaseResult(token=token, released=False, reason=tombstone.get("reason"))
     except pymongo.errors.PyMongoError as exc:
         raise LeaseUnavailable(f"lease store unreachable during release: {exc.__class__.__name__}") from None
-    # A lost tombstone only turns a later EXPIRED answer into STALE_LEASE.
-    try:
-        reaper.record_tombstone(doc, "release")
-    except pymongo.errors.PyMongoError as exc:
-        log.warning("release of %s: tombstone not written (%s)", token, exc)
     return ReleaseResult(token=token, released=True, reason="release")

@@ -91,7 +91,7 @@ def poll(*, key: ApiKey, ticket_id: str) -> "TicketAnswer | protocol.Grant":
     result = service.resume(ticket_id, scope=scope, keep_ms=protocol.ticket_keep_ms())
     if isinstance(result, service.Ticket):
         return answer(result)
-    return protocol.granted(result, scope)
+    return protocol.grant_of(result)
 
 
 def abandon(*, key: ApiKey, ticket_id: str) -> protocol.ReleaseResult | None:

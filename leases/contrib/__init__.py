@@ -4,8 +4,11 @@
   pod-bound: the poll state lives in this pod.
 * :mod:`leases.contrib.sessions` — a remote HTTP session (like the MCP browser session),
   type ``browser``, not pod-bound: the session lives in the remote server.
+* :mod:`leases.contrib.celery` — ``@leased``: Celery tasks that run holding a lease and
+  retry, keeping their place in the queue, when it is busy (a plain module, not an app).
 * :mod:`leases.contrib.demo` — a tiny local remote service and the demo consumer loop (a
   plain module the example project uses, not an app).
+* :mod:`leases.contrib.celery` — ``@leased`` for Celery tasks (a plain module, no app).
 
 Add ``"leases.contrib.jobs"`` and/or ``"leases.contrib.sessions"`` to ``INSTALLED_APPS`` to
 use them; each registers its revocation handler in its own ``ready()``. The engine app

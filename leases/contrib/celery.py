@@ -23,11 +23,12 @@ fair queue across retries: the first attempt leaves a kept ticket (as the HTTP `
 flow does) and each retry polls it, which keeps it alive and books the slot on its turn.
 That is only safe while the retry comes back within the ticket's keep window, which a
 Celery countdown cannot promise (a busy or dead worker runs the retry late or never): the
-countdown is the poll interval, the keep window three of them, and a retry that comes
-back late finds its ticket dropped and queues again at the back. A dead worker's ticket
-therefore holds its place for one keep window at most, like a client that stopped polling.
-After ``max_retries`` the task fails with :class:`~leases.errors.LeaseRetriesExhausted`
-and its ticket is given up.
+countdown is the server's estimate of the ticket's grant, between half a second and one
+poll interval, the keep window three poll intervals, and a retry that comes back late
+finds its ticket dropped and queues again at the back. A dead worker's ticket therefore
+holds its place for one keep window at most, like a client that stopped polling. Every
+poll is a retry: after ``max_retries`` the task fails with
+:class:`~leases.errors.LeaseRetriesExhausted` and its ticket is given up.
 
 This module is an optional integration (Celery is the only thing it adds), which is why it
 lives in ``leases.contrib`` and not beside the engine; it also keeps ``leases.celery`` free,
@@ -36,19 +37,32 @@ the module name Celery's ``-A`` looks up as an application.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import logging
 import random
 from typing import Any, Callable
 
-from leases import service
-from leases.errors import InvalidLeaseRequest, LeaseBusy, LeaseExpired, LeaseRetriesExhausted, StaleLease
+import pymongo.errors
+
+from leases import commands, holders, service, store
+from leases.errors import (
+    InvalidLeaseRequest,
+    LeaseBusy,
+    LeaseExpired,
+    LeaseLost,
+    LeaseRetriesExhausted,
+    LeaseUnavailable,
+    StaleLease,
+)
+from leases.identity import self_pod_id
 
 log = logging.getLogger(__name__)
 
 TICKET_KWARG = "_leases_ticket"
 DEFAULT_MAX_RETRIES = 30
+MIN_TICKET_DELAY_S = 0.5  # an estimate of "now" must not spend the retries in a busy loop
 IdSource = str | Callable[..., str]
 
 
@@ -133,7 +147,7 @@ def leased(type: str, *, lease: str | None = None, inline: dict[str, Any] | None
             with held:
                 return fn(task, *args, lease=held, **kwargs)
 
-        run.leased = {"type": type, "lease": lease}  # for introspection (admin, docs)
+        run.leased = {"type": type, "lease": lease}  # type: ignore[attr-defined]  # for introspection (admin, docs)
         return run
 
     return decorate
@@ -145,12 +159,13 @@ def _acquire(request: service.LeaseRequest, ticket_id: str | None, *, keep_place
     Raises:
         InvalidLeaseRequest, LeaseUnavailable: as :func:`leases.acquire`.
     """
-    scope = {"tenantId": request.tenant_id, "projectId": request.project_id}
+    scope = holders.scope(request.tenant_id, request.project_id)
     if ticket_id is not None:
         if not isinstance(ticket_id, str):
             raise InvalidLeaseRequest("the kept ticket must be a ticket id")
         try:
-            return service.resume(ticket_id, scope=scope, keep_ms=keep_ms())
+            resumed = service.resume(ticket_id, scope=scope, keep_ms=keep_ms())
+            return _adopt(resumed) if isinstance(resumed, service.Lease) else resumed
         except (LeaseExpired, StaleLease) as exc:
             # The retry came back after the keep window (a busy or restarted worker): the
             # place is gone, queue again from the back.
@@ -161,6 +176,33 @@ def _acquire(request: service.LeaseRequest, ticket_id: str | None, *, keep_place
         return service.acquire(request)
     except LeaseBusy as busy:
         return busy
+
+
+def _adopt(lease: service.Lease) -> service.Lease:
+    """Move a lease granted to a resumed ticket onto this process's pod: the retry may run
+    in another worker than the one that queued it, and the pod reap must follow the process
+    that holds the lease, not the one that once asked for it.
+
+    Raises:
+        LeaseLost: the lease was reaped in the meantime.
+        LeaseUnavailable: the store failed (the lease is released, best effort).
+    """
+    pod = self_pod_id()
+    if lease.request.pod in ("", pod):
+        return lease
+    try:
+        with service._bound():
+            moved = store.holders().update_one(*commands.adopt(lease.token, pod=pod))
+    except pymongo.errors.PyMongoError as exc:
+        try:
+            lease.release()
+        except LeaseUnavailable:
+            log.warning("release of %s failed; reap and repair return it", lease.token)
+        raise LeaseUnavailable(f"lease store unreachable: {exc.__class__.__name__}") from None
+    if not moved.matched_count:
+        raise LeaseLost(f"lease {lease.token} on {lease.resource} was lost (reaped or revoked)")
+    lease.request = dataclasses.replace(lease.request, pod=pod)
+    return lease
 
 
 def _retry(task: Any, request: service.LeaseRequest, outcome: Any, args: tuple[Any, ...],
@@ -184,7 +226,7 @@ def _retry(task: Any, request: service.LeaseRequest, outcome: Any, args: tuple[A
     if countdown is not None:
         delay = float(countdown)
     elif ticket is not None:
-        delay = poll_seconds()
+        delay = ticket_delay(ticket)
     else:
         suggested = getattr(outcome, "retry_after", None)
         delay = float(suggested) if suggested else poll_seconds() * random.uniform(1.0, 1.5)
@@ -193,6 +235,17 @@ def _retry(task: Any, request: service.LeaseRequest, outcome: Any, args: tuple[A
         delay = min(delay, keep_ms() / 3000.0)
         kwargs = {**kwargs, TICKET_KWARG: ticket.id}
     raise task.retry(args=args, kwargs=kwargs, countdown=delay, max_retries=max_retries)
+
+
+def ticket_delay(ticket: service.Ticket) -> float:
+    """When to poll a kept ticket: at the server's estimate of its grant when that comes
+    sooner than the poll interval (a slot free for us idles until we poll), else after one
+    poll interval (the ticket must be polled within its keep window whatever the estimate)."""
+    poll = poll_seconds()
+    if ticket.estimated_grant_at is None:
+        return poll
+    until = (ticket.estimated_grant_at - ticket.server_time).total_seconds()
+    return max(MIN_TICKET_DELAY_S, min(until, poll))
 
 
 def _resource(outcome: Any) -> str:

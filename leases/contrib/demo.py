@@ -1,6 +1,7 @@
 """Demo data for the main job: a tiny local remote service and the two demo consumers.
 
-:class:`DemoRemoteServer` plays both remote systems of §7 over real HTTP on 127.0.0.1 — a
+:class:`DemoRemoteServer` plays both remote systems the contrib handlers clean up after (a
+compile farm and a browser-session tool), over real HTTP on 127.0.0.1 — a
 compile service (``POST /jobs``, ``GET /jobs/<id>``) and an MCP-like session server
 (``POST /mcp`` initialize/call, ``DELETE /mcp`` with ``Mcp-Session-Id``) that checks the
 ``Authorization`` header and records every session DELETE. It is demo scenery for the
@@ -19,6 +20,8 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from leases import http_client
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +114,7 @@ class DemoRemoteServer:
     @property
     def url(self) -> str:
         host, port = self.httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host.decode() if isinstance(host, bytes) else host}:{port}"
 
     @property
     def mcp_endpoint(self) -> str:
@@ -137,12 +140,16 @@ class DemoRemoteServer:
 
 
 def _http_json(method: str, url: str) -> Any:
-    import urllib.request
+    """The JSON body of the demo job service's answer.
 
-    request = urllib.request.Request(url, method=method, data=b"{}" if method == "POST" else None,
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=5) as response:
-        return json.loads(response.read() or b"null")
+    Raises:
+        leases.http_client.HttpCallFailed: no usable answer, or a non-2xx one.
+    """
+    answer = http_client.call_json(method, url, body={} if method == "POST" else None,
+                                   timeout=http_client.REMOTE_TIMEOUT_SECONDS)
+    if not answer.ok:
+        raise http_client.HttpCallFailed(method, url, f"HTTP {answer.status}")
+    return answer.body
 
 
 def run_demo_consumers(*, remote_url: str, stop: threading.Event, tenant_id: str = "demo",

@@ -22,7 +22,7 @@ django.setup()
 import pymongo.errors  # noqa: E402
 
 import leases  # noqa: E402
-from leases import handlers, service, slots  # noqa: E402
+from leases import handlers, pausepoints, slots  # noqa: E402
 
 
 class Handler(handlers.LeaseHandler):
@@ -73,7 +73,7 @@ def main() -> None:
             return booked
 
         slots.take = failing
-    os.environ[service.PAUSE_ENV] = window
+    os.environ[pausepoints.PAUSE_ENV] = window
     lease = leases.acquire(request(tenant, "victim"))
     lease.release()
 

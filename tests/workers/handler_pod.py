@@ -18,7 +18,7 @@ import django
 
 django.setup()
 
-from leases import LeaseRequest, acquire, handlers, internal_server, pod_renewer, store  # noqa: E402
+from leases import LeaseRequest, acquire, handlers, internal_server, process, store  # noqa: E402
 from leases.identity import self_pod_id  # noqa: E402
 
 TYPE = "podonly"
@@ -38,7 +38,7 @@ class PodOnlyHandler(handlers.LeaseHandler):
 def main() -> None:
     handlers.register_handler(PodOnlyHandler())
     endpoint = internal_server.serve_internal("127.0.0.1:0")
-    pod_renewer.start_pod(endpoint)
+    process.start(endpoint)
     token = None
     if "--hold" in sys.argv:
         lease = acquire(LeaseRequest(type=TYPE, lease="podonly", tenant_id="t1", project_id="p1", user_id="u1",

@@ -1,8 +1,8 @@
-"""Child process: a pod (issue 3) that serves /internal/lease/ and holds two leases.
+"""Child process: a pod that serves /internal/lease/ and holds two leases.
 
 Usage: python -m tests.workers.pod <remote-url>
 
-Serves the Django app on LEASES_POD_ENDPOINT, renews its pod lease, then holds a ``tex``
+Serves /internal/lease/ on LEASES_POD_ENDPOINT, renews its pod lease, then holds a ``tex``
 lease (pod-bound; a job poll loop that never finishes) and a ``browser`` session (not
 pod-bound) opened on the demo remote server. Prints one JSON line with its tokens, then
 ``ABORTED <token>`` when the job loop is aborted by its handler.
@@ -17,14 +17,14 @@ import django
 
 django.setup()
 
-from leases import internal_server, pod_renewer  # noqa: E402
+from leases import internal_server, pod_renewer, process  # noqa: E402
 from leases.contrib import jobs, sessions  # noqa: E402
 
 
 def main() -> None:
     remote = sys.argv[1].rstrip("/")
     endpoint = internal_server.serve_internal()
-    renewer = pod_renewer.start_pod(endpoint)
+    renewer = process.start(endpoint)
     import urllib.request
 
     def http(method, url):

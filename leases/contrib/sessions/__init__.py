@@ -25,16 +25,13 @@ Tool configuration is a small registry (:func:`register_tool`), seeded from the 
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
 import leases
-from leases import validation
+from leases import http_client, validation
 from leases.errors import InvalidLeaseRequest, LeaseLost, SessionError, SessionRevoked, UnknownTool
 from leases.handlers import LeaseHandler, RevokedHolder
 from leases.identity import self_pod_id
@@ -43,7 +40,6 @@ log = logging.getLogger(__name__)
 
 SESSION_TYPE = "browser"
 SESSION_HEADER = "Mcp-Session-Id"
-HTTP_TIMEOUT_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -101,21 +97,18 @@ def get_tool(name: str) -> ToolConfig | None:
 
 def _request(method: str, endpoint: str, *, auth: str | None, session_id: str | None = None,
              body: dict[str, Any] | None = None) -> tuple[int, dict[str, str], Any]:
-    headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    headers: dict[str, str] = {}
     if auth:
         headers["Authorization"] = auth
     if session_id:
         headers[SESSION_HEADER] = session_id
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(endpoint, data=data, method=method, headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT_SECONDS) as response:
-            raw = response.read()
-            return response.status, dict(response.headers), (json.loads(raw) if raw else None)
-    except urllib.error.HTTPError as exc:
-        raise SessionError(f"{method} {endpoint} answered {exc.code}") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise SessionError(f"{method} {endpoint} failed: {exc}") from None
+        answer = http_client.call_json(method, endpoint, body=body, headers=headers, timeout=http_client.REMOTE_TIMEOUT_SECONDS)
+    except http_client.HttpCallFailed as exc:
+        raise SessionError(str(exc)) from None
+    if not answer.ok:
+        raise SessionError(f"{method} {endpoint} answered {answer.status}")
+    return answer.status, answer.headers, answer.body
 
 
 def delete_session(endpoint: str, session_id: str, auth: str | None) -> bool:
@@ -232,10 +225,6 @@ class SessionPool:
             self._sessions.clear()
         for session in sessions:
             session.close()
-
-    def tokens(self) -> list[str]:
-        with self._lock:
-            return [s.token for s in self._sessions.values() if s.token]
 
 
 pool = SessionPool()

@@ -1,4 +1,4 @@
-"""``python manage.py lease …``: the operator CLI, across all tenants (§9).
+"""``python manage.py lease …``: the operator CLI, across all tenants (the platform operator's view).
 
 Reads go straight to MongoDB. Revocations go through a live pod's internal admin API
 (``/internal/lease/admin/…``, shared secret), because only pods run handlers and know
@@ -19,17 +19,16 @@ import getpass
 import json
 import socket
 import sys
-import urllib.error
 import urllib.parse
-import urllib.request
 from datetime import datetime
 from typing import Any, Callable, Iterable, Sequence
 
 import pymongo.errors
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from leases import actions, reads, shares, validation
+from leases import actions, http_client, reads, shares, validation
 from leases.conf import lease_settings
+from leases.dispatch import SECRET_HEADER
 from leases.errors import (
     HolderNotFound,
     InvalidLeaseRequest,
@@ -42,7 +41,6 @@ from leases.errors import (
 )
 
 ADMIN_PATH = "/internal/lease/admin"
-POD_TIMEOUT_SECONDS = 15.0
 
 
 def _json_default(value: Any) -> Any:
@@ -93,28 +91,29 @@ def _operator() -> str:
 def _require_tenant(tenant_id: str, project_id: str) -> None:
     """Fail unless (tenant, project) is known somewhere, so a typo is not answered with defaults.
 
-    Known means: an Insights tenant (project), a stored config document or a holder with
-    that id; pods may lease for tenants that Insights does not list.
+    Known means: a tenant (project) of the tenancy hook (``LEASES_TENANT_ACCESS``), a stored
+    config document or a holder with that id; pods may lease for tenants the hook does not list.
 
     Raises:
         TenantNotFound: the tenant is known nowhere.
         ProjectNotFound: the project is known nowhere in that tenant.
         pymongo.errors.PyMongoError: the store is unreachable.
     """
-    from insights.models import Project, Tenant
     from leases import store
     from leases.definitions import SYSTEM_TENANT, TENANT_PROJECT
+    from leases.tenancy import tenant_access
 
     if tenant_id == SYSTEM_TENANT:
         return
-    tenant_pk = Tenant.objects.filter(slug=tenant_id).values_list("pk", flat=True).first()
-    if tenant_pk is None and not (store.config_documents().find_one({"tenantId": tenant_id}, {"_id": 1})
-                                  or store.holders().find_one({"tenantId": tenant_id}, {"_id": 1})):
+    access = tenant_access()
+    listed = access.tenant_exists(tenant_id)
+    if not listed and not (store.config_documents().find_one({"tenantId": tenant_id}, {"_id": 1})
+                           or store.holders().find_one({"tenantId": tenant_id}, {"_id": 1})):
         raise TenantNotFound(f"no tenant {tenant_id!r} (not in Insights, no config document, no holder)")
     if project_id == TENANT_PROJECT:
         return
     scope = {"tenantId": tenant_id, "projectId": project_id}
-    if not ((tenant_pk is not None and Project.objects.filter(tenant_id=tenant_pk, slug=project_id).exists())
+    if not ((listed and access.project_exists(tenant_id, project_id))
             or store.config_documents().find_one(scope, {"_id": 1}) or store.holders().find_one(scope, {"_id": 1})):
         raise ProjectNotFound(f"tenant {tenant_id!r} has no project {project_id!r} (not in Insights, "
                               f"no config document, no holder)")
@@ -424,36 +423,30 @@ class Command(BaseCommand):
             return [("(--endpoint)", url.rstrip("/"))]
         return reads.live_pod_endpoints()
 
-    def _call_pod(self, o: dict[str, Any], path: str, body: dict[str, Any], *, timeout: float = POD_TIMEOUT_SECONDS,
+    def _call_pod(self, o: dict[str, Any], path: str, body: dict[str, Any], *, timeout: float = http_client.OPERATOR_TIMEOUT_SECONDS,
                   force_hint: str = "rerun with --force to revoke directly in MongoDB (no handler runs)") -> tuple[str, dict[str, Any]]:
         """POST ``body`` to the first live pod that answers; returns (pod, answer)."""
         endpoints = self._pod_endpoints(o)
         if not endpoints:
             raise PodCallError(f"no live pod is registered; {force_hint}")
-        data = json.dumps(body).encode()
         tried = []
         for pod, endpoint in endpoints:
-            request = urllib.request.Request(
-                endpoint + ADMIN_PATH + path, data=data, method="POST",
-                headers={"Content-Type": "application/json", "X-Lease-Secret": lease_settings.INTERNAL_SECRET},
-            )
             try:
-                with urllib.request.urlopen(request, timeout=timeout) as response:
-                    return pod, json.loads(response.read() or b"{}")
-            except urllib.error.HTTPError as exc:
-                try:
-                    answer = json.loads(exc.read() or b"{}")
-                except ValueError:
-                    answer = {}
-                if exc.code == 404 and answer.get("code") == HolderNotFound.code:
-                    raise HolderNotFound(answer.get("message") or "no such holder") from None
-                if exc.code == 400:
-                    raise CommandError(f"{answer.get('code', 'INVALID_REQUEST')}: {answer.get('message', 'bad request')}") from None
-                if exc.code == 403:
-                    raise PodCallError(f"pod {pod} ({endpoint}) refused the shared secret: check LEASES_INTERNAL_SECRET") from None
-                tried.append(f"{pod} ({endpoint}): HTTP {exc.code}")
-            except (urllib.error.URLError, OSError, ValueError) as exc:
-                tried.append(f"{pod} ({endpoint}): {getattr(exc, 'reason', exc)}")
+                reply = http_client.call_json("POST", endpoint + ADMIN_PATH + path, body=body, timeout=timeout,
+                                              headers={SECRET_HEADER: lease_settings.INTERNAL_SECRET})
+            except http_client.HttpCallFailed as exc:
+                tried.append(f"{pod} ({endpoint}): {exc.reason}")
+                continue
+            answer = reply.body if isinstance(reply.body, dict) else {}
+            if reply.ok:
+                return pod, answer
+            if reply.status == 404 and answer.get("code") == HolderNotFound.code:
+                raise HolderNotFound(answer.get("message") or "no such holder")
+            if reply.status == 400:
+                raise CommandError(f"{answer.get('code', 'INVALID_REQUEST')}: {answer.get('message', 'bad request')}")
+            if reply.status == 403:
+                raise PodCallError(f"pod {pod} ({endpoint}) refused the shared secret: check LEASES_INTERNAL_SECRET")
+            tried.append(f"{pod} ({endpoint}): HTTP {reply.status}")
         raise PodCallError("no pod reachable (" + "; ".join(tried) + f"); {force_hint}")
 
     def _force_note(self, holders: list[Any]) -> str:
@@ -490,22 +483,23 @@ class Command(BaseCommand):
         if token is not None:
             validation.token(token)
         else:
-            validation.pod_id(pod)
+            pod = validation.pod_id(pod)
             # "Nothing to revoke" would hide a typo in the pod id.
             _require_pod(pod)
+        pod_id = pod or ""  # validated above whenever no token was given
         if o["force"]:
             if token is not None:
                 holders = [actions.revoke_holder(token, acting_user=_operator() + " --force",
                                                     reason=reason or "forced revoke (CLI)", dispatch=False)]
             else:
-                holders = actions.revoke_pod(pod, acting_user=_operator() + " --force",
+                holders = actions.revoke_pod(pod_id, acting_user=_operator() + " --force",
                                                 reason=reason or "forced pod revoke (CLI)", dispatch=False)
             wire = [h.to_wire() for h in holders]
             note = self._force_note(holders) if holders else "--force: nothing to revoke."
             self.emit(o, {"via": "mongodb --force", "handlersRan": False, "revoked": wire, "note": note},
                       lambda: f"{self._revoked_table(wire)}\n\n{note}" if wire else note)
             return
-        path = f"/revoke/{urllib.parse.quote(token, safe='')}" if token is not None else f"/revoke-pod/{urllib.parse.quote(pod, safe='')}"
+        path = f"/revoke/{urllib.parse.quote(token, safe='')}" if token is not None else f"/revoke-pod/{urllib.parse.quote(pod_id, safe='')}"
         body = {"actor": _operator()}
         if reason:
             body["reason"] = reason
@@ -522,8 +516,7 @@ class Command(BaseCommand):
         self._revoke(o, pod=o["pod"])
 
     # The pod answers after its round (bounded by tasks.SWEEP_BUDGET_SECONDS) and the wait
-    # for its dispatches (admin_views.SWEEP_SETTLE_SECONDS); this bounds the call above both.
-    SWEEP_TIMEOUT_SECONDS = 40.0
+    # for its dispatches (admin_views.SWEEP_SETTLE_SECONDS); the call's bound is above both.
     SWEEP_FORCE_HINT = "rerun with --force to sweep directly in MongoDB (no handler runs)"
 
     def do_sweep(self, o: dict[str, Any]) -> None:
@@ -532,7 +525,7 @@ class Command(BaseCommand):
         if o["force"]:
             self._sweep_forced(o)
             return
-        via_pod, answer = self._call_pod(o, "/sweep", {"actor": _operator()}, timeout=self.SWEEP_TIMEOUT_SECONDS,
+        via_pod, answer = self._call_pod(o, "/sweep", {"actor": _operator()}, timeout=http_client.OPERATOR_SWEEP_TIMEOUT_SECONDS,
                                          force_hint=self.SWEEP_FORCE_HINT)
         via = f"pod {answer.get('pod') or via_pod}"
         self.emit(o, {"via": via, **answer}, lambda: self._sweep_text(answer, via))

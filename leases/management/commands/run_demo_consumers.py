@@ -11,7 +11,7 @@ import threading
 
 from django.core.management.base import BaseCommand
 
-from leases import internal_server, pod_renewer
+from leases import process
 from leases.contrib.demo import DemoRemoteServer, run_demo_consumers
 
 
@@ -33,7 +33,7 @@ class Command(BaseCommand):
             server = DemoRemoteServer().start()
             remote_url = server.url
             self.stdout.write(f"demo remote service at {remote_url}")
-        pod_renewer.start_pod(internal_server.serve_internal())
+        process.start_worker()
         stop = threading.Event()
         try:
             stats = run_demo_consumers(remote_url=remote_url, stop=stop, tenant_id=options["tenant"],
@@ -43,7 +43,7 @@ class Command(BaseCommand):
             stop.set()
             stats = {}
         finally:
-            pod_renewer.stop_pod()
+            process.stop()
             if server is not None:
                 server.stop()
         self.stdout.write(f"demo consumers: {stats}")

@@ -1,0 +1,14 @@
+from django.contrib import admin
+from django.urls import include, path
+
+from . import views
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("compile/", views.compile_view),
+    path("acompile/", views.acompile_view),
+    path("hold/", views.hold_view),
+    path("", include("leases.api.pod_urls")),  # /internal/lease/…: pod-to-pod and operator CLI
+    path("", include("leases.api.key_urls")),  # /t/<tenant>/insights/api-keys
+    path("", include("insights.urls")),  # /t/<tenant>/insights/leases
+]

@@ -1,0 +1,237 @@
+"""Adoption: the wheel installed into a fresh virtualenv and a new PostgreSQL-backed project.
+
+These are the README's "Add it to an existing project" steps, run as typed: build the wheel,
+install it (and psycopg) into a new venv, ``django-admin startproject``, append the lease
+settings (``tests/adoption/settings_block.py``: PostgreSQL default, the lease apps on a MongoDB
+alias through ``leases.routers.LeasesRouter``), a tenancy hook of the host's own
+(``tests/adoption/tenancy.py``), views (``tests/adoption/views.py``), ``migrate`` both
+aliases, then real HTTP requests to the project served by uvicorn (ASGI): acquire/check/release
+from a view and from an async view, the Insights page rendered for a tenant admin through the
+hook, and a ``@leased`` Celery task run by a real prefork worker of the project.
+
+The host's PostgreSQL tables go into a schema of this run (``PGOPTIONS`` search_path), so
+runs do not see each other's users; the lease alias is a database of the test run's
+embedded server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import zipfile
+from pathlib import Path
+
+import pymongo
+import pytest
+from django.conf import settings
+
+from leases.embedded import free_port
+
+REPO = Path(__file__).resolve().parent.parent
+FILES = Path(__file__).resolve().parent / "adoption"
+LEASE_DB = "hostsite_leases"
+STEP_TIMEOUT = 300
+# Copied into the build directory: what `pip wheel .` sees in a clean checkout.
+_IGNORE = shutil.ignore_patterns(".git", ".venv", "var", "build", "*.egg-info", "__pycache__", "node_modules",
+                                 "staticfiles", "bench", "docs", "tests")
+
+
+def _run(cmd: list[str], *, cwd: Path, env: dict[str, str], timeout: float = STEP_TIMEOUT) -> str:
+    started = time.monotonic()
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    print(f"$ {' '.join(str(c) for c in cmd)}  ({time.monotonic() - started:.1f} s)")
+    assert done.returncode == 0, f"{cmd} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    return done.stdout
+
+
+def _host_env(schema: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in {"DJANGO_SETTINGS_MODULE", "PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME"}}
+    env.update({
+        "MONGODB_URI": settings.MONGODB_URI,
+        # libpq reads PGOPTIONS: the host's tables land in this run's schema.
+        "PGOPTIONS": f"-c search_path={schema}",
+        "LEASES_INTERNAL_SECRET": secrets.token_urlsafe(48),
+        # A Redis database of its own for the project's Celery broker and results.
+        "CELERY_BROKER_URL": "redis://127.0.0.1:6379/13",
+        "CELERY_RESULT_BACKEND": "redis://127.0.0.1:6379/13",
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    })
+    return env
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None  # a redirect is an answer to look at, not to follow
+
+
+_opener = urllib.request.build_opener(_NoRedirect)
+
+
+def _get(url: str, *, cookie: str | None = None) -> tuple[int, str, dict[str, str]]:
+    request = urllib.request.Request(url, headers={"Cookie": f"sessionid={cookie}"} if cookie else {})
+    try:
+        with _opener.open(request, timeout=30) as response:
+            return response.status, response.read().decode(), dict(response.headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(), dict(exc.headers)
+
+
+def _wait_http(url: str, process: subprocess.Popen, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"runserver exited with {process.returncode}"
+        try:
+            _opener.open(url, timeout=2).close()
+            return
+        except urllib.error.HTTPError:
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise AssertionError(f"runserver did not answer {url} within {timeout:.0f} s")
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    schema = f"adoption_{secrets.token_hex(4)}"
+    mongo = pymongo.MongoClient(settings.MONGODB_URI)
+    mongo.drop_database(LEASE_DB)
+    yield tmp_path, schema, mongo
+    mongo.drop_database(LEASE_DB)
+    mongo.close()
+    psql_python = tmp_path / "venv" / "bin" / "python"
+    if psql_python.exists():
+        subprocess.run([str(psql_python), "-c", (
+            "import psycopg; psycopg.connect('host=127.0.0.1 port=5432 dbname=test user=postgres', autocommit=True)"
+            f".execute('DROP SCHEMA IF EXISTS {schema} CASCADE')")], timeout=60, check=False)
+
+
+def test_given_the_wheel_when_a_new_postgresql_project_adopts_it_then_leases_and_insights_work(workdir):
+    tmp, schema, mongo = workdir
+    env = _host_env(schema)
+    started = time.monotonic()
+
+    # 1. Build the wheel; it ships leases and insights, nothing else at the top level.
+    source = tmp / "src"
+    shutil.copytree(REPO, source, ignore=_IGNORE)
+    wheels = tmp / "wheels"
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(source)], cwd=tmp, env=env)
+    (wheel,) = wheels.glob("django_leases-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    top_level = sorted({n.split("/", 1)[0] for n in names if ".dist-info/" not in n})
+    print("wheel top-level names:", top_level)
+    assert top_level == ["insights", "leases"]
+    for shipped in ("insights/templates/insights/holders.html", "leases/api/templates/leases_api/keys.html",
+                    "leases/defaults/_vance/config/lease/tex.yaml", "leases/routers.py", "leases/checks.py"):
+        assert shipped in names
+
+    # 2. A fresh virtualenv with the wheel, its dependencies and the PostgreSQL driver.
+    venv = tmp / "venv"
+    _run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", str(venv)], cwd=tmp, env=env)
+    python = str(venv / "bin" / "python")
+    _run([python, "-m", "pip", "install", "-q", str(wheel), "psycopg[binary]", "uvicorn"], cwd=tmp, env=env)
+    located = _run([python, "-c", "import leases; print(leases.__file__)"], cwd=tmp, env=env)
+    assert str(venv) in located  # the installed wheel, not this checkout
+
+    # 3. A new project: PostgreSQL default, the lease apps on their MongoDB alias.
+    site = tmp / "site"
+    site.mkdir()
+    _run([str(venv / "bin" / "django-admin"), "startproject", "hostsite", "."], cwd=site, env=env)
+    with open(site / "hostsite" / "settings.py", "a") as out:
+        out.write("\n" + (FILES / "settings_block.py").read_text())
+    for name in ("tenancy.py", "views.py", "urls.py", "tasks.py", "celery.py"):
+        shutil.copy(FILES / name, site / "hostsite" / name)
+    with open(site / "hostsite" / "__init__.py", "a") as out:
+        out.write("from .celery import app as celery_app\n")
+    _run([python, "-c", (
+        "import psycopg; psycopg.connect('host=127.0.0.1 port=5432 dbname=test user=postgres', autocommit=True)"
+        f".execute('CREATE SCHEMA {schema}')")], cwd=site, env=env)
+    _run([python, "manage.py", "check"], cwd=site, env=env)
+    _run([python, "manage.py", "migrate"], cwd=site, env=env)
+    _run([python, "manage.py", "migrate", "--database", "leases"], cwd=site, env=env)
+
+    # The router kept each side to its own: users in PostgreSQL, the lease apps in MongoDB.
+    tables = _run([python, "-c", (
+        "import psycopg; c = psycopg.connect('host=127.0.0.1 port=5432 dbname=test user=postgres');"
+        f"print(sorted(r[0] for r in c.execute(\"select table_name from information_schema.tables "
+        f"where table_schema = '{schema}'\")))")], cwd=site, env=env)
+    assert "auth_user" in tables and "django_session" in tables
+    assert "api_keys" not in tables and "insights_tenant" not in tables
+    collections = set(mongo[LEASE_DB].list_collection_names())
+    assert {"api_keys", "lease_config_documents", "insights_tenant"} <= collections, collections
+    assert not {"auth_user", "django_session"} & collections
+
+    # A tenant admin and a stranger, in the host's own tenant model (auth groups).
+    cookies = json.loads(_run([python, "manage.py", "shell", "-c", (
+        "import json; from django.contrib.auth.models import Group, User; from django.test import Client\n"
+        "acme = Group.objects.create(name='acme')\n"
+        "admin = User.objects.create_user('ada', is_staff=True); admin.groups.add(acme)\n"
+        "stranger = User.objects.create_user('sam', is_staff=True)\n"
+        "out = {}\n"
+        "for user in (admin, stranger):\n"
+        "    client = Client(); client.force_login(user); out[user.username] = client.cookies['sessionid'].value\n"
+        "print(json.dumps(out))")], cwd=site, env=env).strip().splitlines()[-1])
+
+    # 4. Real HTTP against the project under uvicorn, and a Celery worker of the project.
+    port = free_port()
+    server = subprocess.Popen([str(venv / "bin" / "uvicorn"), "hostsite.asgi:application", "--host", "127.0.0.1",
+                               "--port", str(port)], cwd=site, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    worker = subprocess.Popen([str(venv / "bin" / "celery"), "-A", "hostsite", "worker", "--pool", "prefork",
+                               "--concurrency", "2", "--loglevel", "WARNING"], cwd=site, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    holders = mongo[LEASE_DB]["resource_lease_holders"]
+    try:
+        _wait_http(base + "/admin/login/", server)
+        for view in ("/compile/", "/acompile/"):
+            status, body, _ = _get(base + view)
+            assert status == 200, body
+            compiled = json.loads(body)
+            assert compiled["released"] is True and len(compiled["token"]) == 32
+            assert holders.find_one({"_id": compiled["token"]}) is None  # released
+
+        status, body, _ = _get(base + "/hold/")
+        assert status == 200, body
+        held = json.loads(body)["token"]
+        assert holders.find_one({"_id": held})["tenantId"] == "acme"
+
+        status, page, _ = _get(base + "/t/acme/insights/leases", cookie=cookies["ada"])
+        assert status == 200, page[-2000:]
+        assert held in page and "Acme" in page
+        status, keys_page, _ = _get(base + "/t/acme/insights/api-keys", cookie=cookies["ada"])
+        assert status == 200, keys_page[-2000:]
+        assert _get(base + "/t/acme/insights/leases", cookie=cookies["sam"])[0] == 404
+        status, _, headers = _get(base + "/t/acme/insights/leases")  # anonymous: to the login page
+        assert status == 302 and headers["Location"].startswith("/accounts/login/?next=")
+
+        result = json.loads(_run([python, "manage.py", "shell", "-c", (
+            "import json; from hostsite.tasks import compile_pdf\n"
+            "print(json.dumps(compile_pdf.delay('acme', 'docs', 'carol').get(timeout=60)))")],
+            cwd=site, env=env, timeout=120).strip().splitlines()[-1])
+        assert len(result["token"]) == 32
+        assert holders.find_one({"_id": result["token"]}) is None  # released after the body
+    finally:
+        for process, name in ((worker, "celery worker"), (server, "uvicorn")):
+            process.terminate()
+            try:
+                log, _ = process.communicate(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                log, _ = process.communicate()
+            print(f"{name} log tail:\n" + log[-1500:])
+    print(f"adoption steps took {time.monotonic() - started:.1f} s")
+
+
+def test_given_the_readme_then_it_shows_the_adoption_files_as_the_test_uses_them():
+    readme = (REPO / "README.md").read_text()
+    for name in ("settings_block.py", "tenancy.py", "tasks.py"):
+        assert (FILES / name).read_text().rstrip("\n") in readme, f"README's copy of tests/adoption/{name} drifted"
+    assert 'cat "$REPO/tests/adoption/settings_block.py" >> hostsite/settings.py' in readme

@@ -1,0 +1,134 @@
+"""leases.holders: one renewal rule, one way to end a holder, the tenant-bound filter."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import pytest
+
+import leases
+from leases import config, handlers, holders, reaper, store
+from leases.definitions import document_path
+from leases.errors import InvalidLeaseRequest, LeaseExpired, StaleLease
+from tests.helpers import counted_commands
+
+
+class Quiet(handlers.LeaseHandler):
+    type = "test"
+
+    def on_revoked(self, holder):
+        pass
+
+
+@pytest.fixture(autouse=True)
+def handler():
+    handlers.register_handler(Quiet())
+    yield
+    handlers.unregister_handler("test")
+
+
+def held(user="u1", levels="levels: {project: 2}"):
+    config.put_document("_vance", "_tenant", document_path("res"), levels)
+    return leases.acquire(leases.LeaseRequest(type="test", lease="res", tenant_id="acme", project_id="p1",
+                                              user_id=user))
+
+
+def doc(token):
+    return store.holders().find_one({"_id": token})
+
+
+@pytest.mark.parametrize("bound", [
+    {"tenantId": {"$ne": None}},   # an operator where an id belongs
+    {"tenantId": ""},
+    {"userId": "u1"},              # a scope binds tenant and project only
+])
+def test_given_a_bad_scope_when_building_the_filter_then_it_is_refused_before_any_query(bound):
+    with pytest.raises(InvalidLeaseRequest):
+        holders.scoped("A" * 32, bound)
+
+
+def test_given_a_scope_then_the_filter_carries_tenant_and_project():
+    assert holders.scoped("t", holders.scope("acme", "p1")) == {"_id": "t", "tenantId": "acme", "projectId": "p1"}
+    assert holders.scoped("t", holders.scope("acme")) == {"_id": "t", "tenantId": "acme"}
+    assert holders.scoped("t", None) == {"_id": "t"}
+
+
+def test_given_another_tenants_scope_when_renewing_or_releasing_then_stale_and_nothing_changes():
+    lease = held()
+    before = doc(lease.token)
+    with pytest.raises(StaleLease):
+        holders.renew(lease.token, bound=holders.scope("globex"))
+    assert holders.release(lease.token, bound=holders.scope("globex")) is None
+    assert doc(lease.token) == before
+    lease.release()
+
+
+def test_given_a_held_lease_when_renewed_then_one_command_sets_now_plus_ttl_on_server_time():
+    lease = held()
+    with counted_commands() as counted:
+        after = holders.renew(lease.token, bound=holders.scope("acme", "p1"))
+    assert counted.commands == ["findAndModify"]
+    assert after["expiresAt"] - after["lastSeenAt"] == pytest.approx(timedelta(seconds=after["ttlSeconds"]),
+                                                                    abs=timedelta(milliseconds=20))
+    assert doc(lease.token)["expiresAt"] == after["expiresAt"]
+    lease.release()
+
+
+def test_given_a_later_deadline_when_renewed_then_it_is_kept_with_one_more_command():
+    lease = held()
+    later = doc(lease.token)["expiresAt"] + timedelta(hours=1)
+    store.holders().update_one({"_id": lease.token}, {"$set": {"expiresAt": later}})
+    with counted_commands() as counted:
+        after = holders.renew(lease.token)
+    assert counted.commands == ["findAndModify", "update"]
+    assert after["expiresAt"] == later == doc(lease.token)["expiresAt"]
+    lease.release()
+
+
+def test_given_a_holder_past_its_deadline_when_renewed_then_expired_and_it_ends_with_a_tombstone():
+    lease = held()
+    store.holders().update_one({"_id": lease.token}, [{"$set": {"expiresAt": {"$subtract": ["$$NOW", 1000]}}}])
+    with pytest.raises(LeaseExpired) as expired:
+        holders.renew(lease.token, payload={"late": True})
+    assert expired.value.reason == "idle"
+    assert doc(lease.token) is None
+    assert store.counters().find_one({"_id": "res|project|acme/p1"})["count"] == 0
+    # Terminal from now on, with the reason, whichever path asks.
+    with pytest.raises(LeaseExpired) as again:
+        holders.renew(lease.token, bound=holders.scope("acme"))
+    assert again.value.reason == "idle"
+
+
+@pytest.mark.parametrize("prior,now,expires,verdict", [
+    (None, 10, 40, holders.RENEWED),            # a holder renewed for the first time since
+    (20, 10, 40, holders.RENEWED),
+    (10, 10, 40, holders.RENEWED),              # exactly at the deadline: still alive (as the reaper sees it)
+    (9, 10, 40, holders.EXPIRED),
+    (50, 10, 40, holders.KEEP_LATER),
+])
+def test_given_the_two_server_times_of_a_renewal_then_the_verdict_follows_the_rule(prior, now, expires, verdict):
+    at = lambda s: None if s is None else datetime(2026, 1, 1) + timedelta(seconds=s)  # noqa: E731
+    assert holders.verdict({"priorExpiresAt": at(prior), "lastSeenAt": at(now), "expiresAt": at(expires)}) == verdict
+
+
+def test_given_a_pending_holder_when_reaped_then_no_tombstone_but_when_released_then_one():
+    store.holders().insert_one({"_id": "P" * 32, "state": "PENDING", "tenantId": "acme", "projectId": "p1",
+                                "userId": "u1", "keys": [], "resource": "res"})
+    store.holders().insert_one({"_id": "Q" * 32, "state": "PENDING", "tenantId": "acme", "projectId": "p1",
+                                "userId": "u1", "keys": [], "resource": "res"})
+    deleted, revoked = reaper.reap({"_id": "P" * 32}, "idle")
+    assert deleted["_id"] == "P" * 32 and revoked is None  # never handed out: nothing to dispatch
+    assert store.tombstones().find_one({"_id": "P" * 32}) is None
+    assert holders.release("Q" * 32, bound=holders.scope("acme")) is not None
+    assert store.tombstones().find_one({"_id": "Q" * 32})["reason"] == "release"
+
+
+def test_given_a_release_then_the_tombstone_is_bound_to_the_holders_tenant_and_project():
+    lease = held()
+    assert lease.release() is True
+    tombstone = store.tombstones().find_one({"_id": lease.token})
+    assert (tombstone["tenantId"], tombstone["projectId"], tombstone["reason"]) == ("acme", "p1", "release")
+    with pytest.raises(StaleLease):  # another tenant learns nothing, not even that it ended
+        holders.renew(lease.token, bound=holders.scope("globex"))
+    with pytest.raises(LeaseExpired):
+        holders.renew(lease.token, bound=holders.scope("acme", "p1"))
