@@ -115,7 +115,7 @@ def releases_until(gate: dict[str, Any], ticket_id: str, now: datetime) -> int |
                 return step
             queue.remove(chosen)
             held.add(chosen.get("t", ""), chosen.get("p", ""), chosen.get("u", ""))
-            passes.charge(chosen)
+            passes.charge(chosen, queue)
             owners.append((chosen.get("t", ""), chosen.get("p", ""), chosen.get("u", "")))
         if not owners:
             return None  # nothing to release and nothing picked: blocked by its own caps

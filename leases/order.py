@@ -9,11 +9,11 @@ The rule, in this order:
 1. A ticket whose wait passed its ``maxStarvationMs`` (``ms``) goes before every class,
    oldest first: low classes wait a bounded time, however busy the high ones are.
 2. A higher priority class (``pc``, 0 = highest) goes before a lower one.
-3. Within a class, the tenant with the smallest *pass* — slots it was granted here ÷ its
-   weight (``wt``) — goes first; a tenant that comes back after a pause starts at the pass
-   of the last grant (``vf``), so it banks no credit while it asks for nothing. Where the
-   passes tie (equal shares, or a gate without accounting yet), the tenant holding the
-   fewest slots ÷ its weight goes first.
+3. Within a class, the tenant with the smallest *pass* plus slots held ÷ its weight
+   (``wt``) goes first — the pass is the slots it was granted here from the queue ÷ its
+   weight; a tenant that comes back after a pause starts at the pass of the last grant
+   (``vf``), so it banks no credit while it asks for nothing. Ties: the fewest held ÷
+   weight, then the oldest ticket.
 4. Within the tenant, the same rule picks the project (its weight ``wp``; passes per
    ``tenant/project``, the tenant's own floor under ``tenant/``), so a project's weight
    never moves another tenant's share; then the oldest ticket.
@@ -87,16 +87,20 @@ class Passes:
     def project(self, t: str, p: str) -> float:
         return max(float(self.vt.get(f"{t}/{p}", 0.0)), float(self.vt.get(f"{t}/", 0.0)))
 
-    def charge(self, ticket: dict[str, Any]) -> dict[str, Any]:
-        """The update operators that charge one grant of ``ticket``; also applied here.
+    def charge(self, ticket: dict[str, Any], waiting: list[dict[str, Any]]) -> dict[str, Any]:
+        """The update operators that charge one grant of ``ticket`` (picked among the live
+        tickets ``waiting``, itself included); also applied here.
 
         ``$inc`` while the stored pass is the effective one (concurrent grants of one
-        tenant then both count); ``$max`` to lift a pass that fell behind its floor.
+        tenant then both count); ``$max`` to lift a pass that fell behind its floor. The
+        floors move to the lowest pass among those still waiting: a tenant (project) that
+        waits is never lifted — it keeps its due — one that comes back later starts there.
         """
         t, p = ticket.get("t", ""), ticket.get("p", "")
         wt, wp = weight(ticket.get("wt")), weight(ticket.get("wp"))
         ops: dict[str, dict[str, float]] = {"$inc": {}, "$max": {}}
         tenant_pass, project_pass = self.tenant(t), self.project(t, p)
+        others = [x for x in waiting if x.get("id") != ticket.get("id")]
         for key, stored, effective, step in ((t, float(self.vt.get(t, 0.0)), tenant_pass, 1.0 / wt),
                                              (f"{t}/{p}", float(self.vt.get(f"{t}/{p}", 0.0)), project_pass,
                                               1.0 / wp)):
@@ -105,10 +109,15 @@ class Passes:
             else:
                 ops["$max"][f"vt.{key}"] = effective + step
             self.vt[key] = effective + step
-        ops["$max"]["vf"] = tenant_pass
-        ops["$max"][f"vt.{t}/"] = project_pass
-        self.vf = max(self.vf, tenant_pass)
-        self.vt[f"{t}/"] = max(float(self.vt.get(f"{t}/", 0.0)), project_pass)
+        if others:
+            tenant_floor = min(self.tenant(x.get("t", "")) for x in others)
+            ops["$max"]["vf"] = tenant_floor
+            self.vf = max(self.vf, tenant_floor)
+        mine = [x for x in others if x.get("t", "") == t]
+        if mine:
+            project_floor = min(self.project(t, x.get("p", "")) for x in mine)
+            ops["$max"][f"vt.{t}/"] = project_floor
+            self.vt[f"{t}/"] = max(float(self.vt.get(f"{t}/", 0.0)), project_floor)
         return {op: values for op, values in ops.items() if values}
 
 
@@ -158,8 +167,12 @@ def _rank_key(ticket: dict[str, Any], held: Occupancy, passes: Passes, now: date
     if is_starved(ticket, now):
         return (-1, 0.0, 0.0, 0.0, 0.0, ticket.get("at"), ticket.get("id", ""))
     wt, wp = weight(ticket.get("wt")), weight(ticket.get("wp"))
-    return (int(ticket.get("pc") or 0), passes.tenant(t), held.tenant[t] / wt, passes.project(t, p),
-            held.project[(t, p)] / wp, ticket.get("at"), ticket.get("id", ""))
+    # Pass plus what is held now: a slot taken without queueing (nobody waited then) was
+    # never charged, yet counts while it is held; a bounded addend, so the long-run shares
+    # still follow the weights.
+    tenant_held, project_held = held.tenant[t] / wt, held.project[(t, p)] / wp
+    return (int(ticket.get("pc") or 0), passes.tenant(t) + tenant_held, tenant_held,
+            passes.project(t, p) + project_held, project_held, ticket.get("at"), ticket.get("id", ""))
 
 
 def _order(gate: dict[str, Any], now: datetime, limit: int | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -173,9 +186,9 @@ def _order(gate: dict[str, Any], now: datetime, limit: int | None) -> tuple[list
         if chosen is None:
             break
         out.append(chosen)
+        passes.charge(chosen, remaining)
         remaining.remove(chosen)
         held.add(chosen.get("t", ""), chosen.get("p", ""), chosen.get("u", ""))
-        passes.charge(chosen)
     return out, remaining
 
 
@@ -221,10 +234,13 @@ def charge(gate: dict[str, Any] | None, ticket_id: str) -> dict[str, Any]:
     queued there). Merged into the booking update of the gate, so it costs no command."""
     if not gate:
         return {}
-    mine = next((t for t in gate.get("queue") or () if t.get("id") == ticket_id), None)
+    queue = list(gate.get("queue") or ())
+    mine = next((t for t in queue if t.get("id") == ticket_id), None)
     if mine is None:
         return {}
-    return Passes.of(gate).charge(mine)
+    now = gate.get("clock")
+    live = [t for t in queue if now is None or not is_stale(t, now)]
+    return Passes.of(gate).charge(mine, live)
 
 
 def position(gate: dict[str, Any], ticket_id: str, now: datetime) -> int | None:

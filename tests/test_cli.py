@@ -453,7 +453,7 @@ def test_waiters_lists_every_tenants_tickets_with_position_blocking_level_and_ma
         ("cliwres|global|*", 1, 1), ("cliwres|global|*", 1, 1), ("cliwres2|global|*", 1, 1)]
     lines = text.splitlines()
     assert lines[0].split() == ["RESOURCE", "TENANT", "PROJECT", "USER", "POS", "WAITING-SINCE", "WAITED",
-                                "BLOCKED-AT", "STALE", "TICKET"]
+                                "CLASS", "EST-GRANT-IN", "BLOCKED-AT", "STALE", "TICKET"]
     ghost = next(line for line in lines if "ghost" in line)
     assert "STALE" in ghost and "global 1/1" in ghost and dead in ghost
     assert "3 waiting ticket(s), 1 stale" in text

@@ -249,9 +249,14 @@ def test_given_a_tenant_returning_after_a_pause_then_it_banks_no_credit():
 def test_given_equal_weights_and_no_accounting_then_the_charge_is_one_per_grant_and_lifts_the_floor():
     g = gate(1, [], [ticket("a1", "a", 2, wt=2)])
     ops = order.charge(g, "a1")
-    assert ops["$inc"] == {"vt.a": 0.5, "vt.a/p": 1.0}
-    assert ops["$max"] == {"vf": 0.0, "vt.a/": 0.0}
+    assert ops == {"$inc": {"vt.a": 0.5, "vt.a/p": 1.0}}  # nobody else waits: no floor moves
     assert order.charge(g, "unknown") == {}
+    # The floors move to the lowest pass among those still waiting, after this grant.
+    g = gate(1, [], [ticket("a1", "a", 2, wt=2), ticket("a2", "a", 1, project="q", wt=2), ticket("b1", "b", 1)])
+    g["vt"] = {"b": 0.25}
+    ops = order.charge(g, "a1")
+    assert ops["$inc"] == {"vt.a": 0.5, "vt.a/p": 1.0}
+    assert ops["$max"] == {"vf": 0.25, "vt.a/": 0.0}
 
 
 from collections import Counter  # noqa: E402
