@@ -36,7 +36,6 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _setup import register_bench_handler, setup  # noqa: E402
 

@@ -19,7 +19,6 @@ from typing import Any
 
 from pymongo import ReturnDocument, UpdateOne, monitoring
 
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _setup import register_bench_handler, setup  # noqa: E402
 

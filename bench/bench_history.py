@@ -38,7 +38,7 @@ def main() -> None:
     agg = history.Aggregator()
     n = 200_000
     started = time.perf_counter()
-    for i in range(n):
+    for _ in range(n):
         agg.grant("hbench", "t1")
     hook_us = (time.perf_counter() - started) / n * 1e6
 

@@ -141,8 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         import django
 
         django.setup()
-        from leases.api import keys
         from leases import store
+        from leases.api import keys
         from tests.http_server import running_server
 
         database = store.db()

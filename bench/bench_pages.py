@@ -24,7 +24,7 @@ import statistics
 import sys
 import time
 from collections import Counter as Tally
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _setup import CommandCounter, register_bench_handler, setup  # noqa: E402
@@ -125,14 +125,14 @@ def record_history(minutes: int) -> None:
 
     history.flush()
     now = store.server_now()
-    current = int(now.replace(tzinfo=timezone.utc).timestamp()) // 60
+    current = int(now.replace(tzinfo=UTC).timestamp()) // 60
     docs = []
     for tenant in TENANTS:
         for resource in RESOURCES:
             for m in range(1, minutes + 1):
                 minute = current - m
                 docs.append({"_id": history.doc_id(resource, tenant, minute), "resource": resource,
-                             "tenantId": tenant, "minute": datetime.fromtimestamp(minute * 60, timezone.utc).replace(tzinfo=None),
+                             "tenantId": tenant, "minute": datetime.fromtimestamp(minute * 60, UTC).replace(tzinfo=None),
                              "grants": 40 + m % 7, "busy": m % 5, "waits": 6 + m % 4,
                              "waitBuckets": {"3": 2, "6": 3, "8": 1 + m % 4}, "waitMaxMs": 2200.0 + m,
                              "peak": 480 + m % 20, "reaps": {"idle": m % 3}, "updatedAt": now})
@@ -247,7 +247,7 @@ def main() -> None:
             "| ORM commands | size |",
             "|---|---:|---:|---:|---|---:|---:|"]
     for label, url in pages:
-        ms, db_ms, eng, orm_cmds, response = measure(lambda: web.get(url), engine, orm, args.runs)
+        ms, db_ms, eng, orm_cmds, response = measure(lambda url=url: web.get(url), engine, orm, args.runs)
         if response.status_code != 200:
             print(f"  {label}: HTTP {response.status_code}", file=sys.stderr)
         rows.append(f"| {label} | {ms:.0f} | {db_ms:.0f} | {sum(eng.values())} | {_tally(eng)} | {sum(orm_cmds.values())} "

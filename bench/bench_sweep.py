@@ -17,7 +17,6 @@ import time
 from collections import Counter as Tally
 from datetime import timedelta
 
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _setup import REPO, CommandCounter, register_bench_handler, setup  # noqa: E402
 
@@ -197,7 +196,7 @@ def bench_kill(interval: int, factor: int, reap_interval: float) -> list[str]:
     rows.append("|---:|---:|---:|---|---:|")
     rows.append(f"| {interval} s | {factor} | {reap_interval:g} s | {', '.join(f'{s:.2f} s' for s in samples)} | "
                 f"{bound:g} s (interval×factor + reap interval, + one sweep's duration) |")
-    rows.append(f"| 10 s | 3 | 30 s | (defaults, not run) | 60 s |")
+    rows.append("| 10 s | 3 | 30 s | (defaults, not run) | 60 s |")
     return rows
 
 

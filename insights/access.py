@@ -11,8 +11,9 @@ The answer comes from the tenancy hook (:func:`leases.tenancy.tenant_access`, se
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import wraps
-from typing import Any, Callable
+from typing import Any
 
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied

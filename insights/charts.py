@@ -6,8 +6,8 @@ chart has a table of the same numbers below it, so nothing depends on JavaScript
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from leases.history import MinuteRow
 

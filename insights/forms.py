@@ -6,7 +6,8 @@ becomes a form error instead of reaching a query.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from django import forms
 
@@ -53,7 +54,7 @@ class HolderFilterForm(forms.Form):
     counter = _filter_field("Books counter", validation.counter_key, max_length=300)
     page = forms.IntegerField(
         label="Page", required=False, min_value=1, max_value=1_000_000, widget=forms.HiddenInput,
-        error_messages={key: "Page must be a whole number from 1 to 1000000." for key in ("invalid", "min_value", "max_value")},
+        error_messages=dict.fromkeys(("invalid", "min_value", "max_value"), "Page must be a whole number from 1 to 1000000."),
     )
 
     FILTERS = ("resource", "type", "pod", "project", "user", "counter")

@@ -12,7 +12,6 @@ from django.shortcuts import render
 
 from leases import history
 from leases.errors import InvalidLeaseRequest
-
 from leases.tenancy import TenantGrant
 
 from .access import tenant_admin_required

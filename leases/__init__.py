@@ -14,6 +14,7 @@ Public consumer contract::
         await lease.acheck()
 """
 
+from .aio import ANOOP, AsyncLease, aacquire
 from .errors import (
     InvalidDefinition,
     InvalidLeaseRequest,
@@ -25,8 +26,6 @@ from .errors import (
     UnknownLeaseType,
 )
 from .service import NOOP, Lease, LeaseRequest, acquire
-from .aio import ANOOP, AsyncLease, aacquire
-
 
 __all__ = [
     "acquire",

@@ -23,7 +23,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import requests
@@ -50,7 +50,7 @@ USER_AGENT = "vance-leases-python/1"
 def _parse_time(value: str | None) -> datetime | None:
     if not value:
         return None
-    return datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(timezone.utc)
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(UTC)
 
 
 def _error_from(response: requests.Response) -> LeaseError:

@@ -453,7 +453,7 @@ def inline_definition(spec: Any, tenant_id: str, project_id: str) -> LeaseDefini
         levels=definition.levels,
         ttl_seconds=definition.ttl_seconds,
         wait_ms=definition.wait_ms,
-        sources={key: "inline" for key in definition.sources},
+        sources=dict.fromkeys(definition.sources, "inline"),
         inline=True,
     )
 

@@ -14,7 +14,7 @@ share), not only those ahead of it now. The estimate is refreshed with every pol
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from statistics import median
 from typing import Any
 
@@ -143,7 +143,7 @@ def held_ms(held_at: datetime | None) -> float | None:
     a TTL decision; a skewed clock gives an implausible value, which is left out."""
     if held_at is None:
         return None
-    now = datetime.now(timezone.utc) if held_at.tzinfo is not None else datetime.now(timezone.utc).replace(tzinfo=None)
+    now = datetime.now(UTC) if held_at.tzinfo is not None else datetime.now(UTC).replace(tzinfo=None)
     ms = (now - held_at).total_seconds() * 1000
     return ms if 0 <= ms <= 7 * 24 * 3600 * 1000 else None
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar, cast
 
-from .errors import HandlerAlreadyRegistered, InvalidLeaseRequest, UnknownLeaseType
 from .documents import HolderDoc
+from .errors import HandlerAlreadyRegistered, InvalidLeaseRequest, UnknownLeaseType
 from .validation import LEASE_NAME_RE
 
 

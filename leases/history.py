@@ -28,7 +28,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pymongo.errors
@@ -198,7 +198,7 @@ class Aggregator:
 
 def _naive_utc(epoch: float) -> datetime:
     # Stored times are naive UTC, like MongoDB's clock as the engine reads it.
-    return datetime.fromtimestamp(epoch, timezone.utc).replace(tzinfo=None)
+    return datetime.fromtimestamp(epoch, UTC).replace(tzinfo=None)
 
 
 def doc_id(resource: str, tenant: str, minute: int) -> str:

@@ -13,7 +13,7 @@ import logging
 import os
 import random
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import pymongo.errors
 

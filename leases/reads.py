@@ -10,9 +10,10 @@ operator document such as ``{"$ne": ""}`` can never be smuggled in as a value.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Any, Iterable
+from typing import Any
 
 from . import definitions, estimates, order, store, validation
 from .errors import HolderNotFound

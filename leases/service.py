@@ -29,8 +29,22 @@ import pymongo
 import pymongo.errors
 from pymongo import ReturnDocument
 
-from . import (commands, definitions, estimates, handlers, history, holders, metrics, order, shares, slots, store,
-               validation, waiting, wakeups)
+from . import (
+    commands,
+    definitions,
+    estimates,
+    handlers,
+    history,
+    holders,
+    metrics,
+    order,
+    shares,
+    slots,
+    store,
+    validation,
+    waiting,
+    wakeups,
+)
 from .definitions import LeaseDefinition, LevelSpec
 from .errors import InvalidLeaseRequest, LeaseBusy, LeaseLost, LeaseUnavailable
 from .identity import self_pod_id
@@ -503,7 +517,7 @@ def _step(attempt: _Attempt, fn: Any) -> Any:
                 except pymongo.errors.PyMongoError as again:
                     log.warning("rollback of %s failed (%s); reap and repair clean up", attempt.token, again)
                 if isinstance(exc, _Vanished):
-                    raise LeaseUnavailable(f"lease attempt on {attempt.definition.resource} was reaped mid-acquire")
+                    raise LeaseUnavailable(f"lease attempt on {attempt.definition.resource} was reaped mid-acquire") from None
                 raise
     except pymongo.errors.PyMongoError as exc:
         log.warning("store step failed: %r", exc)

@@ -22,7 +22,7 @@ import pymongo.errors
 import yaml
 
 from . import audit, metrics, store
-from .definitions import (SYSTEM_TENANT, TENANT_PROJECT, LeaseDefinition, MAX_WEIGHT, document_path)
+from .definitions import MAX_WEIGHT, SYSTEM_TENANT, TENANT_PROJECT, LeaseDefinition, document_path
 from .errors import InvalidLeaseRequest, LeaseUnavailable
 from .validation import entity_id, lease_name
 

@@ -11,12 +11,18 @@ from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from django.test import Client
 
-from leases.api import keys
-from leases.errors import ApiKeyNotFound, ApiKeyScopeGone, Unauthenticated, UnknownProject, UnknownTenant
-from leases.api.models import ApiKey
 from insights.models import Membership, Project, Tenant
 from leases import store
-from leases.errors import InvalidLeaseRequest
+from leases.api import keys
+from leases.api.models import ApiKey
+from leases.errors import (
+    ApiKeyNotFound,
+    ApiKeyScopeGone,
+    InvalidLeaseRequest,
+    Unauthenticated,
+    UnknownProject,
+    UnknownTenant,
+)
 
 
 @pytest.fixture(autouse=True)

@@ -11,10 +11,10 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 
 import leases
+from insights.models import Membership, Project, Tenant
 from leases import config, store
 from leases.definitions import TENANT_PROJECT, document_path
 from leases.errors import LeaseLost
-from insights.models import Membership, Project, Tenant
 from tests.browser import SHOTS, chromium
 from tests.helpers import queue_up
 from tests.live_app import register_pod, running_app
@@ -190,7 +190,7 @@ def test_admin_sees_holders_counters_definition_revokes_and_other_tenant_sees_no
         _shot(page, "globex-holders")
         page.goto(f"{app.url}/t/globex/insights/leases/counters")
         assert "acme" not in page.locator("#live").inner_text()
-        for url in (f"/t/acme/insights/leases", f"/t/acme/insights/leases/counters",
+        for url in ("/t/acme/insights/leases", "/t/acme/insights/leases/counters",
                     f"/t/acme/insights/leases/holders/{acme[1].token}",
                     f"/t/globex/insights/leases/holders/{acme[1].token}"):
             response = page.goto(app.url + url)

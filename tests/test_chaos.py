@@ -29,10 +29,10 @@ import pytest
 import redis
 
 from leases import config, dispatch, handlers, reaper, slots, store, sweeps
-from leases.pod_liveness import liveness
 from leases.contrib.demo import DemoRemoteServer
 from leases.definitions import document_path
 from leases.embedded import free_port
+from leases.pod_liveness import liveness
 from tests.helpers import PYTHON, REPO, child_env, wait_for
 
 REDIS_TEST_DB = 13
@@ -365,7 +365,7 @@ def test_given_processes_killed_at_random_while_cycling_then_one_sweep_leaves_ze
     assert has_more is False
     assert dispatch.get_dispatcher().drain(10)
     assert store.holders().count_documents({}) == 0
-    drift = [doc for doc in store.counters().find({})]  # every counter no holder books is gone
+    drift = list(store.counters().find({}))  # every counter no holder books is gone
     assert drift == []
     runs = Counter(doc["token"] for doc in store.db()["chaos_handler_runs"].find({}, {"token": 1}))
     assert max(runs.values(), default=0) <= 1

@@ -9,10 +9,10 @@ import uuid
 import pytest
 
 import leases
-from leases.api import keys
 from leases import LeaseBusy, LeaseLost, LeaseUnavailable, actions, config, store
-from leases.definitions import document_path
+from leases.api import keys
 from leases.client import ApiKeyRejected, HttpLease, HttpLeaseClient
+from leases.definitions import document_path
 from leases.embedded import free_port
 from leases.errors import InvalidBody, LeaseExpired, StaleLease
 from tests.helpers import ensure_tenant

@@ -73,7 +73,7 @@ def worker(queue, handler, settings):
             send("celerytest.plain").get(timeout=60)
         except Exception:
             proc.terminate()
-            raise AssertionError(f"worker did not start: {proc.communicate(timeout=10)[1][-3000:]}")
+            raise AssertionError(f"worker did not start: {proc.communicate(timeout=10)[1][-3000:]}") from None
         yield send
     finally:
         if proc.poll() is None:

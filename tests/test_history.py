@@ -176,8 +176,8 @@ def test_acquisitions_send_no_history_command_and_one_flush_writes_them_all_in_o
 
 
 def test_the_engine_sends_no_command_to_the_history_collection_per_acquire():
-    from django.conf import settings
     import pymongo
+    from django.conf import settings
 
     put("hres", "levels: {tenant: 1}\nttlSeconds: 30")
     listener = CollectionListener()

@@ -16,10 +16,10 @@ import pymongo
 import pytest
 from django.test import Client
 
-from leases.api import bodies, keys, protocol
-from leases import actions, config, service, store
-from leases.definitions import document_path
 from insights.models import Project, Tenant
+from leases import actions, config, service, store
+from leases.api import bodies, keys, protocol
+from leases.definitions import document_path
 from tests.helpers import ensure_tenant
 
 TYPE = "tex"  # registered by leases.contrib in every process
@@ -119,7 +119,10 @@ def test_given_a_proposed_interval_when_acquiring_then_the_server_clamps_it_into
 def test_given_an_issued_interval_when_renewing_then_it_stays_until_a_renewal_proposes_another(api, key):
     grant = acquire(api, key, proposedIntervalSeconds=4).json()
     assert grant["intervalSeconds"] == 4
-    renew = lambda body: call(api, "post", f"leases/{grant['token']}/renew", body, key=key).json()["intervalSeconds"]
+
+    def renew(body):
+        return call(api, "post", f"leases/{grant['token']}/renew", body, key=key).json()["intervalSeconds"]
+
     assert renew({}) == 4                                  # no proposal: the issued interval stands
     assert renew({"proposedIntervalSeconds": 12}) == 12    # re-negotiated inside [3, 15]
     assert renew({"proposedIntervalSeconds": 1}) == 3      # clamped to ttl/10

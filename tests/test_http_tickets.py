@@ -17,8 +17,8 @@ from datetime import timedelta
 import pytest
 import requests
 
-from leases.api import keys, protocol
 from leases import config, reaper, store
+from leases.api import keys, protocol
 from leases.definitions import document_path
 from tests.helpers import PYTHON, REPO, child_env, ensure_tenant
 from tests.http_server import running_server

@@ -9,10 +9,10 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 import leases
+from insights.models import Membership, Project, Tenant
 from leases import config, handlers, store
 from leases.definitions import document_path
 from leases.errors import LeaseLost
-from insights.models import Membership, Project, Tenant
 from tests.helpers import queue_up as helpers_queue_up, queued_ids
 
 
@@ -243,8 +243,8 @@ def revocations_section(client, tenant="acme"):
 
 
 def test_given_api_key_changes_after_a_revocation_then_recent_revocations_shows_only_the_revocation(world):
-    from leases.api import keys
     from leases import actions
+    from leases.api import keys
 
     users, holders = world
     # Given one revocation, then more API-key creations and a key revocation than the list holds

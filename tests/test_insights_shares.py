@@ -11,9 +11,9 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 import leases
+from insights.models import Membership, Project, Tenant
 from leases import config, definitions, handlers, store
 from leases.definitions import document_path
-from insights.models import Membership, Project, Tenant
 from tests.helpers import queue_up
 
 SYSTEM = ("resource: shres\nlevels: {global: 1}\nwaitMs: 30000\npriorities: [interactive, batch]\n"

@@ -16,8 +16,8 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
-from leases.api import keys, openapi
 from leases import config, store
+from leases.api import keys, openapi
 from leases.definitions import document_path
 from tests.helpers import ensure_tenant
 from tests.http_server import running_server

@@ -20,9 +20,9 @@ import pytest
 
 import leases
 from leases import config, dispatch, handlers, reaper, store
-from leases.pod_liveness import liveness
 from leases.definitions import document_path
 from leases.dispatch import LeaseRevocationDispatcher
+from leases.pod_liveness import liveness
 from tests.helpers import PYTHON, REPO, child_env, wait_for
 
 RUNS = "test_handler_runs"

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pymongo
 import pytest
 
-from leases import pod_renewer, store
+from leases import store
 from leases.pod_leases import Outcome
 from leases.pod_renewer import PodRenewer
 

@@ -6,7 +6,7 @@ import json
 import subprocess
 import textwrap
 
-from leases import invalidation, pod_renewer, process, store
+from leases import pod_renewer, process, store
 from tests.helpers import PYTHON, REPO, child_env
 
 

@@ -169,7 +169,7 @@ def test_given_holders_of_dead_alive_and_detached_pods_then_pod_reap_takes_only_
     pod_leases.register("alive-pod", "http://127.0.0.1:9")
     stopped = pod_leases.register("stopped-pod", "http://127.0.0.1:9")
     pod_leases.stop("stopped-pod", stopped.lease_id)
-    expired = pod_leases.register("expired-pod", "http://127.0.0.1:9", proposed_interval=2)
+    pod_leases.register("expired-pod", "http://127.0.0.1:9", proposed_interval=2)
     store.pods().update_one({"_id": "expired-pod"}, {"$set": {"expiryDeadline": store.server_now() - timedelta(seconds=1)}})
     leases_by_pod = {
         "alive-pod": acquire(user="a", pod="alive-pod"),

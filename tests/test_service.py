@@ -10,8 +10,8 @@ import pytest
 
 import leases
 from leases import config, definitions, handlers, holders, reaper, service, store
-from leases.errors import LeaseExpired
 from leases.definitions import document_path
+from leases.errors import LeaseExpired
 from tests.helpers import counted_commands
 
 

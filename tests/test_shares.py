@@ -179,7 +179,7 @@ def spawn_in_order(specs):
                                  env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         children.append(child)
         assert child.stdout.readline().strip() == "ready", child.stderr.read()
-        assert wait_for(lambda: len(helpers.queued_ids(GATE)) > before, 30, 0.02), "child did not queue"
+        assert wait_for(lambda before=before: len(helpers.queued_ids(GATE)) > before, 30, 0.02), "child did not queue"
     return children
 
 

@@ -4,9 +4,9 @@ dead waiters leave, outages end in LeaseUnavailable, budgets per grant."""
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
 import signal
 import subprocess
+from contextlib import contextmanager
 
 import pytest
 
@@ -158,8 +158,8 @@ def test_given_a_release_then_only_the_picked_waiter_is_woken():
     finally:
         wakeups._deliver = saved
     assert woken == [waiters[0].lease.token]
-    for i, w in enumerate(waiters):
-        until(lambda: w.lease is not None)
+    for w in waiters:
+        until(lambda w=w: w.lease is not None)
         w.lease.release()
 
 

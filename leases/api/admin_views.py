@@ -18,8 +18,8 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from leases.api.internal_auth import authorized, error
 from leases import actions, dispatch, tasks
+from leases.api.internal_auth import authorized, error
 from leases.dispatch import SECRET_HEADER, get_dispatcher
 from leases.errors import HolderNotFound, InvalidLeaseRequest
 from leases.identity import self_pod_id

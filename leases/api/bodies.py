@@ -9,7 +9,8 @@ validated again by ``leases.validation`` (ids, names, payload keys).
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest

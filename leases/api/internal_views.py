@@ -16,8 +16,8 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from leases.api.internal_auth import authorized, error
 from leases import dispatch
+from leases.api.internal_auth import authorized, error
 from leases.errors import InvalidLeaseRequest, UnknownLeaseType
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import pymongo.errors
@@ -36,14 +36,14 @@ log = logging.getLogger(__name__)
 def iso(moment: datetime) -> str:
     """RFC 3339 UTC with milliseconds, e.g. ``2026-12-02T14:05:01.840Z``."""
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    return moment.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def epoch_ms(moment: datetime) -> int:
     """Milliseconds since the epoch (naive datetimes are UTC, as pymongo returns them)."""
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
+        moment = moment.replace(tzinfo=UTC)
     return int(moment.timestamp() * 1000)
 
 

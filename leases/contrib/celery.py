@@ -42,7 +42,8 @@ import functools
 import inspect
 import logging
 import random
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pymongo.errors
 

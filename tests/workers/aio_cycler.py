@@ -16,9 +16,10 @@ import django
 
 django.setup()
 
+from pymongo import ReturnDocument  # noqa: E402
+
 import leases  # noqa: E402
 from leases import handlers, store  # noqa: E402
-from pymongo import ReturnDocument  # noqa: E402
 
 
 class Handler(handlers.LeaseHandler):

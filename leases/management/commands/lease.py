@@ -20,8 +20,9 @@ import json
 import socket
 import sys
 import urllib.parse
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import pymongo.errors
 from django.core.management.base import BaseCommand, CommandError, CommandParser
