@@ -102,13 +102,14 @@ def releases_until(gate: dict[str, Any], ticket_id: str, now: datetime) -> int |
     like = {(t.get("t"), t.get("p")): t for t in live}
     held = order.Occupancy.of(holders)
     passes = order.Passes.of(gate)
+    lead = order.starvation_lead(gate)
     queue = [dict(t) for t in live]
     owners = [parts_of(b) for b in holders]  # (tenant, project, user) per slot, oldest first
     far = now + timedelta(days=3650)
     serial = 0
     for step in range(MAX_WALK_STEPS + 1):
         while len(owners) < cap:
-            chosen = order.pick(queue, held, passes, now)
+            chosen = order.pick(queue, held, passes, now, lead)
             if chosen is None:
                 break
             if chosen.get("id") == ticket_id:

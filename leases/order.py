@@ -6,8 +6,11 @@ nowhere else.
 
 The rule, in this order:
 
-1. A ticket whose wait passed its ``maxStarvationMs`` (``ms``) goes before every class,
-   oldest first: low classes wait a bounded time, however busy the high ones are.
+1. A ticket about to pass its ``maxStarvationMs`` (``ms``) goes before every class,
+   oldest first: low classes wait a bounded time, however busy the high ones are. It is
+   promoted one typical hold early (the median of the gate's recent ``holds``, at most half
+   the bound): a slot frees within about one hold, so the ticket is granted by its bound,
+   not a hold after it.
 2. A higher priority class (``pc``, 0 = highest) goes before a lower one.
 3. Within a class, the tenant with the smallest *pass* plus slots held ÷ its weight
    (``wt``) goes first — the pass is the slots it was granted here from the queue ÷ its
@@ -155,16 +158,33 @@ def is_stale(ticket: dict[str, Any], now: datetime) -> bool:
     return seen is None or seen + timedelta(milliseconds=int(ticket.get("ttl", 0))) < now
 
 
-def is_starved(ticket: dict[str, Any], now: datetime) -> bool:
-    """Whether the ticket waited longer than its definition's ``maxStarvationMs``."""
+def starvation_lead(gate: dict[str, Any]) -> timedelta:
+    """How early a ticket is promoted before its ``maxStarvationMs``: the gate's typical
+    hold (median of its recent ``holds``, ms), zero when it has recorded none."""
+    holds = sorted(float(h) for h in gate.get("holds") or ()
+                   if isinstance(h, (int, float)) and not isinstance(h, bool) and h >= 0)
+    if not holds:
+        return timedelta(0)
+    middle = len(holds) // 2
+    typical = holds[middle] if len(holds) % 2 else (holds[middle - 1] + holds[middle]) / 2
+    return timedelta(milliseconds=typical)
+
+
+def is_starved(ticket: dict[str, Any], now: datetime, lead: timedelta = timedelta(0)) -> bool:
+    """Whether the ticket ranks as starved: it waited its definition's ``maxStarvationMs``
+    minus ``lead`` (:func:`starvation_lead`; never more than half the bound), so that the
+    next free slot, about one hold away, reaches it by the bound."""
     bound, at = ticket.get("ms"), ticket.get("at")
-    return (isinstance(bound, int) and not isinstance(bound, bool) and at is not None
-            and at + timedelta(milliseconds=bound) <= now)
+    if not (isinstance(bound, int) and not isinstance(bound, bool) and at is not None):
+        return False
+    wait = timedelta(milliseconds=bound)
+    return at + wait - min(lead, wait / 2) <= now
 
 
-def _rank_key(ticket: dict[str, Any], held: Occupancy, passes: Passes, now: datetime) -> tuple:
+def _rank_key(ticket: dict[str, Any], held: Occupancy, passes: Passes, now: datetime,
+              lead: timedelta = timedelta(0)) -> tuple:
     t, p = ticket.get("t", ""), ticket.get("p", "")
-    if is_starved(ticket, now):
+    if is_starved(ticket, now, lead):
         return (-1, 0.0, 0.0, 0.0, 0.0, ticket.get("at"), ticket.get("id", ""))
     wt, wp = weight(ticket.get("wt")), weight(ticket.get("wp"))
     # Pass plus what is held now: a slot taken without queueing (nobody waited then) was
@@ -179,10 +199,11 @@ def _order(gate: dict[str, Any], now: datetime, limit: int | None) -> tuple[list
     """(picked in grant order, the rest that their own caps block at every step)."""
     held = Occupancy.of(gate.get("holders") or ())
     passes = Passes.of(gate)
+    lead = starvation_lead(gate)
     remaining = [t for t in gate.get("queue") or () if not is_stale(t, now)]
     out: list[dict[str, Any]] = []
     while remaining and (limit is None or len(out) < limit):
-        chosen = pick(remaining, held, passes, now)
+        chosen = pick(remaining, held, passes, now, lead)
         if chosen is None:
             break
         out.append(chosen)
@@ -192,14 +213,16 @@ def _order(gate: dict[str, Any], now: datetime, limit: int | None) -> tuple[list
     return out, remaining
 
 
-def pick(tickets: list[dict[str, Any]], held: Occupancy, passes: Passes, now: datetime) -> dict[str, Any] | None:
-    """The one ticket of ``tickets`` (live ones) the rule grants next, given what is held and
-    the passes; None when every one is blocked by its own caps or sits out."""
+def pick(tickets: list[dict[str, Any]], held: Occupancy, passes: Passes, now: datetime,
+         lead: timedelta = timedelta(0)) -> dict[str, Any] | None:
+    """The one ticket of ``tickets`` (live ones) the rule grants next, given what is held,
+    the passes and the starvation ``lead`` (:func:`starvation_lead` of the gate); None when
+    every one is blocked by its own caps or sits out."""
     eligible = [t for t in tickets if held.fits(t) and not sits_out(t, now)]
     if not eligible:
         return None
     eligible = [t for t in eligible if not is_suspect(t, now)] or eligible
-    return min(eligible, key=lambda t: _rank_key(t, held, passes, now))
+    return min(eligible, key=lambda t: _rank_key(t, held, passes, now, lead))
 
 
 def ranked(gate: dict[str, Any], now: datetime, limit: int | None = None) -> list[dict[str, Any]]:
