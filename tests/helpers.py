@@ -288,3 +288,8 @@ def quiet_handler_fixture(lease_type: str = "test"):
         handlers.unregister_handler(lease_type)
 
     return handler
+
+
+def stored_pod(pod_id: str):
+    """The pod document as stored (None if there is none)."""
+    return store.pods().find_one({"_id": pod_id})
