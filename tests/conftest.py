@@ -88,3 +88,13 @@ def _fresh_lease_store(mongo_db, django_db_blocker):
     _empty_collections(mongo_db)
     with django_db_blocker.unblock():
         yield
+
+
+@pytest.fixture
+def pod_settings(settings):
+    """The pod-lease bounds the pod tests reason about (interval 10 s in [2, 60], factor 3)."""
+    settings.LEASES_POD_INTERVAL_SECONDS = 10
+    settings.LEASES_POD_INTERVAL_MIN = 2
+    settings.LEASES_POD_INTERVAL_MAX = 60
+    settings.LEASES_POD_EXPIRY_FACTOR = 3
+    return settings

@@ -8,6 +8,7 @@ import threading
 from contextlib import contextmanager
 
 import pymongo
+import pytest
 from pymongo import monitoring
 
 from leases import handlers, store
@@ -263,3 +264,32 @@ def hold(tenant="acme", project="docs", user="alice", pod=None, ref=""):
 
     return leases.acquire(leases.LeaseRequest(type="optest", lease="oplease", tenant_id=tenant, project_id=project,
                                               user_id=user, pod=pod, holder_ref=ref))
+
+
+class QuietHandler(handlers.LeaseHandler):
+    """A handler that takes every revocation and does nothing: for tests that only need a
+    lease type to exist."""
+
+    def __init__(self, lease_type: str = "test") -> None:
+        self.type = lease_type
+
+    def on_revoked(self, holder) -> None:
+        pass
+
+
+def quiet_handler_fixture(lease_type: str = "test"):
+    """An autouse fixture registering a :class:`QuietHandler` for ``lease_type`` around each
+    test of the module that assigns it (``handler = quiet_handler_fixture("x")``)."""
+
+    @pytest.fixture(autouse=True)
+    def handler():
+        registered = handlers.register_handler(QuietHandler(lease_type))
+        yield registered
+        handlers.unregister_handler(lease_type)
+
+    return handler
+
+
+def stored_pod(pod_id: str):
+    """The pod document as stored (None if there is none)."""
+    return store.pods().find_one({"_id": pod_id})

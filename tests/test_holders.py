@@ -7,24 +7,12 @@ from datetime import datetime, timedelta
 import pytest
 
 import leases
-from leases import config, handlers, holders, reaper, store
+from leases import config, holders, reaper, store
 from leases.definitions import document_path
 from leases.errors import InvalidLeaseRequest, LeaseExpired, StaleLease
-from tests.helpers import counted_commands
+from tests.helpers import counted_commands, quiet_handler_fixture
 
-
-class Quiet(handlers.LeaseHandler):
-    type = "test"
-
-    def on_revoked(self, holder):
-        pass
-
-
-@pytest.fixture(autouse=True)
-def handler():
-    handlers.register_handler(Quiet())
-    yield
-    handlers.unregister_handler("test")
+handler = quiet_handler_fixture("test")
 
 
 def held(user="u1", levels="levels: {project: 2}"):

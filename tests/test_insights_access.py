@@ -10,24 +10,12 @@ from django.test import Client
 
 import leases
 from insights.models import Membership, Project, Tenant
-from leases import config, handlers, store
+from leases import config, store
 from leases.definitions import document_path
 from leases.errors import LeaseLost
-from tests.helpers import queue_up as helpers_queue_up, queued_ids
+from tests.helpers import queue_up as helpers_queue_up, queued_ids, quiet_handler_fixture
 
-
-class NullHandler(handlers.LeaseHandler):
-    type = "uitest"
-
-    def on_revoked(self, holder):
-        pass
-
-
-@pytest.fixture(autouse=True)
-def handler():
-    handlers.register_handler(NullHandler())
-    yield
-    handlers.unregister_handler("uitest")
+handler = quiet_handler_fixture("uitest")
 
 
 @pytest.fixture

@@ -12,26 +12,15 @@ from django.test import Client
 
 import leases
 from insights.models import Membership, Project, Tenant
-from leases import config, definitions, handlers, store
+from leases import config, definitions, store
 from leases.definitions import document_path
-from tests.helpers import queue_up
+from tests.helpers import queue_up, quiet_handler_fixture
 
 SYSTEM = ("resource: shres\nlevels: {global: 1}\nwaitMs: 30000\npriorities: [interactive, batch]\n"
           "allowedPriorities: {globex: [batch]}\nmaxStarvationMs: 2000\nshares: {tenants: {acme: 3, globex: 7}}\n")
 
 
-class NullHandler(handlers.LeaseHandler):
-    type = "uitest"
-
-    def on_revoked(self, holder):
-        pass
-
-
-@pytest.fixture(autouse=True)
-def handler():
-    handlers.register_handler(NullHandler())
-    yield
-    handlers.unregister_handler("uitest")
+handler = quiet_handler_fixture("uitest")
 
 
 @pytest.fixture

@@ -6,22 +6,11 @@ import pytest
 from prometheus_client import REGISTRY
 
 import leases
-from leases import config, handlers
+from leases import config
 from leases.definitions import document_path
+from tests.helpers import quiet_handler_fixture
 
-
-class Quiet(handlers.LeaseHandler):
-    type = "test"
-
-    def on_revoked(self, holder):
-        pass
-
-
-@pytest.fixture(autouse=True)
-def handler():
-    handlers.register_handler(Quiet())
-    yield
-    handlers.unregister_handler("test")
+handler = quiet_handler_fixture("test")
 
 
 def sample(name, **labels):

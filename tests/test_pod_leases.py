@@ -16,27 +16,16 @@ import pytest
 from leases import pod_leases, store
 from leases.pod_leases import Outcome, PodLeaseError
 from leases.pod_liveness import liveness
-from tests.helpers import PYTHON, REPO, child_env
+from tests.helpers import PYTHON, REPO, child_env, stored_pod
 
-
-@pytest.fixture(autouse=True)
-def _pod_settings(settings):
-    settings.LEASES_POD_INTERVAL_SECONDS = 10
-    settings.LEASES_POD_INTERVAL_MIN = 2
-    settings.LEASES_POD_INTERVAL_MAX = 60
-    settings.LEASES_POD_EXPIRY_FACTOR = 3
-    return settings
-
-
-def stored(pod_id):
-    return store.pods().find_one({"_id": pod_id})
+pytestmark = pytest.mark.usefixtures("pod_settings")
 
 
 def test_given_new_pod_when_registering_then_server_grants_lease_with_deadline_receipt_plus_factor_times_interval():
     before = store.server_now()
     answer = pod_leases.register("pod-a", "http://127.0.0.1:9001", proposed_interval=5)
     after = store.server_now()
-    doc = stored("pod-a")
+    doc = stored_pod("pod-a")
     assert answer.outcome is Outcome.GRANTED and answer.lease_id == doc["leaseId"]
     assert answer.interval_seconds == 5 == doc["intervalSeconds"]
     assert before <= doc["lastReceiptAt"] <= after
@@ -50,14 +39,14 @@ def test_given_new_pod_when_registering_then_server_grants_lease_with_deadline_r
 def test_given_a_proposal_when_registering_then_the_server_clamps_it_into_bounds(proposal, decided):
     answer = pod_leases.register("pod-c", "http://127.0.0.1:9001", proposed_interval=proposal)
     assert answer.interval_seconds == decided
-    doc = stored("pod-c")
+    doc = stored_pod("pod-c")
     assert doc["expiryDeadline"] - doc["lastReceiptAt"] == timedelta(seconds=3 * decided)
 
 
 def test_given_granted_lease_when_renewing_then_deadline_is_last_receipt_plus_factor_times_interval():
     granted = pod_leases.register("pod-r", "http://x:1", proposed_interval=4)
     renewed = pod_leases.renew("pod-r", granted.lease_id)
-    doc = stored("pod-r")
+    doc = stored_pod("pod-r")
     assert renewed.outcome is Outcome.RENEWED
     assert doc["lastReceiptAt"] == renewed.received_at >= granted.received_at
     assert doc["expiryDeadline"] == renewed.received_at + timedelta(seconds=12) == renewed.expiry_deadline
@@ -70,50 +59,50 @@ def test_given_duplicate_renewals_then_deadline_is_monotonic_and_never_past_the_
     for _ in range(5):
         answer = pod_leases.renew("pod-d", granted.lease_id)
         assert answer.outcome is Outcome.RENEWED
-        deadlines.append(stored("pod-d")["expiryDeadline"])
+        deadlines.append(stored_pod("pod-d")["expiryDeadline"])
     assert deadlines == sorted(deadlines)
-    doc = stored("pod-d")
+    doc = stored_pod("pod-d")
     assert doc["expiryDeadline"] == doc["lastReceiptAt"] + timedelta(seconds=6)
 
 
 def test_given_a_later_deadline_when_a_delayed_or_replayed_renewal_arrives_then_the_deadline_does_not_move_backwards():
     granted = pod_leases.register("pod-late", "http://x:1", proposed_interval=2)
     # Given: a renewal that was received later already set a later deadline and receipt.
-    later = stored("pod-late")["expiryDeadline"] + timedelta(seconds=30)
+    later = stored_pod("pod-late")["expiryDeadline"] + timedelta(seconds=30)
     later_receipt = later - timedelta(seconds=6)
     store.pods().update_one({"_id": "pod-late"}, {"$set": {"expiryDeadline": later, "lastReceiptAt": later_receipt}})
     # When: the delayed (replayed) renewal is processed now.
     answer = pod_leases.renew("pod-late", granted.lease_id)
     # Then: both stay where the later renewal put them.
-    doc = stored("pod-late")
+    doc = stored_pod("pod-late")
     assert answer.outcome is Outcome.RENEWED
     assert doc["expiryDeadline"] == later and doc["lastReceiptAt"] == later_receipt
 
 
 def test_given_unknown_lease_id_when_renewing_then_stale_lease_and_nothing_changes():
     pod_leases.register("pod-s", "http://x:1")
-    before = stored("pod-s")
+    before = stored_pod("pod-s")
     answer = pod_leases.renew("pod-s", "unknownLeaseId123456789")
     assert answer.outcome is Outcome.STALE_LEASE and not answer.ok and answer.expiry_deadline is None
-    assert stored("pod-s") == before
+    assert stored_pod("pod-s") == before
     assert pod_leases.renew("never-registered", "unknownLeaseId123456789").outcome is Outcome.STALE_LEASE
-    assert stored("never-registered") is None
+    assert stored_pod("never-registered") is None
 
 
 def test_given_deadline_passed_when_renewing_then_expired_is_terminal_and_nothing_changes():
     granted = pod_leases.register("pod-e", "http://x:1", proposed_interval=2)
     past = store.server_now() - timedelta(seconds=1)
     store.pods().update_one({"_id": "pod-e"}, {"$set": {"expiryDeadline": past}})
-    before = stored("pod-e")
+    before = stored_pod("pod-e")
     assert pod_leases.renew("pod-e", granted.lease_id).outcome is Outcome.EXPIRED
     assert pod_leases.renew("pod-e", granted.lease_id).outcome is Outcome.EXPIRED
-    assert stored("pod-e") == before
+    assert stored_pod("pod-e") == before
     assert not liveness.is_alive("pod-e")
 
 
 def test_given_lost_renewals_when_deadline_passes_then_dead_until_reregistration_grants_a_fresh_lease():
     granted = pod_leases.register("pod-lost", "http://x:1", proposed_interval=2)
-    deadline = stored("pod-lost")["expiryDeadline"]
+    deadline = stored_pod("pod-lost")["expiryDeadline"]
     # No renewal arrives: at the deadline (server time) the pod is dead.
     assert liveness.is_alive("pod-lost", now=deadline - timedelta(milliseconds=1))
     assert not liveness.is_alive("pod-lost", now=deadline)
@@ -128,9 +117,9 @@ def test_given_lost_renewals_when_deadline_passes_then_dead_until_reregistration
 
 def test_given_live_lease_when_reregistering_with_blank_id_then_attaches_without_resetting_deadline():
     granted = pod_leases.register("pod-att", "http://x:1", proposed_interval=30)
-    before = stored("pod-att")
+    before = stored_pod("pod-att")
     attached = pod_leases.register("pod-att", "http://x:2", proposed_interval=2)
-    doc = stored("pod-att")
+    doc = stored_pod("pod-att")
     assert attached.outcome is Outcome.ATTACHED and attached.lease_id == granted.lease_id
     assert attached.interval_seconds == 30
     assert doc["expiryDeadline"] == before["expiryDeadline"] and doc["lastReceiptAt"] == before["lastReceiptAt"]
@@ -174,7 +163,7 @@ def test_given_pod_clock_skewed_by_hours_then_deadlines_and_liveness_still_follo
     own_offset = datetime.fromisoformat(seen["ownClock"]) - after
     assert abs(own_offset - timedelta(hours=skew_hours)) < timedelta(minutes=10)
     # then: receipt and deadline are server times
-    doc = stored("pod-skew")
+    doc = stored_pod("pod-skew")
     assert seen["renewed"] == Outcome.RENEWED.value
     assert before <= doc["lastReceiptAt"] <= after
     assert doc["expiryDeadline"] == doc["lastReceiptAt"] + timedelta(seconds=6)
@@ -190,7 +179,7 @@ def test_given_stopped_pod_when_reregistering_then_fresh_lease():
     pod_leases.stop("pod-restart", first.lease_id)
     second = pod_leases.register("pod-restart", "http://x:1")
     assert second.outcome is Outcome.GRANTED and second.lease_id != first.lease_id
-    assert stored("pod-restart")["stopped"] is False
+    assert stored_pod("pod-restart")["stopped"] is False
 
 
 @pytest.mark.parametrize("pod_id, endpoint", [("$gt", "http://x:1"), ("a/b", "http://x:1"), ("", "http://x:1"),

@@ -6,27 +6,17 @@ from datetime import timedelta
 
 import pytest
 
-from leases import pod_leases, pod_liveness, store
+from leases import pod_leases, pod_liveness
 from leases.pod_leases import Outcome
 from leases.pod_liveness import LeasePodLiveness
+from tests.helpers import stored_pod
 
-
-@pytest.fixture(autouse=True)
-def _pod_settings(settings):
-    settings.LEASES_POD_INTERVAL_SECONDS = 10
-    settings.LEASES_POD_INTERVAL_MIN = 2
-    settings.LEASES_POD_INTERVAL_MAX = 60
-    settings.LEASES_POD_EXPIRY_FACTOR = 3
-    return settings
-
-
-def stored(pod_id):
-    return store.pods().find_one({"_id": pod_id})
+pytestmark = pytest.mark.usefixtures("pod_settings")
 
 
 def test_given_pod_deadline_when_judging_liveness_then_dead_exactly_at_the_deadline_and_not_before():
     pod_leases.register("pod-x", "http://x:1", proposed_interval=2)
-    deadline = stored("pod-x")["expiryDeadline"]
+    deadline = stored_pod("pod-x")["expiryDeadline"]
     view = LeasePodLiveness(self_pod="someone-else")
     assert view.is_alive("pod-x", now=deadline - timedelta(milliseconds=1))
     assert not view.is_alive("pod-x", now=deadline)

@@ -11,19 +11,9 @@ import pytest
 from leases import store
 from leases.pod_leases import Outcome
 from leases.pod_renewer import PodRenewer
+from tests.helpers import stored_pod
 
-
-@pytest.fixture(autouse=True)
-def _pod_settings(settings):
-    settings.LEASES_POD_INTERVAL_SECONDS = 10
-    settings.LEASES_POD_INTERVAL_MIN = 2
-    settings.LEASES_POD_INTERVAL_MAX = 60
-    settings.LEASES_POD_EXPIRY_FACTOR = 3
-    return settings
-
-
-def stored(pod_id):
-    return store.pods().find_one({"_id": pod_id})
+pytestmark = pytest.mark.usefixtures("pod_settings")
 
 
 def test_given_renewer_thread_when_idle_then_it_renews_on_its_own_at_the_server_interval(settings):
@@ -31,16 +21,16 @@ def test_given_renewer_thread_when_idle_then_it_renews_on_its_own_at_the_server_
     renewer = PodRenewer("pod-thread", "http://x:1", proposed_interval=1).start()
     try:
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and (stored("pod-thread") is None):
+        while time.monotonic() < deadline and (stored_pod("pod-thread") is None):
             time.sleep(0.05)
-        first = stored("pod-thread")["lastReceiptAt"]
-        while time.monotonic() < deadline and stored("pod-thread")["lastReceiptAt"] == first:
+        first = stored_pod("pod-thread")["lastReceiptAt"]
+        while time.monotonic() < deadline and stored_pod("pod-thread")["lastReceiptAt"] == first:
             time.sleep(0.1)
-        assert stored("pod-thread")["lastReceiptAt"] > first
+        assert stored_pod("pod-thread")["lastReceiptAt"] > first
         assert renewer.lease.outcome in (Outcome.GRANTED, Outcome.RENEWED)
     finally:
         renewer.shutdown()
-    assert stored("pod-thread")["stopped"] is True
+    assert stored_pod("pod-thread")["stopped"] is True
 
 
 def test_given_expired_lease_when_renewer_steps_then_it_reregisters():

@@ -11,27 +11,16 @@ import time
 import pytest
 
 import leases
-from leases import config, definitions, estimates, handlers, order, shares, store
+from leases import config, definitions, estimates, order, shares, store
 from leases.definitions import document_path
 from leases.errors import InvalidLeaseRequest, PriorityNotAllowed
 from tests import helpers
-from tests.helpers import PYTHON, REPO, child_env, wait_for
+from tests.helpers import PYTHON, REPO, child_env, quiet_handler_fixture, wait_for
 
 GATE = "res|global|*"
 
 
-class Quiet(handlers.LeaseHandler):
-    type = "test"
-
-    def on_revoked(self, holder):
-        pass
-
-
-@pytest.fixture(autouse=True)
-def handler():
-    handlers.register_handler(Quiet())
-    yield
-    handlers.unregister_handler("test")
+handler = quiet_handler_fixture("test")
 
 
 def put(text, tenant="_vance", project="_tenant", name="res"):

@@ -11,24 +11,12 @@ from contextlib import contextmanager
 import pytest
 
 import leases
-from leases import config, handlers, order, store, waiting, wakeups
+from leases import config, order, store, waiting, wakeups
 from leases.definitions import document_path
 from tests import helpers
-from tests.helpers import PYTHON, REPO, child_env, wait_for
+from tests.helpers import PYTHON, REPO, child_env, quiet_handler_fixture, wait_for
 
-
-class Quiet(handlers.LeaseHandler):
-    type = "test"
-
-    def on_revoked(self, holder):
-        pass
-
-
-@pytest.fixture(autouse=True)
-def handler():
-    handlers.register_handler(Quiet())
-    yield
-    handlers.unregister_handler("test")
+handler = quiet_handler_fixture("test")
 
 
 def put(name, text):
