@@ -82,11 +82,13 @@ def _missing_scope(tenant_id: str, project_id: str | None) -> type[InvalidApiKey
     from leases.tenancy import tenant_access
 
     access = tenant_access()
+    # A project that exists implies its tenant does: a key's every request asks, so the
+    # tenant is looked up on its own only when there is no project or it was not found.
+    if project_id and access.project_exists(tenant_id, project_id):
+        return None
     if not access.tenant_exists(tenant_id):
         return UnknownTenant
-    if project_id and not access.project_exists(tenant_id, project_id):
-        return UnknownProject
-    return None
+    return UnknownProject if project_id else None
 
 
 def _scope_text(missing: type[InvalidApiKeyRequest], tenant_id: str, project_id: str | None) -> str:

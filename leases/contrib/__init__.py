@@ -8,7 +8,6 @@
   retry, keeping their place in the queue, when it is busy (a plain module, not an app).
 * :mod:`leases.contrib.demo` — a tiny local remote service and the demo consumer loop (a
   plain module the example project uses, not an app).
-* :mod:`leases.contrib.celery` — ``@leased`` for Celery tasks (a plain module, no app).
 
 Add ``"leases.contrib.jobs"`` and/or ``"leases.contrib.sessions"`` to ``INSTALLED_APPS`` to
 use them; each registers its revocation handler in its own ``ready()``. The engine app
