@@ -218,7 +218,7 @@ def release(*, key: ApiKey, token: str) -> ReleaseResult:
         # written by the release itself.
         doc = holders.release(token, bound=scope)
         if doc is None:
-            tombstone = store.tombstones().find_one({"_id": token, **scope}, {"reason": 1, "resource": 1})
+            tombstone = store.tombstones().find_one(holders.scoped(token, scope), {"reason": 1, "resource": 1})
             if tombstone is None:
                 raise StaleLease(f"unknown lease token {token}")
             # The tombstone's resource came from a definition, never from the request.

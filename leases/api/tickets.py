@@ -18,7 +18,7 @@ from typing import Any
 
 import pymongo.errors
 
-from leases import service, store, validation
+from leases import holders, service, store, validation
 from leases.errors import LeaseUnavailable, StaleLease
 
 from . import protocol
@@ -112,7 +112,7 @@ def abandon(*, key: ApiKey, ticket_id: str) -> protocol.ReleaseResult | None:
     if service.abandon(ticket_id, scope=scope):
         return None
     try:
-        tombstone = store.tombstones().find_one({"_id": ticket_id, **scope}, {"reason": 1})
+        tombstone = store.tombstones().find_one(holders.scoped(ticket_id, scope), {"reason": 1})
     except pymongo.errors.PyMongoError as exc:
         raise LeaseUnavailable(f"lease store unreachable: {exc.__class__.__name__}") from None
     if tombstone is None:

@@ -219,7 +219,7 @@ def _retry(task: Any, request: service.LeaseRequest, outcome: Any, args: tuple[A
     if retries >= max_retries:
         if ticket is not None:
             try:
-                service.abandon(ticket.id, scope={"tenantId": request.tenant_id, "projectId": request.project_id})
+                service.abandon(ticket.id, scope=holders.scope(request.tenant_id, request.project_id))
             except Exception:  # the ticket goes stale within its keep window anyway
                 log.info("could not give up ticket %s", ticket.id, exc_info=True)
         raise LeaseRetriesExhausted(retries=retries, resource=_resource(outcome), level=_level(outcome),
