@@ -14,6 +14,7 @@ share), not only those ahead of it now. The estimate is refreshed with every pol
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from statistics import median
 from typing import Any
@@ -76,8 +77,7 @@ def raw_wait_ms(gate: dict[str, Any], ticket_id: str, now: datetime) -> float | 
     steps = releases_until(gate, ticket_id, now)
     if steps is None:
         return None
-    cap = max(1, int(gate.get("cap", 1)))
-    return 0.0 if steps == 0 else (steps - 0.5) * hold / cap
+    return _steps_ms(steps, hold, max(1, int(gate.get("cap", 1))))
 
 
 # A queue this long is estimated by its place alone: the turnover walk would cost more
@@ -92,11 +92,45 @@ def releases_until(gate: dict[str, Any], ticket_id: str, now: datetime) -> int |
     live = [t for t in gate.get("queue") or () if not order.is_stale(t, now)]
     if not any(t.get("id") == ticket_id for t in live):
         return None
+    if len(live) > MAX_WALK_TICKETS:
+        return _by_place(gate, order.position(gate, ticket_id, now))
+    for step, picked in _turnover(gate, live, now):
+        if picked == ticket_id:
+            return step
+    return None
+
+
+def releases_all(gate: dict[str, Any], now: datetime) -> dict[str, int]:
+    """:func:`releases_until` of every live ticket of the gate from ONE walk (a listing
+    asks for all of them; the walk does not depend on which ticket is asked about).
+    Tickets the walk does not reach are absent."""
+    live = [t for t in gate.get("queue") or () if not order.is_stale(t, now)]
+    if len(live) > MAX_WALK_TICKETS:
+        return {str(t.get("id")): steps for index, t in enumerate(order.ranked(gate, now), start=1)
+                if (steps := _by_place(gate, index)) is not None}
+    wanted = {t.get("id") for t in live}
+    found: dict[str, int] = {}
+    for step, picked in _turnover(gate, live, now):
+        if picked in wanted and picked not in found:
+            found[str(picked)] = step
+            if len(found) == len(wanted):
+                break
+    return found
+
+
+def _by_place(gate: dict[str, Any], place: int | None) -> int | None:
+    """A long queue's estimate from the place alone (the free slots go first)."""
+    if place is None:
+        return None
+    cap = max(1, int(gate.get("cap", 1)))
+    return max(0, place - max(0, cap - len(gate.get("holders") or ())))
+
+
+def _turnover(gate: dict[str, Any], live: list[dict[str, Any]], now: datetime) -> Iterator[tuple[int, Any]]:
+    """The turnover walk: yields ``(releases so far, id of the ticket picked)`` for each
+    pick, in order, until nothing can be picked or the walk's bound is reached."""
     cap = max(1, int(gate.get("cap", 1)))
     holders = list(gate.get("holders") or ())
-    if len(live) > MAX_WALK_TICKETS:
-        place = order.position(gate, ticket_id, now)
-        return None if place is None else max(0, place - max(0, cap - len(holders)))
     # Attributes a re-asking holder's ticket gets: those of a queued ticket of the same
     # tenant and project (weights, class), else the defaults.
     like = {(t.get("t"), t.get("p")): t for t in live}
@@ -112,14 +146,13 @@ def releases_until(gate: dict[str, Any], ticket_id: str, now: datetime) -> int |
             chosen = order.pick(queue, held, passes, now, lead)
             if chosen is None:
                 break
-            if chosen.get("id") == ticket_id:
-                return step
+            yield step, chosen.get("id")
             queue.remove(chosen)
             held.add(chosen.get("t", ""), chosen.get("p", ""), chosen.get("u", ""))
             passes.charge(chosen, queue)
             owners.append((chosen.get("t", ""), chosen.get("p", ""), chosen.get("u", "")))
         if not owners:
-            return None  # nothing to release and nothing picked: blocked by its own caps
+            return  # nothing to release and nothing picked: blocked by its own caps
         t, p, u = owners.pop(0)
         held.tenant[t] -= 1
         held.project[(t, p)] -= 1
@@ -129,7 +162,22 @@ def releases_until(gate: dict[str, Any], ticket_id: str, now: datetime) -> int |
         queue.append({**{k: template[k] for k in ("wt", "wp", "pc", "caps") if k in template},
                       "id": f"\x00again{serial}", "t": t, "p": p, "u": u, "at": far + timedelta(seconds=serial),
                       "seen": now, "ttl": 10**9})
-    return None
+
+
+def grant_times(gate: dict[str, Any], now: datetime) -> dict[str, datetime]:
+    """:func:`grant_at` of every live ticket of the gate, from one walk (unknown: absent)."""
+    hold = mean_hold_ms(gate)
+    if hold is None:
+        return {}
+    cap = max(1, int(gate.get("cap", 1)))
+    scale = calibration(gate)
+    return {ticket_id: now + timedelta(milliseconds=_steps_ms(steps, hold, cap) * scale)
+            for ticket_id, steps in releases_all(gate, now).items()}
+
+
+def _steps_ms(steps: int, hold: float, cap: int) -> float:
+    """Milliseconds until the ``steps``-th release frees a slot (0: one is free now)."""
+    return 0.0 if steps == 0 else (steps - 0.5) * hold / cap
 
 
 def grant_at(gate: dict[str, Any], ticket_id: str, now: datetime) -> datetime | None:

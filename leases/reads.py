@@ -432,8 +432,11 @@ def list_waiters(tenant_id: str | None = None, resource: str | None = None) -> W
                                                "level": 1, "vt": 1, "vf": 1, "holds": 1}))
     now = store.server_now()
     rows: list[tuple[dict[str, Any], dict[str, Any], int | None, bool]] = []
+    grant_times: dict[str, dict[str, datetime]] = {}
     for gate in gates:
         places = {t.get("id"): i for i, t in enumerate(order.ranked(gate, now), start=1)}
+        # One turnover walk per gate gives every ticket's estimate.
+        grant_times[gate["_id"]] = estimates.grant_times(gate, now)
         for ticket in gate.get("queue") or ():
             if tenant is not None and ticket.get("t") != tenant:
                 continue
@@ -469,7 +472,7 @@ def list_waiters(tenant_id: str | None = None, resource: str | None = None) -> W
             ttl_ms=int(ticket.get("ttl", 0)), stale=stale, level=level,
             blocked_key=key if visible else None, blocked_count=count, blocked_cap=cap,
             priority=ticket.get("pn"),
-            estimated_grant_at=None if stale or place is None else estimates.grant_at(gate, str(ticket.get("id", "")), now)))
+            estimated_grant_at=None if stale or place is None else grant_times[gate["_id"]].get(str(ticket.get("id", "")))))
     items.sort(key=lambda w: (w.resource, w.gate, w.position is None, w.position or 0,
                               w.waiting_since or now, w.ticket_id))
     return WaiterList(items, now)
