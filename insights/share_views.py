@@ -21,11 +21,10 @@ from .forms import DefinitionForm, ProjectWeightForm
 from .views import _project_slugs
 
 
-def _share_context(tenant: TenantGrant, name: str) -> dict:
+def _share_context(tenant: TenantGrant, name: str, projects: list[str]) -> dict:
     """What this tenant may know of a lease's shares: its own weight and classes, its
     projects' weights — never another tenant's weight or classes."""
     definition = definitions.load(name, tenant.slug, TENANT_PROJECT)
-    projects = _project_slugs(tenant)
     return {
         "lease": name,
         "tenant_weight": definition.tenant_weight(tenant.slug),
@@ -71,7 +70,7 @@ def shares_view(request: HttpRequest, tenant: TenantGrant) -> HttpResponse:
                "lease_names": reads.known_lease_names(tenant.slug)}
     if name and picker.is_valid():
         try:
-            context["share"] = _share_context(tenant, picker.cleaned_data["name"])
+            context["share"] = _share_context(tenant, picker.cleaned_data["name"], projects)
         except LeaseUnavailable as exc:
             context["error"] = str(exc)
         context["weight_form"] = weight_form or ProjectWeightForm(initial={"name": picker.cleaned_data["name"]},

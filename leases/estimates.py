@@ -29,8 +29,7 @@ HOLDS_KEPT = 16
 
 def mean_hold_ms(gate: dict[str, Any]) -> float | None:
     """The typical hold at this gate from its recent releases (median, ms); None if none."""
-    holds = [h for h in gate.get("holds") or () if isinstance(h, (int, float)) and not isinstance(h, bool) and h >= 0]
-    return float(median(holds)) if holds else None
+    return order.typical_hold_ms(gate)
 
 
 def wait_ms(gate: dict[str, Any], ticket_id: str, now: datetime) -> float | None:

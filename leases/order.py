@@ -38,6 +38,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from statistics import median
 from typing import Any
 
 from .slots import parts_of
@@ -158,16 +159,18 @@ def is_stale(ticket: dict[str, Any], now: datetime) -> bool:
     return seen is None or seen + timedelta(milliseconds=int(ticket.get("ttl", 0))) < now
 
 
+def typical_hold_ms(gate: dict[str, Any]) -> float | None:
+    """The gate's typical hold: the median of its recent ``holds`` (ms; malformed records
+    left out), None when it has recorded none."""
+    holds = [float(h) for h in gate.get("holds") or ()
+             if isinstance(h, (int, float)) and not isinstance(h, bool) and h >= 0]
+    return median(holds) if holds else None
+
+
 def starvation_lead(gate: dict[str, Any]) -> timedelta:
     """How early a ticket is promoted before its ``maxStarvationMs``: the gate's typical
-    hold (median of its recent ``holds``, ms), zero when it has recorded none."""
-    holds = sorted(float(h) for h in gate.get("holds") or ()
-                   if isinstance(h, (int, float)) and not isinstance(h, bool) and h >= 0)
-    if not holds:
-        return timedelta(0)
-    middle = len(holds) // 2
-    typical = holds[middle] if len(holds) % 2 else (holds[middle - 1] + holds[middle]) / 2
-    return timedelta(milliseconds=typical)
+    hold (:func:`typical_hold_ms`), zero when it has recorded none."""
+    return timedelta(milliseconds=typical_hold_ms(gate) or 0.0)
 
 
 def is_starved(ticket: dict[str, Any], now: datetime, lead: timedelta = timedelta(0)) -> bool:
