@@ -47,7 +47,10 @@ def main() -> None:
         try:
             jobs.run_job(submit=lambda: http("POST", remote + "/jobs")["jobId"],
                          poll=lambda job_id: None, tenant_id="t1", project_id=pod_renewer.current_renewer().pod_id, user_id="u1",
-                         poll_interval=0.2, timeout=3600)
+                         # One check() at the start, then the loop sleeps on its abort event: a
+                         # short interval would let a check() between the reap and the
+                         # handler's POST see the lease gone (LeaseExpired) before the abort.
+                         poll_interval=600, timeout=3600)
         except jobs.JobAborted:
             print(f"ABORTED {tex_token.get('token')}", flush=True)
         except Exception as exc:  # noqa: BLE001 - report to the test
