@@ -263,6 +263,9 @@ CELERY_BEAT_SCHEDULE = {
     "lease-sweep": {
         "task": "leases.tasks.sweep",
         "schedule": float(LEASES_REAP_INTERVAL),
+        # A run still queued when the next is due is dropped (the next does the same work),
+        # so a stalled worker does not face a backlog of sweeps when it comes back.
+        "options": {"expires": LEASES_REAP_INTERVAL * 0.9},
     },
 }
 

@@ -9,7 +9,8 @@ app_name = "insights"
 
 urlpatterns = [
     path("", views.home, name="home"),
-    path("accounts/login/", auth_views.LoginView.as_view(next_page="insights:home",
+    # The app's own template: a host project has no registration/login.html to lend it.
+    path("accounts/login/", auth_views.LoginView.as_view(template_name="insights/login.html", next_page="insights:home",
                                                          redirect_authenticated_user=True), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(next_page="insights:login"), name="logout"),
     path("t/<str:tenant>/insights/leases", views.holders, name="holders"),

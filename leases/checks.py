@@ -229,3 +229,28 @@ def check_pod_addresses(app_configs: Any = None, **kwargs: Any) -> list:
         errors.append(Error(f"LEASES_WORKER_INTERNAL_BIND {bind!r} is not host:port (port 0 = any free port)",
                             id="leases.E012"))
     return errors
+
+
+SWEEP_TASK = "leases.tasks.sweep"
+
+
+@register(TAG)
+def check_sweep_scheduled(app_configs: Any = None, **kwargs: Any) -> list:
+    """A ``CELERY_BEAT_SCHEDULE`` entry runs ``leases.tasks.sweep``.
+
+    Only the sweep reaps the leases of a pod that died and reconciles counters, and an
+    expired holder is otherwise reaped only when someone acquires its resource: without the
+    entry, slots leak quietly to the dead. Only the settings are judged (a schedule built in
+    code on the Celery app, or a cron running ``manage.py lease sweep``, is invisible here:
+    silence the warning then).
+    """
+    schedule = getattr(settings, "CELERY_BEAT_SCHEDULE", None)
+    entries = schedule.values() if isinstance(schedule, dict) else ()
+    if any(isinstance(entry, dict) and entry.get("task") == SWEEP_TASK for entry in entries):
+        return []
+    return [Warning(f"No CELERY_BEAT_SCHEDULE entry runs task {SWEEP_TASK!r}: idle and dead-pod reaps and "
+                    "reconcile never run",
+                    hint='Add CELERY_BEAT_SCHEDULE = {"lease-sweep": {"task": "leases.tasks.sweep", "schedule": '
+                         'float(LEASES_REAP_INTERVAL), "options": {"expires": LEASES_REAP_INTERVAL * 0.9}}} and run '
+                         'one "celery -A <project> beat"; if the sweep is scheduled elsewhere, add "leases.W006" '
+                         "to SILENCED_SYSTEM_CHECKS.", id="leases.W006")]

@@ -6,8 +6,13 @@ settings (``tests/adoption/settings_block.py``: PostgreSQL default, the lease ap
 alias through ``leases.routers.LeasesRouter``), a tenancy hook of the host's own
 (``tests/adoption/tenancy.py``), views (``tests/adoption/views.py``), ``migrate`` both
 aliases, then real HTTP requests to the project served by uvicorn (ASGI): acquire/check/release
-from a view and from an async view, the Insights page rendered for a tenant admin through the
-hook, and a ``@leased`` Celery task run by a real prefork worker of the project.
+from a view and from an async view, a ``@leased`` Celery task run by a real prefork worker of
+the project, the README's Insights step (users of the host's tenant model, then curl as the
+tenant admin, a stranger and anonymous; the shipped login page), and the project's Celery beat
+sending the sweep that reaps an expired holder.
+
+The README's commands are constants here, run as written (``/tmp/host`` becomes this run's
+directory, port 8002 a free one); the last test fails when the README's copy drifts.
 
 The host's PostgreSQL tables go into a schema of this run (``PGOPTIONS`` search_path), so
 runs do not see each other's users; the lease alias is a database of the test run's
@@ -19,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shlex
 import shutil
 import subprocess
 import sys
@@ -26,6 +32,7 @@ import time
 import urllib.error
 import urllib.request
 import zipfile
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pymongo
@@ -38,17 +45,52 @@ REPO = Path(__file__).resolve().parent.parent
 FILES = Path(__file__).resolve().parent / "adoption"
 LEASE_DB = "hostsite_leases"
 STEP_TIMEOUT = 300
+# Beat's sweep interval in this run, so a sweep comes within seconds (the project's default is 30).
+REAP_INTERVAL = 2
+
+# The README's commands, as typed there; _host() maps them onto this run.
+SETTINGS_APPEND = 'cat "$REPO/tests/adoption/settings_block.py" >> hostsite/settings.py'
+HOST_FILES = ("tenancy", "views", "urls", "tasks", "celery")
+COPY_FILES = 'cp "$REPO"/tests/adoption/{' + ",".join(HOST_FILES) + '}.py hostsite/'
+CELERY_INIT = 'echo "from .celery import app as celery_app" >> hostsite/__init__.py'
+WORKER = "/tmp/host/venv/bin/celery -A hostsite worker --pool prefork --concurrency 2 --loglevel WARNING"
+BEAT = "/tmp/host/venv/bin/celery -A hostsite beat --loglevel INFO"
+UVICORN = "/tmp/host/venv/bin/uvicorn hostsite.asgi:application --host 127.0.0.1 --port 8002"
+INSIGHTS_STEP = """\
+/tmp/host/venv/bin/python manage.py shell -c "
+from django.contrib.auth.models import Group, User
+from django.test import Client
+acme = Group.objects.create(name='acme')  # hostsite/tenancy.py: a tenant is an auth group
+ada = User.objects.create_user('ada', is_staff=True); ada.groups.add(acme)  # staff of acme: its admin
+sam = User.objects.create_user('sam', is_staff=True)  # staff, but of no tenant
+for user in (ada, sam):
+    client = Client(); client.force_login(user); print(user.username, client.cookies['sessionid'].value)
+" > /tmp/host/sessions
+ADA=$(awk '$1 == "ada" {print $2}' /tmp/host/sessions); SAM=$(awk '$1 == "sam" {print $2}' /tmp/host/sessions)
+curl -s -w '\\n' http://127.0.0.1:8002/hold/    # {"token": "…"}: a lease kept, for Insights to show
+curl -s -b "sessionid=$ADA" http://127.0.0.1:8002/t/acme/insights/leases | grep -o 'data-token="[^"]*"'  # that token
+curl -s -o /dev/null -w '%{http_code}\\n' -b "sessionid=$ADA" http://127.0.0.1:8002/t/acme/insights/api-keys  # 200
+curl -s -o /dev/null -w '%{http_code}\\n' -b "sessionid=$SAM" http://127.0.0.1:8002/t/acme/insights/leases  # 404
+curl -s -o /dev/null -w '%{http_code} %{redirect_url}\\n' http://127.0.0.1:8002/t/acme/insights/leases  # 302 to the login page
+curl -s http://127.0.0.1:8002/accounts/login/ | grep -o '<title>[^<]*</title>'  # <title>Sign in · Vance</title>
+"""
 # Copied into the build directory: what `pip wheel .` sees in a clean checkout.
 _IGNORE = shutil.ignore_patterns(".git", ".venv", "var", "build", "*.egg-info", "__pycache__", "node_modules",
                                  "staticfiles", "bench", "docs", "tests")
 
 
-def _run(cmd: list[str], *, cwd: Path, env: dict[str, str], timeout: float = STEP_TIMEOUT) -> str:
+def _run(cmd: list[str], *, cwd: Path, env: dict[str, str], timeout: float = STEP_TIMEOUT,
+         with_stderr: bool = False) -> str:
     started = time.monotonic()
     done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     print(f"$ {' '.join(str(c) for c in cmd)}  ({time.monotonic() - started:.1f} s)")
     assert done.returncode == 0, f"{cmd} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
-    return done.stdout
+    return done.stdout + done.stderr if with_stderr else done.stdout
+
+
+def _host(command: str, tmp: Path, port: int = 8002) -> str:
+    """A README command as this run types it: its directory for /tmp/host, a free port for 8002."""
+    return command.replace("/tmp/host/", f"{tmp}/").replace("8002", str(port))
 
 
 def _host_env(schema: str) -> dict[str, str]:
@@ -128,9 +170,13 @@ def test_given_the_wheel_when_a_new_postgresql_project_adopts_it_then_leases_and
     top_level = sorted({n.split("/", 1)[0] for n in names if ".dist-info/" not in n})
     print("wheel top-level names:", top_level)
     assert top_level == ["insights", "leases"]
-    for shipped in ("insights/templates/insights/holders.html", "leases/api/templates/leases_api/keys.html",
+    for shipped in ("insights/templates/insights/login.html", "leases/api/templates/leases_api/keys.html",
                     "leases/defaults/_vance/config/lease/tex.yaml", "leases/routers.py", "leases/checks.py"):
         assert shipped in names
+    # Every template and YAML default of the source tree: package-data's globs miss none.
+    data = {str(f.relative_to(source)) for f in source.glob("*/**/*")
+            if f.is_file() and f.suffix in {".html", ".yaml"} and f.parts[len(source.parts)] in top_level}
+    assert data and data <= set(names), sorted(data - set(names))
 
     # 2. A fresh virtualenv with the wheel, its dependencies and the PostgreSQL driver.
     venv = tmp / "venv"
@@ -144,16 +190,19 @@ def test_given_the_wheel_when_a_new_postgresql_project_adopts_it_then_leases_and
     site = tmp / "site"
     site.mkdir()
     _run([str(venv / "bin" / "django-admin"), "startproject", "hostsite", "."], cwd=site, env=env)
+    # SETTINGS_APPEND, COPY_FILES and CELERY_INIT, without a shell.
     with open(site / "hostsite" / "settings.py", "a") as out:
         out.write("\n" + (FILES / "settings_block.py").read_text())
-    for name in ("tenancy.py", "views.py", "urls.py", "tasks.py", "celery.py"):
-        shutil.copy(FILES / name, site / "hostsite" / name)
+    for name in HOST_FILES:
+        shutil.copy(FILES / f"{name}.py", site / "hostsite" / f"{name}.py")
     with open(site / "hostsite" / "__init__.py", "a") as out:
         out.write("from .celery import app as celery_app\n")
     _run([python, "-c", (
         "import psycopg; psycopg.connect('host=127.0.0.1 port=5432 dbname=test user=postgres', autocommit=True)"
         f".execute('CREATE SCHEMA {schema}')")], cwd=site, env=env)
-    _run([python, "manage.py", "check"], cwd=site, env=env)
+    checked = _run([python, "manage.py", "check"], cwd=site, env=env, with_stderr=True)
+    print(checked.strip())
+    assert "leases.W006" not in checked  # the settings block's beat entry schedules the sweep
     _run([python, "manage.py", "migrate"], cwd=site, env=env)
     _run([python, "manage.py", "migrate", "--database", "leases"], cwd=site, env=env)
 
@@ -168,27 +217,16 @@ def test_given_the_wheel_when_a_new_postgresql_project_adopts_it_then_leases_and
     assert {"api_keys", "lease_config_documents", "insights_tenant"} <= collections, collections
     assert not {"auth_user", "django_session"} & collections
 
-    # A tenant admin and a stranger, in the host's own tenant model (auth groups).
-    cookies = json.loads(_run([python, "manage.py", "shell", "-c", (
-        "import json; from django.contrib.auth.models import Group, User; from django.test import Client\n"
-        "acme = Group.objects.create(name='acme')\n"
-        "admin = User.objects.create_user('ada', is_staff=True); admin.groups.add(acme)\n"
-        "stranger = User.objects.create_user('sam', is_staff=True)\n"
-        "out = {}\n"
-        "for user in (admin, stranger):\n"
-        "    client = Client(); client.force_login(user); out[user.username] = client.cookies['sessionid'].value\n"
-        "print(json.dumps(out))")], cwd=site, env=env).strip().splitlines()[-1])
-
-    # 4. Real HTTP against the project under uvicorn, and a Celery worker of the project.
+    # 4. Real HTTP against the project under uvicorn, a Celery worker and Celery beat of the project.
     port = free_port()
-    server = subprocess.Popen([str(venv / "bin" / "uvicorn"), "hostsite.asgi:application", "--host", "127.0.0.1",
-                               "--port", str(port)], cwd=site, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
-    worker = subprocess.Popen([str(venv / "bin" / "celery"), "-A", "hostsite", "worker", "--pool", "prefork",
-                               "--concurrency", "2", "--loglevel", "WARNING"], cwd=site, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    processes = {name: subprocess.Popen(shlex.split(_host(command, tmp, port)), cwd=site,
+                                        env={**env, "LEASES_REAP_INTERVAL": str(REAP_INTERVAL)} if name == "beat" else env,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for name, command in (("uvicorn", UVICORN), ("worker", WORKER), ("beat", BEAT))}
+    server = processes["uvicorn"]
     base = f"http://127.0.0.1:{port}"
     holders = mongo[LEASE_DB]["resource_lease_holders"]
+    logs: dict[str, str] = {}
     try:
         _wait_http(base + "/admin/login/", server)
         for view in ("/compile/", "/acompile/"):
@@ -198,40 +236,59 @@ def test_given_the_wheel_when_a_new_postgresql_project_adopts_it_then_leases_and
             assert compiled["released"] is True and len(compiled["token"]) == 32
             assert holders.find_one({"_id": compiled["token"]}) is None  # released
 
-        status, body, _ = _get(base + "/hold/")
-        assert status == 200, body
-        held = json.loads(body)["token"]
-        assert holders.find_one({"_id": held})["tenantId"] == "acme"
-
-        status, page, _ = _get(base + "/t/acme/insights/leases", cookie=cookies["ada"])
-        assert status == 200, page[-2000:]
-        assert held in page and "Acme" in page
-        status, keys_page, _ = _get(base + "/t/acme/insights/api-keys", cookie=cookies["ada"])
-        assert status == 200, keys_page[-2000:]
-        assert _get(base + "/t/acme/insights/leases", cookie=cookies["sam"])[0] == 404
-        status, _, headers = _get(base + "/t/acme/insights/leases")  # anonymous: to the login page
-        assert status == 302 and headers["Location"].startswith("/accounts/login/?next=")
-
         result = json.loads(_run([python, "manage.py", "shell", "-c", (
             "import json; from hostsite.tasks import compile_pdf\n"
             "print(json.dumps(compile_pdf.delay('acme', 'docs', 'carol').get(timeout=60)))")],
             cwd=site, env=env, timeout=120).strip().splitlines()[-1])
         assert len(result["token"]) == 32
         assert holders.find_one({"_id": result["token"]}) is None  # released after the body
+
+        # The README's Insights step as typed, under bash (a failing grep fails the step).
+        lines = _run(["bash", "-euo", "pipefail", "-c", _host(INSIGHTS_STEP, tmp, port)],
+                     cwd=site, env=env).strip().splitlines()
+        print("\n".join(lines))
+        held = json.loads(lines[0])["token"]
+        assert holders.find_one({"_id": held})["tenantId"] == "acme"
+        assert lines[1:] == [f'data-token="{held}"', "200", "404",
+                             f"302 {base}/accounts/login/?next=/t/acme/insights/leases",
+                             "<title>Sign in · Vance</title>"]
+        # Beyond what the step greps: the tenant's name comes from the hook, the login page is a 200.
+        cookies = dict(line.split() for line in (tmp / "sessions").read_text().splitlines() if len(line.split()) == 2)
+        status, page, _ = _get(base + "/t/acme/insights/leases", cookie=cookies["ada"])
+        assert status == 200 and held in page and "Acme" in page, page[-2000:]
+        status, login, _ = _get(base + "/accounts/login/")
+        assert status == 200 and 'name="password"' in login, login[-2000:]
+
+        # Beat's sweep: the held lease, its TTL made to have run out an hour ago, is reaped
+        # (reason "idle"). Nothing acquires "tex" from here on, so no acquire's lazy reap of
+        # the resource can take it instead: only a sweep run by the worker can.
+        holders.update_one({"_id": held}, {"$set": {"expiresAt": datetime.now(UTC) - timedelta(hours=1)}})
+        planted = time.monotonic()
+        while holders.find_one({"_id": held}) is not None:
+            assert time.monotonic() - planted < 5 * REAP_INTERVAL + 10, "no sweep reaped the expired holder"
+            time.sleep(0.2)
+        print(f"swept {time.monotonic() - planted:.1f} s after the holder expired")
+        assert mongo[LEASE_DB]["lease_tombstones"].find_one({"_id": held})["reason"] == "idle"
     finally:
-        for process, name in ((worker, "celery worker"), (server, "uvicorn")):
+        for name, process in processes.items():
             process.terminate()
             try:
-                log, _ = process.communicate(timeout=20)
+                logs[name], _ = process.communicate(timeout=20)
             except subprocess.TimeoutExpired:
                 process.kill()
-                log, _ = process.communicate()
-            print(f"{name} log tail:\n" + log[-1500:])
-    print(f"adoption steps took {time.monotonic() - started:.1f} s")
+                logs[name], _ = process.communicate()
+            print(f"{name} log tail:\n" + logs[name][-1500:])
+    sent = [line for line in logs["beat"].splitlines() if "Sending due task lease-sweep (leases.tasks.sweep)" in line]
+    assert sent, logs["beat"][-3000:]
+    print(f"beat sent lease-sweep {len(sent)} times; adoption steps took {time.monotonic() - started:.1f} s")
 
 
-def test_given_the_readme_then_it_shows_the_adoption_files_as_the_test_uses_them():
+def test_given_the_readme_then_it_shows_the_adoption_files_and_commands_as_the_test_uses_them():
     readme = (REPO / "README.md").read_text()
     for name in ("settings_block.py", "tenancy.py", "tasks.py"):
         assert (FILES / name).read_text().rstrip("\n") in readme, f"README's copy of tests/adoption/{name} drifted"
-    assert 'cat "$REPO/tests/adoption/settings_block.py" >> hostsite/settings.py' in readme
+    for command in (SETTINGS_APPEND, COPY_FILES, CELERY_INIT, WORKER + " &", BEAT + " &", UVICORN + " &",
+                    INSIGHTS_STEP):
+        assert command in readme, f"README's adoption steps no longer say:\n{command}"
+    # The cp list is every host file of tests/adoption/ (the settings block is appended, not copied).
+    assert sorted(HOST_FILES) == sorted(p.stem for p in FILES.glob("*.py") if p.name != "settings_block.py")

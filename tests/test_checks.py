@@ -154,3 +154,28 @@ def test_given_a_malformed_pod_endpoint_or_worker_bind_then_e012(overrides):
 def test_given_a_good_pod_endpoint_or_worker_bind_then_no_e012(overrides):
     with override_settings(**overrides):
         assert "leases.E012" not in ids()
+
+
+SWEEP_ENTRY = {"task": "leases.tasks.sweep", "schedule": 30.0, "options": {"expires": 27.0}}
+
+
+def test_given_the_example_settings_then_a_beat_entry_runs_the_sweep_and_no_w006():
+    assert any(e.get("task") == "leases.tasks.sweep" for e in settings.CELERY_BEAT_SCHEDULE.values())
+    assert "leases.W006" not in ids()
+    with override_settings(CELERY_BEAT_SCHEDULE={"other": {"task": "x.y"}, "renamed-sweep": SWEEP_ENTRY}):
+        assert "leases.W006" not in ids()
+
+
+@pytest.mark.parametrize("schedule", [{}, {"other": {"task": "hostsite.tasks.nightly", "schedule": 60.0}},
+                                      {"lease-sweep": {"task": "leases.tasks.swept", "schedule": 30.0}}, None])
+def test_given_no_beat_entry_running_the_sweep_then_w006_names_what_never_runs(schedule):
+    with override_settings(CELERY_BEAT_SCHEDULE=schedule):
+        messages = [m for m in run_checks(tags=["leases"]) if m.id == "leases.W006"]
+    assert len(messages) == 1
+    assert "idle and dead-pod reaps and reconcile never run" in messages[0].msg
+
+
+def test_given_no_celery_beat_schedule_setting_at_all_then_w006():
+    with override_settings():
+        del settings.CELERY_BEAT_SCHEDULE
+        assert "leases.W006" in ids()

@@ -30,3 +30,14 @@ LEASES_INTERNAL_SECRET = os.environ.get("LEASES_INTERNAL_SECRET", "change-me-to-
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/3")
 CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND", "redis://127.0.0.1:6379/3")
 CELERY_IMPORTS = ["hostsite.tasks"]
+
+# Celery beat (run exactly one) schedules the sweep: idle and dead-pod reaps, counter reconcile.
+LEASES_REAP_INTERVAL = int(os.environ.get("LEASES_REAP_INTERVAL", "30"))
+CELERY_BEAT_SCHEDULE = {
+    "lease-sweep": {
+        "task": "leases.tasks.sweep",
+        "schedule": float(LEASES_REAP_INTERVAL),
+        # A run still queued when the next is due is dropped: the next does the same work.
+        "options": {"expires": LEASES_REAP_INTERVAL * 0.9},
+    },
+}
