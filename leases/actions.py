@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from . import audit, listener, reaper, store, validation
+from . import audit, holders, listener, reaper, store, validation
 from .errors import HolderNotFound
 from .handlers import RevokedHolder
 
@@ -48,8 +48,8 @@ def revoke_holder(token: str, *, tenant_id: str | None = None, acting_user: Any,
         validation.entity_id(tenant_id, "tenant id")
     actor = audit.actor_name(acting_user)
     note = validation.reason(reason)
-    query = {"_id": token, "tenantId": tenant_id} if tenant_id is not None else {"_id": token}
-    holder = reaper.reap_holder(query, "revoke")
+    holder = reaper.reap_holder(holders.scoped(token, None if tenant_id is None else holders.scope(tenant_id)),
+                                "revoke")
     if holder is None:
         raise HolderNotFound(f"no holder {token}")
     if dispatch:

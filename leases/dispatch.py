@@ -41,7 +41,8 @@ from dataclasses import dataclass
 
 import pymongo.errors
 
-from . import handlers, http_client, store
+from . import handlers, holders, http_client, store
+from .documents import HolderDoc
 from .errors import LeaseError, LeaseStillHeld
 from .handlers import RevokedHolder
 from .pod_liveness import LeasePodLiveness, liveness as default_liveness
@@ -58,23 +59,27 @@ def _secret() -> str:
     return lease_settings.INTERNAL_SECRET
 
 
-def claim(token: str) -> bool:
-    """Claim the right to run the handler of revocation ``token``; True exactly once.
+def claim(holder: RevokedHolder) -> bool:
+    """Claim the right to run the handler of the revoked ``holder``; True exactly once.
 
     The tombstone written by the reaper carries the claim; if it is missing (tombstone
-    write failed) the claim creates it.
+    write failed) the claim creates it whole, in the shape every tombstone has
+    (:func:`leases.holders.tombstone_fields`), so a tenant-bound lookup of the token
+    still answers EXPIRED with the reason, not STALE_LEASE.
 
     Raises:
         pymongo.errors.PyMongoError: the store is unreachable.
     """
     from .identity import self_pod_id
 
+    ended: HolderDoc = {"_id": holder.token, "tenantId": holder.tenant_id, "projectId": holder.project_id,
+                        "resource": holder.resource}
     try:
         result = store.tombstones().update_one(
-            {"_id": token, "handledBy": {"$exists": False}},
-            # Pipeline: keep the reap time ``at`` (the TTL index ages the tombstone from it).
-            [{"$set": {"handledBy": {"$literal": self_pod_id()}, "handledAt": "$$NOW",
-                       "at": {"$ifNull": ["$at", "$$NOW"]}}}],
+            {"_id": holder.token, "handledBy": {"$exists": False}},
+            # keep: the reap's time ``at`` (the TTL index ages the tombstone from it) and reason stay.
+            [{"$set": {**holders.tombstone_fields(ended, holder.reason, keep=True),
+                       "handledBy": {"$literal": self_pod_id()}, "handledAt": "$$NOW"}}],
             upsert=True,
         )
     except pymongo.errors.DuplicateKeyError:
@@ -314,7 +319,7 @@ class LeaseRevocationDispatcher:
             log.warning("revoked lease %s has type %r without a handler here", holder.token, holder.type)
             return NO_HANDLER
         try:
-            if not claim(holder.token):
+            if not claim(holder):
                 log.info("revocation of %s was already handled elsewhere", holder.token)
                 return ALREADY_HANDLED
         except pymongo.errors.PyMongoError as exc:

@@ -3,7 +3,8 @@
 Every error any part of the package raises on purpose is defined here, so the HTTP layer,
 the Python client and the command line map the same codes to the same classes
 (:func:`by_code`). The sections follow the layer that raises them: the engine, the HTTP
-API and its keys, the Python HTTP client, the pod registry and dispatch, the contrib
+API and its keys, the HTTP answers that name no lease condition (wrong secret, route or
+method, a server bug), the Python HTTP client, the pod registry and dispatch, the contrib
 handlers, the ``lease`` command and the embedded test server.
 """
 
@@ -23,11 +24,14 @@ class LeaseBusy(LeaseError):
 
     ``position`` is the place the request had in the resource's queue when it gave up
     (None when it did not queue); ``retry_after`` a suggested delay in seconds before
-    trying again (None when the engine has no estimate; the HTTP client always sets it
-    from the server's ``Retry-After``).
+    trying again, never None: the engine sets the queue's estimate of the request's turn
+    (else the gate's typical hold, else :attr:`DEFAULT_RETRY_AFTER_S`), the HTTP client
+    the server's ``Retry-After``; without one it is :attr:`DEFAULT_RETRY_AFTER_S`.
     """
 
     code = "LEASE_BUSY"
+    #: The suggested delay when nothing better is known (the HTTP ``Retry-After`` floor).
+    DEFAULT_RETRY_AFTER_S = 1.0
 
     def __init__(self, *, resource: str, level: str, scope: str, count: int | None, cap: int,
                  position: int | None = None, retry_after: float | None = None):
@@ -37,7 +41,7 @@ class LeaseBusy(LeaseError):
         self.count = count
         self.cap = cap
         self.position = position
-        self.retry_after = retry_after
+        self.retry_after: float = self.DEFAULT_RETRY_AFTER_S if retry_after is None else float(retry_after)
         where = f", queue position {position}" if position is not None else ""
         super().__init__(
             f"lease busy: resource {resource!r} level {level} scope {scope!r} holds {count}/{cap}{where}"
@@ -62,7 +66,7 @@ class LeaseRetriesExhausted(LeaseBusy):
         self.count = None
         self.cap = 0
         self.position = position
-        self.retry_after = None
+        self.retry_after = self.DEFAULT_RETRY_AFTER_S
         where = f", queue position {position}" if position is not None else ""
         LeaseError.__init__(self, message or (
             f"lease still busy after {retries} retries: resource {resource!r} level {level or '?'}{where}"))
@@ -172,7 +176,8 @@ class InvalidBody(InvalidLeaseRequest):
 
 
 class BodyTooLarge(InvalidBody):
-    """The request body exceeds the documented size limit (HTTP 400); nothing was read."""
+    """The request body exceeds the documented size limit (HTTP 400 on ``/api/v1/``, 413 on
+    the pod-internal revocation endpoint); nothing of it was parsed."""
 
     code = "BODY_TOO_LARGE"
 
@@ -201,30 +206,68 @@ class UnknownProject(InvalidApiKeyRequest):
     code = "UNKNOWN_PROJECT"
 
 
-# --- Python HTTP client ----------------------------------------------------------------
+# --- HTTP answers that name no lease condition -----------------------------------------
 
 
 class HttpProblem(LeaseError):
-    """A problem answer whose code names no class of this hierarchy.
+    """A problem answer that names no lease condition: one of the HTTP layer's own (the
+    subclasses below: a wrong secret, route or method, a server bug) or a code this
+    hierarchy does not know.
 
-    ``status`` is the HTTP status, ``problem_code`` the ``code`` member of the answer (None
-    when it had none) and ``body`` the whole problem document.
+    ``status`` is the HTTP status (by default the one a server answers the class's
+    condition with, :attr:`http_status`), ``problem_code`` the ``code`` member of the
+    answer (None when it had none) and ``body`` the whole problem document. The Python
+    client raises this class itself for all of them, with the answer's status and body.
     """
 
     code = "HTTP_PROBLEM"
+    #: The HTTP status a server answers this condition with.
+    http_status = 500
 
-    def __init__(self, message: str, *, status: int, problem_code: str | None = None,
+    def __init__(self, message: str, *, status: int | None = None, problem_code: str | None = None,
                  body: dict | None = None):
         super().__init__(message)
-        self.status = status
+        self.status = self.http_status if status is None else status
         self.problem_code = problem_code
         self.body = body or {}
+
+
+class Forbidden(HttpProblem):
+    """A pod-internal request without the right shared secret (``X-Lease-Secret``)."""
+
+    code = "FORBIDDEN"
+    http_status = 403
+
+
+class RouteNotFound(HttpProblem):
+    """No such route on a pod's internal server."""
+
+    code = "NOT_FOUND"
+    http_status = 404
+
+
+class MethodNotAllowed(HttpProblem):
+    """The route does not take that HTTP method (the answer says which in ``Allow``)."""
+
+    code = "METHOD_NOT_ALLOWED"
+    http_status = 405
+
+
+class InternalError(HttpProblem):
+    """An unexpected failure of the server itself (a bug, not a lease condition)."""
+
+    code = "INTERNAL_ERROR"
+    http_status = 500
+
+
+# --- Python HTTP client ----------------------------------------------------------------
 
 
 class ApiKeyRejected(HttpProblem, Unauthenticated):
     """401: missing, wrong or revoked API key (the client's view of ``Unauthenticated``)."""
 
     code = "UNAUTHENTICATED"
+    http_status = 401
 
 
 class HttpCallFailed(LeaseError):

@@ -12,6 +12,9 @@ whichever path touched it last:
 * **Ending** a holder (release, revocation, idle or pod reap) deletes it, returns its
   slots by entry (handing the gate slot to the next waiter) and leaves a tombstone, so a
   later renewal or release answers ``EXPIRED`` with the reason, not ``STALE_LEASE``.
+  Every tombstone has the one shape of :func:`tombstone_fields` (tenant, project,
+  resource, reason, time), whoever writes it: an ended holder, a dropped or abandoned
+  ticket (:func:`drop_ticket`, the queue's prune), the dispatcher's claim.
 * **Scope**: a caller bound to a tenant (an API key, a tenant's operator) passes its
   scope; it is part of every filter, so another tenant's token answers like one that
   never existed.
@@ -156,13 +159,14 @@ def keep_later(token: str, prior: datetime) -> tuple[dict[str, Any], list[dict[s
     return {"_id": token, "state": "HELD"}, [{"$set": {"expiresAt": {"$max": ["$expiresAt", prior]}}}]
 
 
-def answer_for(token: str, tombstone: dict[str, Any] | None) -> LeaseExpired | StaleLease:
-    """Why ``token`` matched no renewal: its tombstone says it ended (EXPIRED with the
-    reason), without one it is unknown in the caller's scope (STALE_LEASE)."""
+def answer_for(token: str, tombstone: dict[str, Any] | None, *, noun: str = "lease") -> LeaseExpired | StaleLease:
+    """Why ``token`` matched no renewal (or no poll, ``noun="ticket"``): its tombstone says
+    it ended (EXPIRED with the reason), without one it is unknown in the caller's scope
+    (STALE_LEASE)."""
     if tombstone is not None:
-        return LeaseExpired(f"lease {token} has ended ({tombstone.get('reason', 'ended')})",
+        return LeaseExpired(f"{noun} {token} has ended ({tombstone.get('reason', 'ended')})",
                             reason=tombstone.get("reason"))
-    return StaleLease(f"unknown lease token {token}")
+    return StaleLease(f"unknown lease token {token}" if noun == "lease" else f"unknown {noun} {token}")
 
 
 def count_check(doc: HolderDoc | None, ok: bool) -> None:
@@ -226,22 +230,41 @@ def expire(token: str) -> LeaseExpired:
     return LeaseExpired(f"lease {token} passed its expiry deadline", reason="idle")
 
 
-def ended(token: str, bound: Scope | None) -> LeaseExpired | StaleLease:
-    """Why ``token`` is no lease (any more), from its tombstone (one read).
+def ended(token: str, bound: Scope | None, *, noun: str = "lease") -> LeaseExpired | StaleLease:
+    """Why ``token`` is no lease (or ticket) any more, from its tombstone (one read).
 
     Raises:
         pymongo.errors.PyMongoError: the store is unreachable.
     """
-    return answer_for(token, store.tombstones().find_one(scoped(token, bound), {"reason": 1}))
+    return answer_for(token, store.tombstones().find_one(scoped(token, bound), {"reason": 1}), noun=noun)
+
+
+def tombstone_fields(doc: HolderDoc, reason: str, *, keep: bool = False) -> dict[str, Any]:
+    """The one shape of a tombstone, as the ``$set`` of a pipeline update: the ended
+    holder's (or ticket's) tenant, project and resource, the reason and the time.
+
+    Every writer of a tombstone goes through here, so a tenant-bound lookup
+    (:func:`scoped`) finds each one whoever wrote it. ``keep``: a field an earlier write
+    set stays (the dispatcher's claim must not move the reap's ``at``, from which the TTL
+    index ages the tombstone, nor its reason); a missing tombstone is written whole.
+    """
+    values = {
+        "tenantId": doc.get("tenantId"),
+        # projectId lets project-bound API keys see only their project's tombstones.
+        "projectId": doc.get("projectId"),
+        "reason": reason,
+        "resource": doc.get("resource"),
+    }
+    fields: dict[str, Any] = {name: {"$literal": value} for name, value in values.items()}
+    fields["at"] = "$$NOW"
+    if keep:
+        fields = {name: {"$ifNull": [f"${name}", value]} for name, value in fields.items()}
+    return fields
 
 
 def tombstone_upsert(doc: HolderDoc, reason: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The tombstone command (filter, pipeline; an upsert) of the ended holder ``doc``."""
-    return {"_id": doc["_id"]}, [{"$set": {
-        "tenantId": {"$literal": doc.get("tenantId")},
-        # projectId lets project-bound API keys see only their project's tombstones.
-        "projectId": {"$literal": doc.get("projectId")}, "reason": {"$literal": reason},
-        "resource": {"$literal": doc.get("resource")}, "at": "$$NOW"}}]
+    return {"_id": doc["_id"]}, [{"$set": tombstone_fields(doc, reason)}]
 
 
 def needs_tombstone(doc: HolderDoc, reason: str) -> bool:
@@ -259,6 +282,34 @@ def record_tombstone(doc: HolderDoc, reason: str) -> None:
         pymongo.errors.PyMongoError: the store is unreachable.
     """
     store.tombstones().update_one(*tombstone_upsert(doc, reason), upsert=True)
+
+
+def drop_ticket(query: dict[str, Any], reason: str, *, known: HolderDoc | None = None,
+                dequeue: bool = False) -> HolderDoc | None:
+    """End a ticket that was never granted: delete its ``PENDING`` holder (``query``, the
+    caller's tenant binding included) and tombstone it, so a later poll answers EXPIRED.
+
+    A waiting holder books no slot, so nothing goes back to a counter. ``dequeue``: also
+    take the ticket out of its gate's queue (between the delete and the tombstone, as
+    the queue itself does). ``known``: the caller already knows the ticket is over (its
+    holder as read): it is tombstoned even when someone else deleted the holder first
+    (the queue's prune does, and tombstones it too: this writes the same document again).
+
+    Returns:
+        The deleted holder, or ``None`` when none matched.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed.
+    """
+    doc = store.holders().find_one_and_delete({**query, "state": "PENDING"})
+    if doc is not None and dequeue:
+        keys = slots.holder_keys(doc)
+        if keys:
+            waiting.dequeue(keys[-1], doc["_id"])
+    ticket = doc if doc is not None else known
+    if ticket is not None:
+        record_tombstone(ticket, reason)
+    return doc
 
 
 def end(query: dict[str, Any], reason: str, *, hold_ms: float | None = None) -> HolderDoc | None:

@@ -376,6 +376,18 @@ class _Attempt:
                      expires_at=held.get("expiresAt"), acquired_at=held.get("acquiredAt"),
                      last_seen_at=held.get("lastSeenAt"), interval_seconds=held.get("intervalSeconds"))
 
+    def ticket(self, level: str, arrived: datetime | None, *, waker: str | None = None) -> dict[str, Any]:
+        """This attempt's ticket in the gate's queue, arrived (and last kept alive) at
+        ``arrived``, blocked last at ``level``; ``waker`` is its process's wake-up channel."""
+        request = self.request
+        caps = {spec.level: spec.cap for spec in self.specs if spec is not self.gate}
+        ticket = {"id": self.token, "t": request.tenant_id, "p": request.project_id, "u": request.user_id,
+                  "at": arrived, "seen": arrived, "ttl": waiting.ticket_ttl_ms(), "caps": caps, "lvl": level,
+                  "w": waker}
+        # Weights and class resolved now, so the order rule needs nothing but the gate.
+        ticket.update(shares.ticket_fields(self.definition, request, self.priority))
+        return ticket
+
     def give_back(self, keys: list[str]) -> None:
         waiting.give_back(keys, self.booking)
 
@@ -399,12 +411,41 @@ class _Vanished(Exception):
     """The holder document disappeared mid-funnel (reaped during a stall)."""
 
 
-def _busy(definition: LeaseDefinition, blocked: _Blocked, *, position: int | None = None,
-          retry_after: float | None = None) -> LeaseBusy:
+def _busy(attempt: _Attempt, blocked: _Blocked, *, position: int | None = None,
+          gate: dict[str, Any] | None = None, placed: bool = True) -> LeaseBusy:
+    """The Busy answer of ``attempt``, blocked at ``blocked``; ``gate`` is the gate as last
+    seen (default: the blocking counter, when that is the gate) and ``placed`` whether the
+    attempt still has its place there, for the retry delay (:func:`_retry_after_s`)."""
     counter = blocked.counter
     count = None if counter is None else int(counter.get("count", 0))
-    return LeaseBusy(resource=definition.resource, level=blocked.spec.level, scope=blocked.spec.scope,
-                     count=count, cap=blocked.spec.cap, position=position, retry_after=retry_after)
+    return LeaseBusy(resource=attempt.definition.resource, level=blocked.spec.level, scope=blocked.spec.scope,
+                     count=count, cap=blocked.spec.cap, position=position,
+                     retry_after=_retry_after_s(attempt, counter if gate is None else gate, placed=placed))
+
+
+def _retry_after_s(attempt: _Attempt, gate: dict[str, Any] | None, *, placed: bool = True) -> float:
+    """Suggested seconds before ``attempt`` asks again (``LeaseBusy.retry_after``), from
+    the gate document in hand (no command of its own).
+
+    The queue's estimate of the attempt's turn (:mod:`leases.estimates`): its own ticket's
+    when it is queued and live (and ``placed``: it has not lost its place), else that of a
+    newcomer at the back of the queue (a request that did not wait, or whose kept ticket
+    was lost). When the walk does not reach it, the gate's typical hold. Without a gate
+    document (a narrower level blocked: its counter keeps no holds) or any hold on record
+    at the gate, the floor ``LeaseBusy.DEFAULT_RETRY_AFTER_S`` (1 s, as HTTP's ``Retry-After``).
+    """
+    floor = LeaseBusy.DEFAULT_RETRY_AFTER_S
+    if gate is None or gate.get("_id") != attempt.gate.key or gate.get("clock") is None:
+        return floor
+    now = gate["clock"]
+    ms = estimates.wait_ms(gate, attempt.token, now) if placed else None
+    if ms is None:
+        queue = [t for t in gate.get("queue") or () if t.get("id") != attempt.token]
+        newcomer = attempt.ticket(attempt.gate.level, now)
+        ms = estimates.wait_ms({**gate, "queue": [*queue, newcomer]}, attempt.token, now)
+    if ms is None:
+        ms = estimates.mean_hold_ms(gate)
+    return floor if ms is None else round(ms / 1000.0, 3)
 
 
 def resolve_definition(request: LeaseRequest) -> LeaseDefinition | None:
@@ -582,7 +623,7 @@ def _fail_fast(attempt: _Attempt, blocked: _Blocked) -> Lease:
             except _Blocked as again:
                 blocked = again
     attempt.discard()
-    raise _busy(attempt.definition, blocked)
+    raise _busy(attempt, blocked)
 
 
 class _Waiter:
@@ -602,15 +643,8 @@ class _Waiter:
         self.queued_at = 0.0  # monotonic
 
     def _ticket(self) -> dict[str, Any]:
-        request = self.attempt.request
-        caps = {spec.level: spec.cap for spec in self.attempt.specs if spec is not self.attempt.gate}
-        ticket = {"id": self.attempt.token, "t": request.tenant_id, "p": request.project_id, "u": request.user_id,
-                  "at": self.attempt.acquired_at, "seen": self.attempt.acquired_at, "ttl": waiting.ticket_ttl_ms(),
-                  "caps": caps, "lvl": self.blocked.spec.level if self.blocked else self.attempt.gate.level,
-                  "w": wakeups.process_id()}
-        # Weights and class resolved now, so the order rule needs nothing but the gate.
-        ticket.update(shares.ticket_fields(self.attempt.definition, request, self.attempt.priority))
-        return ticket
+        return self.attempt.ticket(self.blocked.spec.level if self.blocked else self.attempt.gate.level,
+                                   self.attempt.acquired_at, waker=wakeups.process_id())
 
     def wait(self, blocked: _Blocked) -> "Lease | Ticket":
         """Wait in the queue until granted, out of time (Busy) or kept as a ticket.
@@ -687,7 +721,10 @@ class _Waiter:
             wakeups.unregister(self.attempt.token)
             metrics.WAITING.labels(resource=self.tag).dec()
             metrics.WAIT_SECONDS.labels(resource=self.tag).observe(time.monotonic() - self.started)
-            shares.observe_wait(self.attempt.definition, self.attempt.priority[1], time.monotonic() - self.started)
+            if outcome != "ticket":
+                # A kept ticket's wait has not ended: the poll that grants it records it
+                # (resume), from its arrival to its grant.
+                shares.observe_wait(self.attempt.definition, self.attempt.priority[1], time.monotonic() - self.started)
             history.waited(self, outcome, time.monotonic() - self.started)
             metrics.WAIT_OUTCOME.labels(resource=self.tag, outcome=outcome).inc()
 
@@ -713,7 +750,9 @@ class _Waiter:
         keep_ms = int(self.keep_ms or 0)
         gate = _step(self.attempt, lambda: waiting.keep_alive(self.gate_key, self.attempt.token, ttl_ms=keep_ms))
         if gate is None:
-            raise _busy(self.attempt.definition, self.blocked or _Blocked(self.attempt.gate, None))
+            # Its place is lost: the delay is a newcomer's, from the gate as last seen.
+            raise _busy(self.attempt, self.blocked or _Blocked(self.attempt.gate, None), gate=self.gate,
+                        placed=False)
         return Ticket.of(self.attempt.token, self.attempt.definition, gate, self.blocked)
 
     def _decide(self, *, again: bool = True) -> Lease | None:
@@ -806,9 +845,7 @@ class _Waiter:
                 self.attempt.discard()
         except pymongo.errors.PyMongoError as exc:
             log.info("timeout clean-up of %s failed (%s); the ticket goes stale by itself", self.attempt.token, exc)
-        ms = None if gate is None else estimates.wait_ms(gate, self.attempt.token, gate["clock"])
-        return _busy(self.attempt.definition, blocked, position=place,
-                     retry_after=None if ms is None else round(ms / 1000.0, 3))
+        return _busy(self.attempt, blocked, position=place, gate=gate)
 
 
 @dataclass(frozen=True)
@@ -876,25 +913,25 @@ def resume(ticket_id: str, *, scope: holders.Scope, keep_ms: int) -> "Lease | Ti
         LeaseExpired: the ticket was dropped (not polled within its deadline, or abandoned).
         LeaseUnavailable: the store failed or the configuration is broken.
     """
-    from .errors import LeaseExpired, StaleLease
+    from .errors import LeaseExpired
 
     validation.token(ticket_id)
+    mine = holders.scoped(ticket_id, scope)
     try:
         with _bound():
             holder = store.holders().find_one_and_update(
-                {"_id": ticket_id, **scope, "state": "PENDING"},
+                {**mine, "state": "PENDING"},
                 [{"$set": {"polledAt": "$$NOW", "expiresAt": {"$add": ["$$NOW", {"$max": [
                     int(keep_ms), {"$multiply": [{"$ifNull": ["$ttlSeconds", 0]}, 1000]}]}]}}}],
                 return_document=ReturnDocument.AFTER)
             if holder is None:
-                holder = store.holders().find_one({"_id": ticket_id, **scope, "state": "HELD"})
-            tombstone = None if holder is not None else store.tombstones().find_one({"_id": ticket_id, **scope})
+                holder = store.holders().find_one({**mine, "state": "HELD"})
+            gone = None if holder is not None else holders.ended(ticket_id, scope, noun="ticket")
     except pymongo.errors.PyMongoError as exc:
         raise LeaseUnavailable(f"lease store unreachable: {exc.__class__.__name__}") from None
-    if holder is None:
-        if tombstone is not None:
-            raise LeaseExpired(f"ticket {ticket_id} has ended ({tombstone.get('reason')})", reason=tombstone.get("reason"))
-        raise StaleLease(f"unknown ticket {ticket_id}")
+    if gone is not None:
+        raise gone
+    assert holder is not None  # no answer from the tombstone means the ticket's holder was found
     request = LeaseRequest(type=holder.get("type", ""), lease=holder.get("leaseName"), tenant_id=holder["tenantId"],
                            project_id=holder["projectId"], user_id=holder["userId"],
                            holder_ref=holder.get("holderRef", ""), pod=holder.get("pod", ""),
@@ -922,8 +959,7 @@ def resume(ticket_id: str, *, scope: holders.Scope, keep_ms: int) -> "Lease | Ti
             current = waiting.read_gate(attempt.gate.key)
             if current is not None:
                 waiting.prune(current)
-            store.holders().delete_one({"_id": ticket_id, "state": "PENDING"})
-            holders.record_tombstone(holder, "ticket-expired")
+            holders.drop_ticket(mine, "ticket-expired", known=holder)
 
         _step(attempt, drop)
         raise LeaseExpired(f"ticket {ticket_id} was not polled in time", reason="ticket-expired")
@@ -932,8 +968,22 @@ def resume(ticket_id: str, *, scope: holders.Scope, keep_ms: int) -> "Lease | Ti
     if lease is not None:
         metrics.ACQUIRE.labels(resource=metrics.resource_tag(definition.resource), outcome="success").inc()
         history.grant(definition.resource, request.tenant_id)
+        _observe_ticket_wait(attempt, gate, holder, lease)
         return lease
     return Ticket.of(ticket_id, definition, waiter.gate or gate, waiter.blocked)
+
+
+def _observe_ticket_wait(attempt: _Attempt, gate: dict[str, Any], holder: dict[str, Any], lease: Lease) -> None:
+    """Record the per-class wait of a ticket granted on a poll, once: from its arrival in
+    the queue (the ticket's ``at``, else its holder's ``acquiredAt``) to the grant (the
+    HELD update's ``lastSeenAt``), both MongoDB's clock as stored. The request that kept
+    the ticket recorded none in this histogram, nor does a poll answering it again."""
+    ticket: dict[str, Any] = next((t for t in gate.get("queue") or () if t.get("id") == attempt.token), {})
+    arrived = ticket.get("at") or holder.get("acquiredAt")
+    if arrived is None or lease.last_seen_at is None:
+        return
+    waited = max(0.0, (lease.last_seen_at - arrived).total_seconds())
+    shares.observe_wait(attempt.definition, attempt.priority[1], waited)
 
 
 def abandon(ticket_id: str, *, scope: holders.Scope) -> bool:
@@ -947,12 +997,7 @@ def abandon(ticket_id: str, *, scope: holders.Scope) -> bool:
     """
     try:
         with _bound():
-            holder = store.holders().find_one_and_delete({"_id": ticket_id, "state": "PENDING", **scope})
-            if holder is not None:
-                keys = slots.holder_keys(holder)
-                if keys:
-                    waiting.dequeue(keys[-1], ticket_id)
-                holders.record_tombstone(holder, "abandoned")
+            if holders.drop_ticket(holders.scoped(ticket_id, scope), "abandoned", dequeue=True) is not None:
                 return True
     except pymongo.errors.PyMongoError as exc:
         raise LeaseUnavailable(f"lease store unreachable: {exc.__class__.__name__}") from None

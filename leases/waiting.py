@@ -145,6 +145,8 @@ def prune(gate: dict[str, Any], ids: list[str] | None = None, *, reason: str = "
     Raises:
         pymongo.errors.PyMongoError: the store failed.
     """
+    from . import holders
+
     stale = order.stale_ids(gate, gate["clock"]) if ids is None else list(ids)
     if not stale:
         return gate
@@ -152,12 +154,14 @@ def prune(gate: dict[str, Any], ids: list[str] | None = None, *, reason: str = "
         {"_id": gate["_id"]}, {"$pull": {"queue": {"id": {"$in": stale}}}, "$currentDate": {"clock": True}},
         return_document=ReturnDocument.AFTER)
     # Remember the ids, so a client polling a ticket late is told EXPIRED, not "unknown".
+    # The holders are deleted in one command, so their tombstones come from the tickets
+    # (who waited) and the gate (where), in the one shape every tombstone has.
     store.holders().delete_many({"_id": {"$in": stale}, "state": "PENDING"})
     by_id = {t["id"]: t for t in gate.get("queue") or ()}
     store.tombstones().bulk_write([
-        UpdateOne({"_id": tid}, [{"$set": {"tenantId": {"$literal": by_id.get(tid, {}).get("t")},
-                                          "projectId": {"$literal": by_id.get(tid, {}).get("p")},
-                                          "reason": reason, "at": "$$NOW"}}], upsert=True)
+        UpdateOne(*holders.tombstone_upsert({"_id": tid, "tenantId": by_id.get(tid, {}).get("t"),
+                                             "projectId": by_id.get(tid, {}).get("p"),
+                                             "resource": gate.get("resource", "")}, reason), upsert=True)
         for tid in stale], ordered=False)
     log.info("queue %s: dropped %d tickets (%s)", gate["_id"], len(stale), reason)
     return after or gate

@@ -16,10 +16,11 @@ import pytest
 from django.test import Client
 
 import leases
-from leases import config, dispatch, handlers, internal_server, listener, pod_leases, reaper, store
+from leases import config, dispatch, handlers, holders, internal_server, listener, pod_leases, reaper, store
 from leases.definitions import document_path
 from leases.dispatch import LeaseRevocationDispatcher
 from leases.embedded import free_port
+from leases.errors import BodyTooLarge, LeaseExpired
 from leases.identity import self_pod_id
 
 
@@ -120,6 +121,29 @@ def test_given_dead_or_detached_pod_then_matrix_row_applies(recorder, dispatcher
     assert len(recorder.seen) == runs
     if runs:
         assert recorder.seen[0].payload == {"jobId": "j-1"}
+
+
+def test_given_the_reaps_tombstone_was_lost_when_the_handler_is_claimed_then_the_token_answers_expired_in_its_scope(
+        recorder, dispatcher):
+    holder = revoke(take())
+    store.tombstones().delete_one({"_id": holder.token})  # the reap's tombstone write failed
+    assert dispatcher.dispatch(holder) == "local"
+    tombstone = store.tombstones().find_one({"_id": holder.token})
+    assert (tombstone["tenantId"], tombstone["projectId"], tombstone["resource"], tombstone["reason"],
+            tombstone["handledBy"]) == ("t1", "p1", "res", "revoke", self_pod_id())
+    # A tenant-bound lookup (HTTP renew, release, ticket poll) says it ended, and why.
+    answer = holders.ended(holder.token, holders.scope("t1", "p1"))
+    assert isinstance(answer, LeaseExpired) and answer.reason == "revoke"
+
+
+def test_given_the_reaps_tombstone_when_the_handler_is_claimed_then_its_time_and_reason_stay(recorder, dispatcher):
+    holder = revoke(take())
+    before = store.tombstones().find_one({"_id": holder.token})
+    store.tombstones().update_one({"_id": holder.token}, {"$set": {"reason": "pod"}})
+    assert dispatcher.dispatch(holder) == "local"
+    after = store.tombstones().find_one({"_id": holder.token})
+    assert (after["at"], after["reason"], after["tenantId"]) == (before["at"], "pod", "t1")
+    assert dispatcher.dispatch(holder) == dispatch.ALREADY_HANDLED  # claimed once
 
 
 def test_given_no_handler_here_and_no_peer_then_outcome_says_no_handler_ran(recorder):
@@ -254,6 +278,14 @@ def test_given_right_secret_then_202_and_the_local_handler_runs_asynchronously(r
     assert response.status_code == 202 and response.json() == {"accepted": holder.token}
     assert dispatch.get_dispatcher().drain(5)
     assert [h.token for h in recorder.seen] == [holder.token]
+
+
+def test_given_a_revocation_body_over_the_limit_then_413_with_the_body_too_large_code(recorder, csrf_client):
+    holder = revoke(take())
+    response = post(csrf_client, None, raw=json.dumps({**holder.to_wire(), "pad": "x" * (64 * 1024)}))
+    assert response.status_code == 413 and response.json()["code"] == BodyTooLarge.code == "BODY_TOO_LARGE"
+    assert dispatch.get_dispatcher().drain(5)
+    assert recorder.seen == []
 
 
 @pytest.mark.parametrize("mutate, status, code", [

@@ -69,4 +69,31 @@ def test_given_a_revoked_session_then_it_is_a_lost_lease_with_its_own_code():
 def test_given_a_busy_error_then_retry_after_is_an_attribute_of_the_class():
     busy = errors.LeaseBusy(resource="r", level="user", scope="acme/u1", count=1, cap=1, retry_after=2.5)
     assert busy.retry_after == 2.5 and busy.position is None
-    assert errors.LeaseBusy(resource="r", level="user", scope="s", count=None, cap=1).retry_after is None
+    # Never None: without a suggestion the floor the HTTP Retry-After also has.
+    assert errors.LeaseBusy(resource="r", level="user", scope="s", count=None, cap=1).retry_after == 1.0
+    assert errors.LeaseRetriesExhausted(retries=3, resource="r").retry_after == 1.0
+
+
+@pytest.mark.parametrize("code, status", [("FORBIDDEN", 403), ("NOT_FOUND", 404), ("METHOD_NOT_ALLOWED", 405),
+                                          ("INTERNAL_ERROR", 500)])
+def test_given_an_http_layer_code_then_its_class_is_an_http_problem_with_the_status_the_server_answers(code, status):
+    cls = errors.by_code(code)
+    assert cls is not None and issubclass(cls, errors.HttpProblem) and cls.http_status == status
+    assert cls("x").status == status and cls("x", status=418).status == 418
+
+
+def test_given_the_package_sources_then_no_module_but_errors_spells_an_error_code_literally():
+    codes = {cls.code for cls in _hierarchy()}
+    package = Path(errors.__file__).parent
+    # The client decodes answers by status and code; a pod lease's outcomes (STALE_LEASE,
+    # EXPIRED) are answers of the pod registry, not errors.
+    allowed = {package / "errors.py", package / "client.py", package / "pod_leases.py"}
+    offenders = []
+    for root in PACKAGES:
+        for path in root.rglob("*.py"):
+            if path in allowed or "migrations" in path.parts:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Constant) and node.value in codes:
+                    offenders.append(f"{path.relative_to(root.parent)}:{node.lineno} {node.value}")
+    assert offenders == []

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 import pytest
 
 import leases
-from leases import config, holders, reaper, store
+from leases import config, holders, reaper, store, waiting
 from leases.definitions import document_path
 from leases.errors import InvalidLeaseRequest, LeaseExpired, StaleLease
 from tests.helpers import counted_commands, quiet_handler_fixture
@@ -120,3 +120,78 @@ def test_given_a_release_then_the_tombstone_is_bound_to_the_holders_tenant_and_p
         holders.renew(lease.token, bound=holders.scope("globex"))
     with pytest.raises(LeaseExpired):
         holders.renew(lease.token, bound=holders.scope("acme", "p1"))
+
+
+def tombstone_fields(token):
+    return store.tombstones().find_one({"_id": token}, {"_id": 0, "at": 0, "handledBy": 0, "handledAt": 0})
+
+
+RES_TOMBSTONE = {"tenantId": "acme", "projectId": "p1", "resource": "res"}
+
+
+def test_given_a_dropped_ticket_then_its_tombstone_has_the_shape_of_a_released_holders():
+    released = held()
+    released.release()
+    for token in ("P" * 32, "Q" * 32):
+        store.holders().insert_one({"_id": token, "state": "PENDING", "tenantId": "acme", "projectId": "p1",
+                                    "userId": "u1", "keys": ["res|project|acme/p1"], "resource": "res"})
+    with counted_commands() as counted:
+        dropped = holders.drop_ticket({"_id": "P" * 32}, "abandoned")
+    assert dropped["_id"] == "P" * 32 and doc("P" * 32) is None
+    assert counted.commands == ["findAndModify", "update"]  # the delete, the tombstone: no read between
+    assert tombstone_fields("P" * 32) == {**RES_TOMBSTONE, "reason": "abandoned"}
+    assert set(tombstone_fields("P" * 32)) == set(tombstone_fields(released.token))
+    # Another tenant's filter matches nothing and writes nothing.
+    assert holders.drop_ticket(holders.scoped("Q" * 32, holders.scope("globex")), "abandoned") is None
+    assert doc("Q" * 32) is not None and store.tombstones().find_one({"_id": "Q" * 32}) is None
+    answer = holders.ended("P" * 32, holders.scope("acme", "p1"), noun="ticket")
+    assert isinstance(answer, LeaseExpired) and answer.reason == "abandoned" and "ticket" in str(answer)
+
+
+def test_given_a_ticket_someone_else_deleted_when_dropped_as_known_then_it_is_tombstoned_all_the_same():
+    ticket = {"_id": "K" * 32, "state": "PENDING", "tenantId": "acme", "projectId": "p1", "resource": "res"}
+    assert holders.drop_ticket({"_id": "K" * 32}, "ticket-expired") is None
+    assert store.tombstones().find_one({"_id": "K" * 32}) is None  # unknown and not known: nothing to say
+    assert holders.drop_ticket({"_id": "K" * 32}, "ticket-expired", known=ticket) is None
+    assert tombstone_fields("K" * 32) == {**RES_TOMBSTONE, "reason": "ticket-expired"}
+
+
+def test_given_an_abandoned_ticket_then_it_leaves_the_queue_before_it_is_tombstoned():
+    config.put_document("_vance", "_tenant", document_path("res"), "levels: {global: 1}\nwaitMs: 0")
+    gate_key = "res|global|*"
+    holding = leases.acquire(leases.LeaseRequest(type="test", lease="res", tenant_id="acme", project_id="p1",
+                                                 user_id="h"))
+    token = "W" * 32
+    store.holders().insert_one({"_id": token, "state": "PENDING", "tenantId": "acme", "projectId": "p1",
+                                "userId": "w", "keys": [gate_key], "resource": "res"})
+    now = store.server_now()
+    waiting.enqueue(gate_key, {"id": token, "t": "acme", "p": "p1", "u": "w", "at": now, "seen": now, "ttl": 60000})
+    with counted_commands() as counted:
+        assert holders.drop_ticket({"_id": token}, "abandoned", dequeue=True) is not None
+    assert counted.commands == ["findAndModify", "update", "update"]
+    assert [t["id"] for t in store.counters().find_one({"_id": gate_key}).get("queue") or ()] == []
+    assert tombstone_fields(token) == {**RES_TOMBSTONE, "reason": "abandoned"}
+    holding.release()
+
+
+def test_given_tickets_the_queue_drops_then_their_tombstones_have_the_one_shape_with_the_gates_resource():
+    config.put_document("_vance", "_tenant", document_path("res"), "levels: {global: 1}\nwaitMs: 0")
+    gate_key = "res|global|*"
+    holding = leases.acquire(leases.LeaseRequest(type="test", lease="res", tenant_id="acme", project_id="p1",
+                                                 user_id="h"))
+    token = "G" * 32
+    now = store.server_now()
+    waiting.enqueue(gate_key, {"id": token, "t": "acme", "p": "p1", "u": "w", "at": now, "seen": now, "ttl": 60000})
+    waiting.prune(store.counters().find_one({"_id": gate_key}), [token], reason="waiter-gone")
+    assert tombstone_fields(token) == {**RES_TOMBSTONE, "reason": "waiter-gone"}
+    answer = holders.ended(token, holders.scope("acme", "p1"))
+    assert isinstance(answer, LeaseExpired) and answer.reason == "waiter-gone"
+    holding.release()
+
+
+def test_given_a_claim_on_an_existing_tombstone_then_its_fields_and_time_stay():
+    fields = holders.tombstone_fields({"_id": "t", "tenantId": "acme", "projectId": "p1", "resource": "res"},
+                                      "revoke", keep=True)
+    assert fields["at"] == {"$ifNull": ["$at", "$$NOW"]}
+    assert fields["reason"] == {"$ifNull": ["$reason", {"$literal": "revoke"}]}
+    assert set(fields) == {"tenantId", "projectId", "resource", "reason", "at"}

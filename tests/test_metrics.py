@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from prometheus_client import REGISTRY
 
@@ -56,3 +58,31 @@ def test_given_a_queued_acquire_then_wait_metrics_are_labelled_by_resource():
     assert sample("vance_lease_wait_seconds_count", resource="meter-w") >= 1
     assert sample("vance_lease_waiting", resource="meter-w") == 0
     held.release()
+
+
+def test_given_a_kept_ticket_granted_on_a_later_poll_then_its_class_wait_is_recorded_once_up_to_the_grant():
+    from leases import holders, service
+
+    config.put_document("_vance", "_tenant", document_path("metered"),
+                        "resource: meter-t\nlevels: {global: 1}\nwaitMs: 10000")
+    labels = {"resource": "meter-t", "priority": "none"}
+    held = leases.acquire(req("metered"))
+    count = sample("vance_lease_wait_by_class_seconds_count", **labels)
+    total = sample("vance_lease_wait_by_class_seconds_sum", **labels)
+    ticket = service.acquire_or_ticket(req("metered", user="u2", wait_ms=50), keep_ms=30000)
+    assert isinstance(ticket, service.Ticket)
+    # Kept, not granted: its wait has not ended.
+    assert sample("vance_lease_wait_by_class_seconds_count", **labels) == count
+    time.sleep(0.5)
+    held.release()
+    scope = holders.scope("acme", "p1")
+    lease = service.resume(ticket.id, scope=scope, keep_ms=30000)
+    assert isinstance(lease, service.Lease)
+    assert sample("vance_lease_wait_by_class_seconds_count", **labels) == count + 1
+    waited = sample("vance_lease_wait_by_class_seconds_sum", **labels) - total
+    # From the ticket's arrival to the grant on the server's clock: the half second it sat
+    # kept counts, not only the 50 ms until it was kept.
+    assert 0.5 <= waited < 10
+    assert isinstance(service.resume(ticket.id, scope=scope, keep_ms=30000), service.Lease)  # answered again
+    assert sample("vance_lease_wait_by_class_seconds_count", **labels) == count + 1
+    lease.release()

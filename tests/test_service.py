@@ -9,9 +9,10 @@ import pymongo
 import pytest
 
 import leases
-from leases import config, definitions, handlers, holders, reaper, service, store
+from leases import config, definitions, handlers, holders, reaper, service, store, waiting
 from leases.definitions import document_path
 from leases.errors import LeaseExpired
+from tests import helpers
 from tests.helpers import counted_commands
 
 
@@ -87,6 +88,69 @@ def test_given_user_cap_when_full_then_narrowest_level_is_reported_first():
     assert busy.value.level == "user"
     # The global counter was never touched by the rejected attempt (user checked first).
     assert counter("res|global|*") == 1
+
+
+GATE = "res|global|*"
+
+
+def typical_hold(ms, key=GATE):
+    """Give the gate a hold history, as its releases record it (no calibration yet)."""
+    store.counters().update_one({"_id": key}, {"$set": {"holds": [float(ms)] * 3}, "$unset": {"er": ""}})
+
+
+def test_given_no_wait_and_no_hold_on_record_then_busy_suggests_the_floor_not_nothing():
+    put("res", "levels: {global: 1}\nwaitMs: 0")
+    held = leases.acquire(req(user="h"))
+    with pytest.raises(leases.LeaseBusy) as busy:
+        leases.acquire(req(user="w"))
+    assert busy.value.retry_after == leases.LeaseBusy.DEFAULT_RETRY_AFTER_S == 1.0
+    held.release()
+
+
+def test_given_no_wait_and_a_hold_history_then_busy_suggests_a_newcomers_turn_behind_the_queue():
+    put("res", "levels: {global: 1}\nwaitMs: 10000")
+    held = leases.acquire(req(user="h"))
+    typical_hold(4000)
+    with pytest.raises(leases.LeaseBusy) as busy:
+        leases.acquire(req(user="n1", wait_ms=0))
+    # Behind one holder of cap 1: half a typical hold.
+    assert busy.value.retry_after == pytest.approx(2.0)
+    waiter = helpers.queue_up(req(user="w", wait_ms=10000), GATE)
+    with pytest.raises(leases.LeaseBusy) as busy:
+        leases.acquire(req(user="n2", wait_ms=0))
+    # The waiter goes first: one hold and a half.
+    assert busy.value.retry_after == pytest.approx(6.0) and busy.value.position is None
+    held.release()
+    waiter.join(10)
+    waiter.lease.release()
+
+
+def test_given_no_wait_and_a_narrower_level_full_then_busy_suggests_the_floor():
+    put("res", "levels: {global: 9, user: 1}\nwaitMs: 0")
+    held = leases.acquire(req())
+    typical_hold(4000)  # the gate's, but the user level's counter is what the attempt read
+    with pytest.raises(leases.LeaseBusy) as busy:
+        leases.acquire(req(project="p2"))
+    assert busy.value.level == "user" and busy.value.retry_after == 1.0
+    held.release()
+
+
+def test_given_a_kept_ticket_lost_then_busy_suggests_a_newcomers_turn(monkeypatch):
+    put("res", "levels: {global: 1}\nwaitMs: 10000")
+    held = leases.acquire(req(user="h"))
+    typical_hold(4000)
+    real = waiting.keep_alive
+
+    def lose_kept(gate_key, ticket_id, *, ttl_ms=None, live_at=None):
+        if ttl_ms is not None:  # keeping the ticket for the poller: it is gone meanwhile
+            return None
+        return real(gate_key, ticket_id, ttl_ms=ttl_ms, live_at=live_at)
+
+    monkeypatch.setattr(waiting, "keep_alive", lose_kept)
+    with pytest.raises(leases.LeaseBusy) as busy:
+        service.acquire_or_ticket(req(user="w", wait_ms=100), keep_ms=10000)
+    assert busy.value.retry_after == pytest.approx(2.0)
+    held.release()
 
 
 def test_given_cap_one_then_the_lease_is_exclusive_until_released():

@@ -21,7 +21,7 @@ from django.views.decorators.http import require_POST
 from leases import actions, dispatch, tasks
 from leases.api.internal_auth import authorized, error
 from leases.dispatch import SECRET_HEADER, get_dispatcher
-from leases.errors import HolderNotFound, InvalidLeaseRequest
+from leases.errors import Forbidden, HolderNotFound, InvalidLeaseRequest, LeaseUnavailable
 from leases.identity import self_pod_id
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ def _answer(holders: list, settled: list[tuple[Any, dispatch.Outcome]], status: 
 
 def _guarded(request: HttpRequest, act) -> JsonResponse:
     if not authorized(request):
-        return error(403, "FORBIDDEN", f"missing or wrong {SECRET_HEADER}")
+        return error(Forbidden.http_status, Forbidden.code, f"missing or wrong {SECRET_HEADER}")
     dispatcher = get_dispatcher()
     try:
         data = _body(request)
@@ -86,7 +86,7 @@ def _guarded(request: HttpRequest, act) -> JsonResponse:
     except InvalidLeaseRequest as exc:
         return error(400, exc.code, str(exc))
     except pymongo.errors.PyMongoError:
-        return error(503, "LEASE_UNAVAILABLE", "lease store unreachable")
+        return error(503, LeaseUnavailable.code, "lease store unreachable")
 
 
 @csrf_exempt
@@ -120,7 +120,7 @@ def sweep(request: HttpRequest) -> JsonResponse:
     can say where each handler ran, and which ran nowhere.
     """
     if not authorized(request):
-        return error(403, "FORBIDDEN", f"missing or wrong {SECRET_HEADER}")
+        return error(Forbidden.http_status, Forbidden.code, f"missing or wrong {SECRET_HEADER}")
     try:
         actor = _actor(_body(request))
     except InvalidLeaseRequest as exc:
@@ -131,7 +131,7 @@ def sweep(request: HttpRequest) -> JsonResponse:
             result = tasks.sweep()
     except pymongo.errors.PyMongoError:
         # Holders reaped before the outage are still dispatched; only the report is lost.
-        return error(503, "LEASE_UNAVAILABLE", "lease store unreachable")
+        return error(503, LeaseUnavailable.code, "lease store unreachable")
     settled = dispatcher.settle(collected, timeout=SWEEP_SETTLE_SECONDS)
     holders = [outcome_wire(h, o) for h, o in settled]
     log.info("operator sweep by %s: %d done, %d holder(s) dispatched", actor, result["done"], len(holders))

@@ -8,6 +8,7 @@ from django.http import HttpRequest, JsonResponse
 
 from leases.conf import lease_settings
 from leases.dispatch import SECRET_HEADER
+from leases.errors import InternalError, RouteNotFound
 
 
 def error(status: int, code: str, message: str) -> JsonResponse:
@@ -17,12 +18,12 @@ def error(status: int, code: str, message: str) -> JsonResponse:
 
 def not_found(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
     """The 404 answer of a pod's internal server: no such internal route."""
-    return error(404, "NOT_FOUND", "no such internal route")
+    return error(RouteNotFound.http_status, RouteNotFound.code, "no such internal route")
 
 
 def server_error(request: HttpRequest) -> JsonResponse:
     """The 500 answer of a pod's internal server."""
-    return error(500, "INTERNAL_ERROR", "internal error")
+    return error(InternalError.http_status, InternalError.code, "internal error")
 
 
 def authorized(request: HttpRequest) -> bool:

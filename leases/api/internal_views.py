@@ -18,7 +18,7 @@ from django.views.decorators.http import require_POST
 
 from leases import dispatch
 from leases.api.internal_auth import authorized, error
-from leases.errors import InvalidLeaseRequest, UnknownLeaseType
+from leases.errors import BodyTooLarge, Forbidden, InvalidLeaseRequest, LeaseUnavailable, UnknownLeaseType
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +32,10 @@ MAX_BODY_BYTES = 64 * 1024
 def revoked(request: HttpRequest) -> JsonResponse:
     """Accept one revoked holder (``RevokedHolder.to_wire`` JSON) and run its handler here."""
     if not authorized(request):
-        return error(403, "FORBIDDEN", "missing or wrong X-Lease-Secret")
+        return error(Forbidden.http_status, Forbidden.code, "missing or wrong X-Lease-Secret")
     if len(request.body) > MAX_BODY_BYTES:
-        return error(413, "TOO_LARGE", "revocation body too large")
+        # 413 here (a peer pod's POST, not an API client's): the code is the API's.
+        return error(413, BodyTooLarge.code, "revocation body too large")
     try:
         data = json.loads(request.body or b"null")
     except (ValueError, UnicodeDecodeError):
@@ -48,5 +49,5 @@ def revoked(request: HttpRequest) -> JsonResponse:
     except dispatch.LeaseStillHeld as exc:
         return error(409, exc.code, str(exc))
     except pymongo.errors.PyMongoError:
-        return error(503, "LEASE_UNAVAILABLE", "lease store unreachable")
+        return error(503, LeaseUnavailable.code, "lease store unreachable")
     return JsonResponse({"accepted": holder.token}, status=202)

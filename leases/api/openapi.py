@@ -11,6 +11,7 @@ from typing import Any
 
 from leases import handlers
 from leases.conf import lease_settings
+from leases.errors import LeaseBusy, LeaseExpired, StaleLease
 from leases.validation import HOLDER_REF_MAX, PAYLOAD_MAX_BYTES
 
 from .bodies import MAX_BODY_BYTES, MAX_INTERVAL_SECONDS, MAX_WAIT_MS
@@ -261,7 +262,7 @@ _SCHEMAS: dict[str, Any] = {
                 "type": "object",
                 "required": ["resource", "level", "scope", "count", "cap", "retryAfterSeconds"],
                 "properties": {
-                    "code": {"const": "LEASE_BUSY"},
+                    "code": {"const": LeaseBusy.code},
                     "resource": {"type": "string"},
                     "level": {"type": "string", "enum": ["user", "project", "tenant", "global"]},
                     "scope": {"type": "string"},
@@ -278,7 +279,7 @@ _SCHEMAS: dict[str, Any] = {
             {
                 "type": "object",
                 "properties": {
-                    "code": {"enum": ["STALE_LEASE", "EXPIRED"]},
+                    "code": {"enum": [StaleLease.code, LeaseExpired.code]},
                     "reason": {"type": "string", "description": "For EXPIRED: release, idle (also a renewal "
                                "after expiryDeadline), pod, revoke; for tickets also abandoned "
                                "or ticket-expired (not polled by its deadline)."},

@@ -15,7 +15,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from leases import service
-from leases.errors import LeaseError
+from leases.errors import InternalError, LeaseError, MethodNotAllowed
 
 from . import bodies, keys, openapi, problems, protocol, tickets
 from .models import ApiKey
@@ -39,8 +39,8 @@ def api_view(methods: tuple[str, ...], *, authenticated: bool = True) -> Callabl
         @wraps(view)
         def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
             if request.method not in methods:
-                response = problems.problem(405, "METHOD_NOT_ALLOWED", "Method not allowed",
-                                            f"use {', '.join(methods)}")
+                response = problems.problem(MethodNotAllowed.http_status, MethodNotAllowed.code,
+                                            "Method not allowed", f"use {', '.join(methods)}")
                 response["Allow"] = ", ".join(methods)
                 return response
             try:
@@ -51,7 +51,8 @@ def api_view(methods: tuple[str, ...], *, authenticated: bool = True) -> Callabl
                 return problems.from_error(error)
             except Exception:  # an answer must stay problem+json even for our own bugs
                 log.exception("unhandled error in %s", view.__name__)
-                return problems.problem(500, "INTERNAL_ERROR", "Internal error", "unexpected server error")
+                return problems.problem(InternalError.http_status, InternalError.code, "Internal error",
+                                        "unexpected server error")
 
         return wrapper
 

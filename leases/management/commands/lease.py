@@ -34,6 +34,7 @@ from leases.errors import (
     HolderNotFound,
     InvalidLeaseRequest,
     LeaseError,
+    LeaseUnavailable,
     PodCallError,
     PodNotFound,
     ProjectNotFound,
@@ -242,13 +243,13 @@ class Command(BaseCommand):
         except LeaseError as exc:
             self.fail(options, exc.code, str(exc))
         except pymongo.errors.PyMongoError as exc:
-            self.fail(options, "LEASE_UNAVAILABLE", f"MongoDB unreachable ({exc.__class__.__name__})")
+            self.fail(options, LeaseUnavailable.code, f"MongoDB unreachable ({exc.__class__.__name__})")
         except CommandError as exc:
             if not options.get("json"):
                 raise
             code, sep, message = str(exc).partition(": ")
             if not sep or not code.replace("_", "").isalpha() or not code.isupper():
-                code, message = "INVALID_REQUEST", str(exc)
+                code, message = InvalidLeaseRequest.code, str(exc)
             self.fail(options, code, message)
 
     def fail(self, options: dict[str, Any], code: str, message: str) -> None:
@@ -444,7 +445,8 @@ class Command(BaseCommand):
             if reply.status == 404 and answer.get("code") == HolderNotFound.code:
                 raise HolderNotFound(answer.get("message") or "no such holder")
             if reply.status == 400:
-                raise CommandError(f"{answer.get('code', 'INVALID_REQUEST')}: {answer.get('message', 'bad request')}")
+                code = answer.get("code", InvalidLeaseRequest.code)
+                raise CommandError(f"{code}: {answer.get('message', 'bad request')}")
             if reply.status == 403:
                 raise PodCallError(f"pod {pod} ({endpoint}) refused the shared secret: check LEASES_INTERNAL_SECRET")
             tried.append(f"{pod} ({endpoint}): HTTP {reply.status}")
