@@ -9,12 +9,16 @@ At steady state the gate's ``cap`` slots turn over once per typical hold, so one
 every ``hold ÷ cap``. The estimate walks the turnover forward — oldest holder releases,
 the order rule picks, whoever released asks again — until the ticket is picked, and so
 counts the tickets that will pass it later (a higher class, a tenant below its weighted
-share), not only those ahead of it now. The estimate is refreshed with every poll.
+share), not only those ahead of it now. The walk's clock moves on by ``hold ÷ cap`` per
+release, so a low class waiting under a flood of a higher one reaches its starvation
+promotion in the walk as it will in fact. The estimate is refreshed with every poll.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from statistics import median
 from typing import Any
@@ -65,9 +69,9 @@ def raw_wait_ms(gate: dict[str, Any], ticket_id: str, now: datetime) -> float | 
 
     The slots are turned over one release at a time, oldest holder first, and each freed
     slot goes where the order rule (``leases.order.pick``) sends it. Whoever releases asks
-    again at once (a ticket of the same tenant and project at the back): at steady state
-    that is what keeps a heavier tenant's tickets passing a lighter one's, which the queue
-    as it stands does not show. A ticket ``k`` releases away is granted after about
+    again at once (a ticket like its tenant's and project's at the back, see
+    :class:`_Reasking`): at steady state that is what keeps a heavier tenant's or a higher
+    class's tickets passing the others, which the queue as it stands does not show. A ticket ``k`` releases away is granted after about
     ``(k − ½) · hold ÷ cap``; a one-off burst is over-estimated by this, never under.
     """
     hold = mean_hold_ms(gate)
@@ -79,10 +83,15 @@ def raw_wait_ms(gate: dict[str, Any], ticket_id: str, now: datetime) -> float | 
     return _steps_ms(steps, hold, max(1, int(gate.get("cap", 1))))
 
 
-# A queue this long is estimated by its place alone: the turnover walk would cost more
-# than a keep-alive is worth.
+# The walk's bounds. It runs for every estimate (a waiter's enqueue, a ticket's status
+# poll, a listing's gate), so it must stay cheap: a queue this long is estimated by its
+# place alone, and the walk stops after this many releases (about 15 ms of CPU) or this
+# many rankings of a ticket (a pick ranks the oldest ticket of each kind: see _Queue),
+# whichever comes first. A ticket it did not reach by then is estimated from its
+# starvation bound (:func:`_after_the_walk`), or not at all.
 MAX_WALK_TICKETS = 200
-MAX_WALK_STEPS = 2000
+MAX_WALK_STEPS = 500
+MAX_WALK_RANKINGS = 10_000
 
 
 def releases_until(gate: dict[str, Any], ticket_id: str, now: datetime) -> int | None:
@@ -93,9 +102,14 @@ def releases_until(gate: dict[str, Any], ticket_id: str, now: datetime) -> int |
         return None
     if len(live) > MAX_WALK_TICKETS:
         return _by_place(gate, order.position(gate, ticket_id, now))
-    for step, picked in _turnover(gate, live, now):
-        if picked == ticket_id:
+    picked: set[Any] = set()
+    for step, chosen in _turnover(gate, live, now):
+        if chosen == ticket_id:
             return step
+        if chosen is None:  # the walk's budget ran out before it came to this ticket
+            rest = [t for t in live if t.get("id") not in picked]
+            return _after_the_walk(gate, rest, now, step).get(ticket_id)
+        picked.add(chosen)
     return None
 
 
@@ -110,6 +124,9 @@ def releases_all(gate: dict[str, Any], now: datetime) -> dict[str, int]:
     wanted = {t.get("id") for t in live}
     found: dict[str, int] = {}
     for step, picked in _turnover(gate, live, now):
+        if picked is None:  # the walk's budget ran out: the rest from their starvation bounds
+            found.update(_after_the_walk(gate, [t for t in live if str(t.get("id")) not in found], now, step))
+            break
         if picked in wanted and picked not in found:
             found[str(picked)] = step
             if len(found) == len(wanted):
@@ -127,40 +144,173 @@ def _by_place(gate: dict[str, Any], place: int | None) -> int | None:
 
 def _turnover(gate: dict[str, Any], live: list[dict[str, Any]], now: datetime) -> Iterator[tuple[int, Any]]:
     """The turnover walk: yields ``(releases so far, id of the ticket picked)`` for each
-    pick, in order, until nothing can be picked or the walk's bound is reached."""
+    pick, in order; last ``(releases so far, None)`` when the walk's budget ends it (not
+    when nothing can be picked any more).
+
+    The walk's clock moves on with every release (the ``k``-th comes after
+    ``(k − ½) · hold ÷ cap``, as the estimate says), so a ticket reaches its starvation
+    promotion inside the walk as it will outside; the waiters keep their tickets alive
+    meanwhile.
+    """
     cap = max(1, int(gate.get("cap", 1)))
-    holders = list(gate.get("holders") or ())
-    # Attributes a re-asking holder's ticket gets: those of a queued ticket of the same
-    # tenant and project (weights, class), else the defaults.
-    like = {(t.get("t"), t.get("p")): t for t in live}
-    held = order.Occupancy.of(holders)
+    hold = mean_hold_ms(gate) or 0.0
+    held = order.Occupancy.of(gate.get("holders") or ())
     passes = order.Passes.of(gate)
     lead = order.starvation_lead(gate)
-    queue = [dict(t) for t in live]
-    owners = [parts_of(b) for b in holders]  # (tenant, project, user) per slot, oldest first
-    far = now + timedelta(days=3650)
-    serial = 0
+    reasking = _Reasking.of(live)
+    queue = _Queue(now)
+    for ticket in sorted(live, key=lambda t: (t.get("at") or now, str(t.get("id", "")))):
+        queue.append(_kept_alive(ticket, now))
+    owners = [parts_of(b) for b in gate.get("holders") or ()]  # (tenant, project, user) per slot, oldest first
+    rankings = 0
     for step in range(MAX_WALK_STEPS + 1):
+        clock = now + timedelta(milliseconds=_steps_ms(step, hold, cap))
         while len(owners) < cap:
-            chosen = order.pick(queue, held, passes, now, lead)
+            heads = queue.heads()
+            rankings += len(heads)
+            chosen = order.pick(heads, held, passes, clock, lead)
             if chosen is None:
                 break
             yield step, chosen.get("id")
-            queue.remove(chosen)
+            queue.pop(chosen)
             held.add(chosen.get("t", ""), chosen.get("p", ""), chosen.get("u", ""))
-            passes.charge(chosen, queue)
+            passes.charge(chosen, queue.heads())
             owners.append((chosen.get("t", ""), chosen.get("p", ""), chosen.get("u", "")))
         if not owners:
             return  # nothing to release and nothing picked: blocked by its own caps
+        if step == MAX_WALK_STEPS or rankings >= MAX_WALK_RANKINGS:
+            break
         t, p, u = owners.pop(0)
         held.tenant[t] -= 1
         held.project[(t, p)] -= 1
         held.user[(t, u)] -= 1
-        serial += 1
-        template = like.get((t, p), {})
-        queue.append({**{k: template[k] for k in ("wt", "wp", "pc", "caps") if k in template},
-                      "id": f"\x00again{serial}", "t": t, "p": p, "u": u, "at": far + timedelta(seconds=serial),
-                      "seen": now, "ttl": 10**9})
+        # Whoever released asks again at once, behind every ticket queued before it.
+        asked = now + timedelta(milliseconds=_steps_ms(step + 1, hold, cap), microseconds=step + 1)
+        queue.append(reasking.ticket(t, p, u, f"\x00again{step:06d}", asked))
+    yield step, None
+
+
+class _Queue:
+    """The walk's queue, by kind: tickets alike in everything the order rule reads except
+    their age are picked oldest first, so only the oldest of each kind is ever ranked (a
+    pick costs the number of kinds, not of tickets; the same picks as over all of them).
+    Tickets are appended oldest first."""
+
+    def __init__(self, now: datetime):
+        self.now = now
+        self.kinds: dict[tuple, deque[dict[str, Any]]] = {}
+        self.kind_of: dict[int, tuple] = {}  # by id() of a queued ticket: worked out once
+
+    def append(self, ticket: dict[str, Any]) -> None:
+        kind = self.kind_of[id(ticket)] = self._kind(ticket)
+        self.kinds.setdefault(kind, deque()).append(ticket)
+
+    def heads(self) -> list[dict[str, Any]]:
+        """The oldest ticket of each kind."""
+        return [tickets[0] for tickets in self.kinds.values()]
+
+    def pop(self, ticket: dict[str, Any]) -> None:
+        """Remove ``ticket``, the head of its kind."""
+        kind = self.kind_of.pop(id(ticket))
+        self.kinds[kind].popleft()
+        if not self.kinds[kind]:
+            del self.kinds[kind]
+
+    def _kind(self, ticket: dict[str, Any]) -> tuple:
+        caps = ticket.get("caps") or {}
+        return (ticket.get("t", ""), ticket.get("p", ""), ticket.get("u", "") if "user" in caps else None,
+                _rank(ticket), order.weight(ticket.get("wt")), order.weight(ticket.get("wp")),
+                repr(sorted(caps.items())), repr(ticket.get("ms")), order.is_suspect(ticket, self.now),
+                # One that sat out after finding its own level full is a kind of its own.
+                ticket.get("id") if ticket.get("bat") is not None else None)
+
+
+@dataclass
+class _Reasking:
+    """What a holder that asks again in the walk carries: the shares and class of a queued
+    ticket of its tenant and project, else of its tenant (not its project's weight), else
+    the lowest class queued.
+
+    The gate does not record a holder's class. The holder's own tickets are the best sign
+    of it; without any, it is taken to pass nobody on class alone — never the top class by
+    default, which would have a flood of it stand in front of every lower class for good.
+    """
+
+    by_project: dict[tuple[str, str], dict[str, Any]]
+    by_tenant: dict[str, dict[str, Any]]
+    lowest: int
+
+    @classmethod
+    def of(cls, live: list[dict[str, Any]]) -> "_Reasking":
+        by_project = {(t.get("t", ""), t.get("p", "")): t for t in live}
+        by_tenant = {t.get("t", ""): t for t in live}
+        return cls(by_project, by_tenant, max((_rank(t) for t in live), default=0))
+
+    def ticket(self, t: str, p: str, u: str, ticket_id: str, at: datetime) -> dict[str, Any]:
+        """The re-asking holder's ticket, queued at ``at`` and kept alive."""
+        like = self.by_project.get((t, p))
+        fields: tuple[str, ...] = ("wt", "wp", "pc", "caps", "ms")
+        if like is None:
+            like, fields = self.by_tenant.get(t) or {"pc": self.lowest}, ("wt", "pc", "caps", "ms")
+        return {**{k: like[k] for k in fields if k in like}, "id": ticket_id, "t": t, "p": p, "u": u,
+                "at": at, "seen": at + KEPT_ALIVE, "ttl": 0}
+
+
+def _rank(ticket: dict[str, Any]) -> int:
+    """A ticket's class rank as the order rule reads it (0, the top, when it has none)."""
+    return int(ticket.get("pc") or 0)
+
+
+# How far ahead a ticket the walk treats as kept alive was last seen: longer than any walk.
+KEPT_ALIVE = timedelta(days=3650)
+
+
+def _kept_alive(ticket: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """The walk's copy of a queued ticket: its waiter polls meanwhile, so a fresh ticket
+    stays fresh while the walk's clock moves on; one already suspect stays suspect."""
+    return dict(ticket) if order.is_suspect(ticket, now) else {**ticket, "seen": now + KEPT_ALIVE}
+
+
+def _after_the_walk(gate: dict[str, Any], tickets: list[dict[str, Any]], now: datetime, end: int) -> dict[str, int]:
+    """Releases until each of ``tickets`` (live ones a walk did not reach in its ``end``
+    releases) is picked, from its starvation bound alone: once promoted it goes before
+    every class, oldest promotion first, one per release. Those without a bound, and
+    suspect ones, are absent.
+    """
+    cap = max(1, int(gate.get("cap", 1)))
+    hold = mean_hold_ms(gate) or 0.0
+    lead = order.starvation_lead(gate)
+    # A suspect ticket (its waiter missed a keep-alive) goes after every fresh one: unknown.
+    promoted = sorted(((step, t.get("at"), str(t.get("id"))) for t in tickets if not order.is_suspect(t, now)
+                       if (step := _release_promoting(t, now, hold, cap, lead)) is not None),
+                      key=lambda x: (x[0], x[1] or now, x[2]))
+    found: dict[str, int] = {}
+    last = end
+    for step, _, ticket_id in promoted:
+        last = max(last + 1, step)
+        found[ticket_id] = last
+    return found
+
+
+def _release_promoting(ticket: dict[str, Any], now: datetime, hold: float, cap: int, lead: timedelta) -> int | None:
+    """The first release (counted from ``now``) at which the order rule ranks ``ticket`` as
+    starved; None when it never is (no bound)."""
+    if not order.is_starved(ticket, now + KEPT_ALIVE, lead):
+        return None
+    if hold <= 0:
+        return 1  # the walk's clock does not move: every release is now
+
+    def starved(k: int) -> bool:
+        return order.is_starved(ticket, now + timedelta(milliseconds=_steps_ms(k, hold, cap)), lead)
+
+    high = 1
+    while not starved(high):  # a doubling search, then halving: the rule decides, not a formula here
+        high *= 2
+    low = high // 2  # not starved at ``low`` (or ``low`` is 0)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if starved(middle) else (middle, high)
+    return high
 
 
 def grant_times(gate: dict[str, Any], now: datetime) -> dict[str, datetime]:
