@@ -428,8 +428,10 @@ def list_waiters(tenant_id: str | None = None, resource: str | None = None) -> W
     query: dict[str, Any] = {"queue.t": tenant} if tenant is not None else {"queue.id": {"$exists": True}}
     if (r := validation.optional(resource, validation.resource_name)) is not None:
         query["resource"] = r
+    # Everything the order rule and the estimate read, the calibration (``er``) included:
+    # the listing shows the figure the waiter's own 202 body and LeaseBusy show.
     gates = list(store.counters().find(query, {"queue": 1, "holders": 1, "cap": 1, "count": 1, "resource": 1,
-                                               "level": 1, "vt": 1, "vf": 1, "holds": 1}))
+                                               "level": 1, "vt": 1, "vf": 1, "holds": 1, "er": 1}))
     now = store.server_now()
     rows: list[tuple[dict[str, Any], dict[str, Any], int | None, bool]] = []
     grant_times: dict[str, dict[str, datetime]] = {}

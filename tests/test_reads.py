@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 
 import pytest
 
 import leases
-from leases import config, definitions, invalidation, reads, store
+from leases import config, definitions, estimates, invalidation, reads, store
 from leases.definitions import document_path
 from leases.errors import HolderNotFound, InvalidLeaseRequest
 from leases.identity import self_pod_id
@@ -251,3 +252,24 @@ def test_given_waiters_blocked_at_the_global_level_then_the_tenant_view_costs_on
     assert [(w.user_id, w.position) for w in mine.items] == [("u0", 1), ("u1", 3), ("u2", 4)]
     # One find for the queues and MongoDB's clock; the global level's numbers are not even read.
     assert sorted(read_commands) == ["find", "hello"], read_commands
+
+
+def test_given_a_gate_with_calibration_on_record_then_the_listing_shows_the_calibrated_estimate(steady_tickets):
+    config.put_document("_vance", "_tenant", document_path("wqlease"),
+                        "resource: wqres\nlevels: {global: 1, user: 5}\nttlSeconds: 60\nwaitMs: 30000")
+    held = [wq_hold("globex", "research", "g1")]
+    waiters = [queue_up("acme", "docs", f"u{n}") for n in range(2)]
+    # A typical hold of 1 s, and estimates that came out twice as long as walked.
+    store.counters().update_one({"_id": "wqres|global|*"},
+                                {"$set": {"holds": [1000.0] * 3, "er": [2.0, 2.0, 2.0]}})
+    try:
+        listing = reads.list_waiters(tenant_id="acme")
+        gate = store.counters().find_one({"_id": "wqres|global|*"})
+    finally:
+        finish(held, waiters)
+    now = listing.server_now
+    # The waiter's own 202 body and LeaseBusy compute it from the whole gate document.
+    expected = {w.ticket: estimates.grant_at(gate, w.ticket, now) for w in waiters}
+    assert {w.ticket_id: w.estimated_grant_at for w in listing.items} == expected
+    # u0 is first behind one holder of cap 1: half a hold, doubled by the calibration.
+    assert expected[waiters[0].ticket] == now + timedelta(milliseconds=1000)
