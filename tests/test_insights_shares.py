@@ -1,6 +1,6 @@
-"""Insights → Shares: a tenant admin sees its own weight and classes (never another
-tenant's), sets its projects' weights (CSRF-checked, audited, applied); the waiting view
-shows each ticket's class and expected grant."""
+"""Insights → Shares: every member of a tenant sees its own weight, classes and project
+weights (never another tenant's); only its admins set the project weights (CSRF-checked,
+audited, applied); the waiting view shows each ticket's class and expected grant."""
 
 from __future__ import annotations
 
@@ -89,11 +89,44 @@ def test_given_bad_input_then_the_form_refuses_and_nothing_is_written(users, pos
     assert store.audit().count_documents({"action": "project-weight"}) == 0
 
 
-def test_given_a_member_or_another_tenants_admin_or_no_csrf_then_refused(users):
-    assert logged_in(users["acme-member"]).get(URL, {"name": "shlease"}).status_code == 403
-    # Another tenant's admin is told the tenant does not exist for them (the access policy).
+def test_given_a_plain_member_then_it_sees_the_weight_classes_and_project_weights_without_the_form(users):
+    config.put_document("acme", "_tenant", document_path("shlease"), "shares: {projects: {web: 2}}")
+
+    response = logged_in(users["acme-member"]).get(URL, {"name": "shlease"})
+
+    page = response.content.decode()
+    assert response.status_code == 200
+    assert re.search(r'class="tenant-weight"><strong>3</strong>', page), page
+    classes = re.search(r'class="classes">(.*?)</td>', page, re.S).group(1)
+    assert "interactive" in classes and "batch" in classes and "2000 ms" in page
+    assert re.search(r'<tr data-project="web"><td>web</td><td class="num">2</td>', page), page
+    assert re.search(r'<tr data-project="docs"><td>docs</td><td class="num">1 <span', page), page
+    assert '<form method="post" action="" class="filters">' not in page  # the weight form
+    assert "Set weight" not in page and 'name="weight"' not in page
+    assert "set by your tenant's admins" in page
+    assert "globex" not in page and ">7<" not in page
+    # The admin, on the same page, gets the form.
+    admin_page = logged_in(users["acme-admin"]).get(URL, {"name": "shlease"}).content.decode()
+    assert '<form method="post" action="" class="filters">' in admin_page and 'name="weight"' in admin_page
+
+
+def test_given_a_plain_member_when_posting_a_project_weight_then_refused_and_nothing_is_written(users):
+    response = logged_in(users["acme-member"]).post(URL, {"name": "shlease", "project": "web", "weight": "9"})
+
+    assert response.status_code == 403
+    assert store.config_documents().count_documents({"tenantId": "acme"}) == 0
+    assert store.audit().count_documents({"action": "project-weight"}) == 0
+    assert definitions.load("shlease", "acme", "web").project_weight("web") == 1
+
+
+def test_given_another_tenants_member_or_admin_or_no_login_or_no_csrf_then_refused(users):
+    # Another tenant's people are told the tenant does not exist for them (the access policy).
+    assert logged_in(users["globex-member"]).get(URL, {"name": "shlease"}).status_code == 404
     assert logged_in(users["globex-admin"]).post(URL, {"name": "shlease", "project": "web",
                                                        "weight": "9"}).status_code == 404
+    anonymous = Client().get(URL, {"name": "shlease"})
+    assert anonymous.status_code == 302 and "login" in anonymous["Location"]
+    assert logged_in(users["acme-member"]).get("/t/$ne/insights/leases/shares").status_code == 404
     strict = logged_in(users["acme-admin"], enforce_csrf_checks=True)
     assert strict.post(URL, {"name": "shlease", "project": "web", "weight": "9"}).status_code == 403
     assert store.config_documents().count_documents({"tenantId": "acme"}) == 0
