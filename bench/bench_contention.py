@@ -671,15 +671,16 @@ def print_share_table(load: Load, cap: int, seconds: float, uncontended: int, ou
     if load.name == "S":
         per = [len(r["grants"]) for r in results if load.classes[r["index"]] == "batch"]
         row("grants per batch process", ", ".join(map(str, per)), "every one ≥ 1")
+    # The estimate's figures for every load ("—" where none was made); the target is for
+    # the steady loads E and W only (P, I and S show how far weights and classes move it).
     n, rel, absolute, actual = estimate_error(results)
-    if load.name in ("E", "W"):
-        row("estimate error: median abs(est − actual) ÷ actual (queued grants)", _s(rel, 3) + f" (n = {n})",
-            f"≤ {T_ESTIMATE_ERROR:.2f}")
-        row("estimate: median abs error / median actual wait (s)", f"{_s(absolute, 3)} / {_s(actual, 3)}")
-        for tenant in sorted({p[0] for p in load.procs}):
-            ratios = [e / a for r in results if load.procs[r["index"]][0] == tenant
-                      for e, a in r.get("estimates") or () if a >= 0.010]
-            row(f"estimate ÷ actual, median, tenant {tenant}", _s(percentile(ratios, 0.5), 2))
+    row("estimate error: median abs(est − actual) ÷ actual (queued grants)",
+        _s(rel, 3) + f" (n = {n})" if n else "—", f"≤ {T_ESTIMATE_ERROR:.2f}" if load.name in ("E", "W") else "")
+    row("estimate: median abs error / median actual wait (s)", f"{_s(absolute, 3)} / {_s(actual, 3)}" if n else "—")
+    for tenant in sorted({p[0] for p in load.procs}):
+        ratios = [e / a for r in results if load.procs[r["index"]][0] == tenant
+                  for e, a in r.get("estimates") or () if a >= 0.010]
+        row(f"estimate ÷ actual, median, tenant {tenant}", _s(percentile(ratios, 0.5), 2))
     waits = [w for r in results for w in r["waits"]]
     over = sum(1 for w in waits if w > 1.0)
     row("waits longer than the 1 s keep-alive period (each costs ≥ 1 keep-alive)",
