@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ import yaml
 
 from . import store
 from .errors import InvalidDefinition, InvalidLeaseRequest, LeaseUnavailable, PriorityNotAllowed
-from .validation import ID_RE, LEASE_NAME_RE, RESOURCE_RE, entity_id, lease_name
+from .validation import ID_RE, LEASE_NAME_RE, PRIORITY_RE, RESOURCE_RE, entity_id, lease_name, priority_class
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +52,6 @@ FIELD_OWNERS: dict[str, tuple[str, ...]] = {
 }
 TOP_FIELDS = ("name", "resource", "levels", "ttlSeconds", "waitMs", "shares", "priorities", "defaultPriority",
               "allowedPriorities", "maxStarvationMs")
-PRIORITY_RE = re.compile(r"[a-z][a-z0-9_-]{0,31}", re.ASCII)
 MAX_PRIORITIES = 8
 MAX_WEIGHT = 1_000_000
 MAX_STARVATION_MS = 24 * 3600 * 1000
@@ -194,12 +192,24 @@ def _weights(value: Any, what: str) -> dict[str, float]:
     return out
 
 
+def _class_name(value: Any, message: str) -> str:
+    """:func:`leases.validation.priority_class` inside a layer, where a refused name breaks
+    the layer (``message``) instead of answering a request.
+
+    Raises:
+        _BrokenLayer: ``value`` is no class name.
+    """
+    try:
+        return priority_class(value)
+    except InvalidLeaseRequest:
+        raise _BrokenLayer(message) from None
+
+
 def _classes(value: Any, what: str) -> list[str]:
     if not isinstance(value, list) or not value or len(value) > MAX_PRIORITIES:
         raise _BrokenLayer(f"{what} must be a list of 1 to {MAX_PRIORITIES} class names")
     for name in value:
-        if not isinstance(name, str) or PRIORITY_RE.fullmatch(name) is None:
-            raise _BrokenLayer(f"{what}: {name!r} is not a class name (must match {PRIORITY_RE.pattern})")
+        _class_name(name, f"{what}: {name!r} is not a class name (must match {PRIORITY_RE.pattern})")
     if len(set(value)) != len(value):
         raise _BrokenLayer(f"{what} names a class twice")
     return list(value)
@@ -265,8 +275,7 @@ def _flatten(doc: Any, name: str, layer: str) -> dict[str, Any]:
         elif key == "priorities":
             owned[key] = _classes(value, key)
         elif key == "defaultPriority":
-            if not isinstance(value, str) or PRIORITY_RE.fullmatch(value) is None:
-                raise _BrokenLayer(f"defaultPriority {value!r} is not a class name")
+            _class_name(value, f"defaultPriority {value!r} is not a class name")
         elif key == "allowedPriorities":
             if not isinstance(value, dict):
                 raise _BrokenLayer("allowedPriorities is not a mapping of tenant id to classes")

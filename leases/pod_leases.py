@@ -39,8 +39,6 @@ from . import store, validation
 from .documents import PodDoc
 from .errors import InvalidLeaseRequest, PodLeaseError
 
-ENDPOINT_MAX = 1024
-
 
 class Outcome(str, enum.Enum):
     """Answer of :func:`register` / :func:`renew` (the seed's ``code`` field)."""
@@ -86,16 +84,6 @@ def expiry_factor() -> int:
     return max(1, int(lease_settings.POD_EXPIRY_FACTOR))
 
 
-def _valid_endpoint(endpoint: Any) -> str:
-    if endpoint is None:
-        return ""
-    if not isinstance(endpoint, str) or len(endpoint) > ENDPOINT_MAX or "\x00" in endpoint:
-        raise PodLeaseError("pod endpoint must be a string URL")
-    if endpoint and not endpoint.startswith(("http://", "https://")):
-        raise PodLeaseError(f"pod endpoint must be an http(s) URL, got {endpoint!r}")
-    return endpoint.rstrip("/")
-
-
 def _valid_pod(pod_id: Any) -> str:
     try:
         return validation.pod_id(pod_id)
@@ -119,7 +107,7 @@ def register(pod_id: str, endpoint: str | None, *, proposed_interval: int | None
         pymongo.errors.PyMongoError: the store is unreachable.
     """
     pod_id = _valid_pod(pod_id)
-    endpoint = _valid_endpoint(endpoint)
+    endpoint = validation.pod_endpoint(endpoint)
     if lease_id:
         return renew(pod_id, lease_id)
     pods = store.pods()

@@ -105,9 +105,8 @@ class LeaseRequest:
             validation.lease_name(self.lease)
         if self.wait_ms is not None and (isinstance(self.wait_ms, bool) or not isinstance(self.wait_ms, int) or self.wait_ms < 0):
             raise InvalidLeaseRequest("wait_ms must be a non-negative int")
-        if self.priority is not None and (not isinstance(self.priority, str)
-                                          or definitions.PRIORITY_RE.fullmatch(self.priority) is None):
-            raise InvalidLeaseRequest(f"priority must be a class name, got {self.priority!r}")
+        if self.priority is not None:
+            validation.priority_class(self.priority)
         if self.interval_seconds is not None and (isinstance(self.interval_seconds, bool) or not isinstance(
                 self.interval_seconds, int) or self.interval_seconds < 1):
             raise InvalidLeaseRequest("interval_seconds must be a positive int")

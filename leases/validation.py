@@ -12,7 +12,7 @@ from typing import Any
 
 import bson
 
-from .errors import InvalidLeaseRequest
+from .errors import InvalidApiKeyRequest, InvalidLeaseRequest, PodLeaseError
 
 LEASE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", re.ASCII)
 # Tenant, project and user ids: no dots, slashes or pipes (they build counter keys
@@ -27,6 +27,14 @@ RESOURCE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}", re.ASCII)
 TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{16,64}", re.ASCII)
 PAYLOAD_MAX_BYTES = 16 * 1024
 HOLDER_REF_MAX = 256
+# Priority classes: a definition's ``priorities`` and a request's ``priority``. The name
+# is stored on tickets and compared as is, so one spelling per class: lowercase ASCII.
+PRIORITY_RE = re.compile(r"[a-z][a-z0-9_-]{0,31}", re.ASCII)
+# A pod's endpoint is stored and later called by other pods; a bound keeps the document small.
+POD_ENDPOINT_MAX = 1024
+# The public part of an API key (``vlk_<prefix>_<secret>``): its lookup value in lists and URLs.
+API_KEY_PREFIX_RE = re.compile(r"[a-z0-9]{12}", re.ASCII)
+API_KEY_NAME_MAX = 100
 
 
 def _check(pattern: re.Pattern[str], value: Any, what: str) -> str:
@@ -215,3 +223,57 @@ def reason(value: Any) -> str:
     if not isinstance(value, str) or not value.strip() or len(value) > REASON_MAX or "\x00" in value:
         raise InvalidLeaseRequest(f"reason must be a non-empty string of at most {REASON_MAX} characters")
     return value.strip()
+
+
+def priority_class(value: Any, what: str = "priority") -> str:
+    """Return ``value`` if it is a priority class name (``[a-z][a-z0-9_-]{0,31}``).
+
+    Raises:
+        InvalidLeaseRequest: not a string matching :data:`PRIORITY_RE`.
+    """
+    if not isinstance(value, str) or PRIORITY_RE.fullmatch(value) is None:
+        raise InvalidLeaseRequest(f"{what} must be a class name, got {value!r}")
+    return value
+
+
+def pod_endpoint(value: Any) -> str:
+    """Return a pod's endpoint URL without trailing slashes; ``""`` when it has none.
+
+    ``None`` and ``""`` mean no endpoint (a pod nobody calls back).
+
+    Raises:
+        PodLeaseError: not a string, longer than :data:`POD_ENDPOINT_MAX`, containing NUL,
+            or not an ``http://`` / ``https://`` URL (the pod-lease protocol's own error,
+            so a registration answers ``POD_LEASE_INVALID``).
+    """
+    if value is None:
+        return ""
+    if not isinstance(value, str) or len(value) > POD_ENDPOINT_MAX or "\x00" in value:
+        raise PodLeaseError("pod endpoint must be a string URL")
+    if value and not value.startswith(("http://", "https://")):
+        raise PodLeaseError(f"pod endpoint must be an http(s) URL, got {value!r}")
+    return value.rstrip("/")
+
+
+def api_key_name(value: Any) -> str:
+    """Return the stripped display name of an API key.
+
+    Raises:
+        InvalidApiKeyRequest: not a non-empty single line (no CR, LF or NUL) of at most
+            :data:`API_KEY_NAME_MAX` characters.
+    """
+    if (not isinstance(value, str) or not value.strip() or len(value) > API_KEY_NAME_MAX
+            or any(c in value for c in "\x00\r\n")):
+        raise InvalidApiKeyRequest(f"key name must be a non-empty single line of at most {API_KEY_NAME_MAX} characters")
+    return value.strip()
+
+
+def api_key_prefix(value: Any) -> str:
+    """Return ``value`` if it is an API key's public prefix (12 lowercase letters or digits).
+
+    Raises:
+        InvalidApiKeyRequest: not a string matching :data:`API_KEY_PREFIX_RE`.
+    """
+    if not isinstance(value, str) or API_KEY_PREFIX_RE.fullmatch(value) is None:
+        raise InvalidApiKeyRequest(f"invalid key prefix {value!r} (12 lowercase letters or digits)")
+    return value

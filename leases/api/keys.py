@@ -44,9 +44,8 @@ log = logging.getLogger(__name__)
 KEY_PREFIX = "vlk_"
 PREFIX_LENGTH = 12
 _PREFIX_ALPHABET = string.ascii_lowercase + string.digits
-PREFIX_RE = re.compile(r"[a-z0-9]{12}", re.ASCII)
 KEY_RE = re.compile(r"vlk_([a-z0-9]{12})_([A-Za-z0-9_-]{43})", re.ASCII)
-NAME_MAX = 100
+NAME_MAX = validation.API_KEY_NAME_MAX  # the key form's max_length
 # Compared against when no key has the presented prefix, so a miss costs the same time
 # as a wrong secret.
 _DUMMY_HASH = hashlib.sha256(b"no such key").hexdigest()
@@ -55,18 +54,6 @@ _DUMMY_HASH = hashlib.sha256(b"no such key").hexdigest()
 def hash_key(plaintext: str) -> str:
     """The stored form of a key: hex SHA-256 of its UTF-8 bytes."""
     return hashlib.sha256(plaintext.encode("utf-8")).hexdigest()
-
-
-def _name(value: Any) -> str:
-    if not isinstance(value, str) or not value.strip() or len(value) > NAME_MAX or any(c in value for c in "\x00\r\n"):
-        raise InvalidApiKeyRequest(f"key name must be a non-empty single line of at most {NAME_MAX} characters")
-    return value.strip()
-
-
-def _validate_prefix(prefix: Any) -> str:
-    if not isinstance(prefix, str) or PREFIX_RE.fullmatch(prefix) is None:
-        raise InvalidApiKeyRequest(f"invalid key prefix {prefix!r} (12 lowercase letters or digits)")
-    return prefix
 
 
 def _unavailable(exc: Exception) -> LeaseUnavailable:
@@ -119,7 +106,7 @@ def create_key(*, tenant_id: str, project_id: str | None = None, name: str, acti
         validation.request_id(project_id, "project id")
     else:
         project_id = None
-    clean_name = _name(name)
+    clean_name = validation.api_key_name(name)
     actor = audit.actor_name(acting_user)
     prefix = "".join(secrets.choice(_PREFIX_ALPHABET) for _ in range(PREFIX_LENGTH))
     plaintext = f"{KEY_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
@@ -172,7 +159,7 @@ def revoke_key(*, tenant_id: str | None, prefix: str, acting_user: Any) -> ApiKe
         ApiKeyNotFound: no such key in that tenant; nothing was changed.
         LeaseUnavailable: the store is unreachable.
     """
-    _validate_prefix(prefix)
+    validation.api_key_prefix(prefix)
     actor = audit.actor_name(acting_user)
     query = ApiKey.objects.filter(prefix=prefix)
     if tenant_id is not None:
