@@ -146,16 +146,17 @@ class AsyncLease:
             return False
         booking = slots.entry(self.request.tenant_id, self.request.project_id, self.request.user_id, self.token)
         # How long the slot was held, kept on the gate for wait estimates (as the sync release).
-        hold = estimates.hold_update((time.monotonic() - self._lease._granted) * 1000)
+        hold_ms = (time.monotonic() - self._lease._granted) * 1000
+        bound = holders.scope(self.request.tenant_id, self.request.project_id)
+        db = store.async_db()
         try:
             with service._bound():
-                doc = await store.async_db()[store.HOLDERS].find_one_and_delete(
-                    holders.scoped(self.token, holders.scope(self.request.tenant_id, self.request.project_id)),
-                    projection=commands.RELEASE_PROJECTION)
+                doc = await db[store.HOLDERS].find_one_and_delete(
+                    *holders.deletion(holders.scoped(self.token, bound), "release"))
                 if doc is None and self._release_failed:
                     # The failed call's delete may have landed after all: return our own
                     # entries by value; nobody can pull one twice.
-                    gate = await _give_back(list(self.levels), booking, record=hold)
+                    gate = await _give_back(list(self.levels), booking, record=estimates.hold_update(hold_ms))
                     self._released = True
                     return gate is not None
         except pymongo.errors.PyMongoError as exc:
@@ -166,21 +167,20 @@ class AsyncLease:
         if doc is None:
             metrics.RELEASE.labels(resource=tag, outcome="already-released").inc()
             return False
+        # The rest of leases.holders.end, the same steps on this client.
+        ending = holders.Ending.of(doc, "release", hold_ms=hold_ms)
         try:
             with service._bound():
                 # Shielded: the holder is gone, so a caller cancelled now must not strand
                 # its slots until repair finds them.
-                await asyncio.shield(_give_back(slots.holder_keys(doc), slots.holder_entry(doc),
-                                                record=hold if doc.get("state") == "HELD" else None))
-                # As every release (leases.holders.end): a later renewal answers EXPIRED.
-                await store.async_db()[store.TOMBSTONES].update_one(*holders.tombstone_upsert(doc, "release"),
-                                                                    upsert=True)
+                await asyncio.shield(_give_back(ending.keys, ending.booking,
+                                                record=estimates.hold_update(ending.hold_ms)))
+                if ending.tombstone is not None:
+                    await db[store.TOMBSTONES].update_one(*ending.tombstone, upsert=True)
         except pymongo.errors.PyMongoError as exc:
-            metrics.RELEASE.labels(resource=tag, outcome="error").inc()
-            log.warning("release of %s: returning its slots or its tombstone failed (%s); repair returns them",
-                        self.token, exc)
+            ending.account(exc)
             return True
-        metrics.RELEASE.labels(resource=tag, outcome="ok").inc()
+        ending.account()
         return True
 
 
@@ -333,7 +333,7 @@ def _rollback(attempt: Any) -> None:
 
 async def _give_back(keys: list[str], booking: str, *, record: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """``waiting.give_back`` on the async client: the narrower levels in one bulk, the last
-    one returning its document (with ``record``'s operators, as ``slots.give_back``); a
+    one returning its document (:func:`leases.slots.gate_pull`, as ``slots.give_back``); a
     queue there is handed off (in a thread: the hand-off's wake-up publish and prune are
     the engine's).
 
@@ -346,8 +346,7 @@ async def _give_back(keys: list[str], booking: str, *, record: dict[str, Any] | 
     *narrow, gate_key = keys
     if narrow:
         await counters.bulk_write(slots.pull_ops(narrow, booking), ordered=False)
-    gate = await counters.find_one_and_update({"_id": gate_key, "holders": booking},
-                                              {**slots.pull_update(booking), **(record or {})},
+    gate = await counters.find_one_and_update(*slots.gate_pull(gate_key, booking, record),
                                               return_document=ReturnDocument.AFTER)
     waiting.note_queue(gate)
     if gate is not None and gate.get("queue"):

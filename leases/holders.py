@@ -29,6 +29,7 @@ second one.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypedDict
 
@@ -312,22 +313,82 @@ def drop_ticket(query: dict[str, Any], reason: str, *, known: HolderDoc | None =
     return doc
 
 
-def end(query: dict[str, Any], reason: str, *, hold_ms: float | None = None) -> HolderDoc | None:
-    """Delete one holder matching ``query``, return its slots, tombstone it.
+def deletion(query: dict[str, Any], reason: str) -> tuple[dict[str, Any], dict[str, int] | None]:
+    """The command that ends a holder: ``findAndModify`` removing the one matching
+    ``query`` (filter, projection). The sync and the async path send exactly this.
 
-    A release records how long the slot was held on the gate (wait estimates): ``hold_ms``
-    as its caller measured it, else from the holder's ``heldAt``; a reap records none (an
-    idle or dead holder's hold says nothing about how long the resource is used).
+    A release projects what its give-back needs (:data:`leases.commands.RELEASE_PROJECTION`);
+    a reap keeps the whole document, which the handler and the history get.
+    """
+    return query, commands.RELEASE_PROJECTION if reason == "release" else None
+
+
+@dataclass(frozen=True)
+class Ending:
+    """What is left to do once the holder ``doc`` is deleted, as data, so the sync path
+    (:func:`end`) and the async one (``leases.aio``) do the same and differ only in the
+    client that sends it, in this order:
+
+    1. return the slots: ``booking`` on each counter of ``keys`` (the gate last, which
+       records ``hold_ms`` for wait estimates and hands the freed slot to the next ticket);
+    2. write ``tombstone`` (filter, pipeline; an upsert) unless it is ``None``;
+    3. :meth:`account` for it.
+    """
+
+    doc: HolderDoc
+    reason: str
+    keys: list[str]
+    booking: str
+    hold_ms: float | None
+    tombstone: tuple[dict[str, Any], list[dict[str, Any]]] | None
+
+    @classmethod
+    def of(cls, doc: HolderDoc, reason: str, *, hold_ms: float | None = None) -> Ending:
+        """The ending of the deleted holder ``doc``.
+
+        Only a release of a ``HELD`` holder records a hold: ``hold_ms`` as its caller
+        measured it, else from the holder's ``heldAt``. A reap records none (an idle or
+        dead holder's hold says nothing about how long the resource is used), nor does a
+        holder that never held its slots.
+        """
+        if reason != "release" or doc.get("state") != "HELD":
+            hold_ms = None
+        elif hold_ms is None:
+            hold_ms = estimates.held_ms(doc.get("heldAt"))
+        return cls(doc, reason, slots.holder_keys(doc), slots.holder_entry(doc), hold_ms,
+                   tombstone_upsert(doc, reason) if needs_tombstone(doc, reason) else None)
+
+    def account(self, failure: Exception | None = None) -> None:
+        """Count the ending (a release's outcome, or the reap and its history entry).
+
+        ``failure``: returning the slots or writing the tombstone failed after the delete.
+        It is logged and left to repair (an entry whose holder is gone is pulled by the
+        next process that finds the counter full, or by the sweep) and to the dispatcher's
+        claim (which writes a missing tombstone): the holder has ended all the same, so a
+        reap is counted as one; a release is counted as an error.
+        """
+        if failure is not None:
+            log.warning("%s of %s: returning its slots or its tombstone failed (%s); repair returns them",
+                        self.reason, self.doc["_id"], failure)
+        if self.reason == "release":
+            tag = metrics.resource_tag(self.doc.get("resource") or "unknown")
+            metrics.RELEASE.labels(resource=tag, outcome="ok" if failure is None else "error").inc()
+        else:
+            metrics.REAP.labels(reason=self.reason).inc()
+            history.reaped(self.doc, self.reason)
+
+
+def end(query: dict[str, Any], reason: str, *, hold_ms: float | None = None) -> HolderDoc | None:
+    """Delete one holder matching ``query`` (:func:`deletion`), then do its
+    :class:`Ending`: return its slots, tombstone it, count it.
 
     Only the one who deletes the holder returns its slots (by entry, so a repairer racing
     it returns each at most once). A holder that was handed out (``HELD``) — or released
     by its caller — gets a tombstone with ``reason``; a ``PENDING`` one that is reaped
-    never reached its consumer, so nobody will ask about it as a lease.
+    never reached its consumer, so nobody will ask about it as a lease. ``hold_ms``: how
+    long a released holder held its slot, as its caller measured it (see :meth:`Ending.of`).
 
-    What fails after the delete is logged and left to repair (an entry whose holder is
-    gone is pulled by the next process that finds the counter full, or by the sweep) and
-    to the dispatcher's claim (which writes a missing tombstone): the holder has ended
-    all the same.
+    What fails after the delete is logged and left to repair (:meth:`Ending.account`).
 
     Returns:
         The deleted holder document, or ``None`` when nothing matched.
@@ -335,34 +396,22 @@ def end(query: dict[str, Any], reason: str, *, hold_ms: float | None = None) -> 
     Raises:
         pymongo.errors.PyMongoError: the delete failed; nothing ended.
     """
-    releasing = reason == "release"
     with store.bounded():
-        doc = store.holders().find_one_and_delete(query, projection=commands.RELEASE_PROJECTION if releasing else None)
+        doc = store.holders().find_one_and_delete(*deletion(query, reason))
     if doc is None:
         return None
-    tag = metrics.resource_tag(doc.get("resource") or "unknown")
-    if releasing:
+    if reason == "release":
         pause_point("release")  # crash-window tests stop here: deleted, slots not yet returned
+    ending = Ending.of(doc, reason, hold_ms=hold_ms)
     try:
         with store.bounded():
-            if not releasing or doc.get("state") != "HELD":
-                hold_ms = None
-            elif hold_ms is None:
-                hold_ms = estimates.held_ms(doc.get("heldAt"))
-            waiting.give_back(slots.holder_keys(doc), slots.holder_entry(doc), hold_ms=hold_ms)
-            if needs_tombstone(doc, reason):
-                record_tombstone(doc, reason)
+            waiting.give_back(ending.keys, ending.booking, hold_ms=ending.hold_ms)
+            if ending.tombstone is not None:
+                store.tombstones().update_one(*ending.tombstone, upsert=True)
     except pymongo.errors.PyMongoError as exc:
-        log.warning("%s of %s: returning its slots or its tombstone failed (%s); repair returns them",
-                    reason, doc["_id"], exc)
-        if releasing:
-            metrics.RELEASE.labels(resource=tag, outcome="error").inc()
-            return doc
-    if releasing:
-        metrics.RELEASE.labels(resource=tag, outcome="ok").inc()
-    else:
-        metrics.REAP.labels(reason=reason).inc()
-        history.reaped(doc, reason)
+        ending.account(exc)
+        return doc
+    ending.account()
     return doc
 
 

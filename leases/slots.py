@@ -170,8 +170,7 @@ def give_back(keys: Sequence[str], booking: str, *, record: dict[str, Any] | Non
     *narrow, gate = keys
     if narrow:
         store.counters().bulk_write(pull_ops(narrow, booking), ordered=False)
-    return store.counters().find_one_and_update(
-        {"_id": gate, "holders": booking}, {**_pull(booking), **(record or {})}, return_document=ReturnDocument.AFTER)
+    return store.counters().find_one_and_update(*gate_pull(gate, booking, record), return_document=ReturnDocument.AFTER)
 
 
 def pull_ops(keys: Sequence[str], booking: str) -> list[UpdateOne]:
@@ -179,9 +178,13 @@ def pull_ops(keys: Sequence[str], booking: str) -> list[UpdateOne]:
     return [UpdateOne({"_id": key, "holders": booking}, _pull(booking)) for key in keys]
 
 
-def pull_update(booking: str) -> dict[str, Any]:
-    """The update that returns ``booking``'s slot (with ``clock``, for the hand-off)."""
-    return _pull(booking)
+def gate_pull(gate: str, booking: str, record: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The command (filter, update) of :func:`give_back` on the gate ``gate``: return
+    ``booking``'s slot if the gate still lists it, stamping ``clock`` for the hand-off,
+    with ``record``'s operators merged in. The sync and the async release send exactly this,
+    as ``findAndModify`` returning the document after.
+    """
+    return {"_id": gate, "holders": booking}, {**_pull(booking), **(record or {})}
 
 
 def _pull(booking: str) -> dict[str, Any]:
