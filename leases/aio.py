@@ -39,6 +39,7 @@ import pymongo.errors
 from pymongo import ReturnDocument
 
 from . import commands, estimates, holders, metrics, service, slots, store, validation, waiting
+from .documents import CounterDoc
 from .errors import LeaseLost, LeaseUnavailable
 
 log = logging.getLogger(__name__)
@@ -331,7 +332,7 @@ def _rollback(attempt: Any) -> None:
         log.warning("rollback of %s failed (%s); reap and repair clean up", attempt.token, exc)
 
 
-async def _give_back(keys: list[str], booking: str, *, record: dict[str, Any] | None = None) -> dict[str, Any] | None:
+async def _give_back(keys: list[str], booking: str, *, record: dict[str, Any] | None = None) -> CounterDoc | None:
     """``waiting.give_back`` on the async client: the narrower levels in one bulk, the last
     one returning its document (:func:`leases.slots.gate_pull`, as ``slots.give_back``); a
     queue there is handed off (in a thread: the hand-off's wake-up publish and prune are

@@ -50,12 +50,20 @@ class TicketDoc(TypedDict, total=False):
     t: str                      # tenant, project, user
     p: str
     u: str
-    at: datetime                # arrival
-    seen: datetime              # the last keep-alive
+    # The order rule reads a ticket without either as stale (leases.order.is_stale).
+    at: datetime | None         # arrival
+    seen: datetime | None       # the last keep-alive
     ttl: int                    # milliseconds it lives without a keep-alive
     caps: dict[str, int]        # the narrower levels' caps it must also fit
     lvl: str                    # the level that blocked it last
+    bat: datetime               # when it last found one of its own narrower levels full
     w: str | None               # the waiting process's wake-up channel
+    # The order rule's inputs, resolved when it queued (leases.shares.ticket_fields):
+    wt: float                   # its tenant's weight
+    wp: float                   # its project's weight
+    pc: int                     # its priority class rank, 0 the highest
+    pn: str                     # the priority class's name
+    ms: int                     # its definition's maxStarvationMs
 
 
 class CounterDoc(TypedDict, total=False):
@@ -70,6 +78,11 @@ class CounterDoc(TypedDict, total=False):
     count: int                  # always len(holders)
     holders: list[str]          # one booking entry tenant/project/user/token per slot
     queue: list[TicketDoc]      # on the gate only
+    # The gate's records for the order rule and the estimates (leases.order, leases.estimates):
+    vt: dict[str, float]        # passes per tenant "t", project "t/p" and project floor "t/"
+    vf: float                   # the pass of the last tenant grant
+    holds: list[float]          # recent hold durations (ms)
+    er: list[float]             # recent actual ÷ estimated waits
     updatedAt: datetime
     clock: datetime             # stamped by the command that returned the document
     checkedAt: datetime         # the last repair check

@@ -21,9 +21,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from statistics import median
-from typing import Any
+from typing import Any, cast
 
 from . import order
+from .documents import CounterDoc, TicketDoc
 from .slots import parts_of
 
 # Recent hold durations kept on the gate (ms): enough for a stable median, small enough to
@@ -31,12 +32,12 @@ from .slots import parts_of
 HOLDS_KEPT = 16
 
 
-def mean_hold_ms(gate: dict[str, Any]) -> float | None:
+def mean_hold_ms(gate: CounterDoc) -> float | None:
     """The typical hold at this gate from its recent releases (median, ms); None if none."""
     return order.typical_hold_ms(gate)
 
 
-def wait_ms(gate: dict[str, Any], ticket_id: str, now: datetime) -> float | None:
+def wait_ms(gate: CounterDoc, ticket_id: str, now: datetime) -> float | None:
     """Estimated milliseconds from ``now`` until ``ticket_id`` is granted; None when the
     gate has no hold history yet or the ticket is not queued (live).
 
@@ -48,7 +49,7 @@ def wait_ms(gate: dict[str, Any], ticket_id: str, now: datetime) -> float | None
     return None if raw is None else raw * calibration(gate)
 
 
-def calibration(gate: dict[str, Any]) -> float:
+def calibration(gate: CounterDoc) -> float:
     """Median of actual ÷ estimated wait over the gate's recent grants (``er``); 1 until
     three are on record."""
     ratios = [r for r in gate.get("er") or () if isinstance(r, (int, float)) and not isinstance(r, bool) and r > 0]
@@ -64,7 +65,7 @@ def outcome_update(raw_ms: float | None, actual_ms: float) -> dict[str, Any]:
     return {"$push": {"er": {"$each": [round(ratio, 3)], "$slice": -HOLDS_KEPT}}}
 
 
-def raw_wait_ms(gate: dict[str, Any], ticket_id: str, now: datetime) -> float | None:
+def raw_wait_ms(gate: CounterDoc, ticket_id: str, now: datetime) -> float | None:
     """The turnover walk's estimate, before calibration.
 
     The slots are turned over one release at a time, oldest holder first, and each freed
@@ -94,7 +95,7 @@ MAX_WALK_STEPS = 500
 MAX_WALK_RANKINGS = 10_000
 
 
-def releases_until(gate: dict[str, Any], ticket_id: str, now: datetime) -> int | None:
+def releases_until(gate: CounterDoc, ticket_id: str, now: datetime) -> int | None:
     """How many releases until ``ticket_id`` is picked (0: a free slot is its now); None
     when it is not queued (live) or not reached within the walk's bound."""
     live = [t for t in gate.get("queue") or () if not order.is_stale(t, now)]
@@ -113,7 +114,7 @@ def releases_until(gate: dict[str, Any], ticket_id: str, now: datetime) -> int |
     return None
 
 
-def releases_all(gate: dict[str, Any], now: datetime) -> dict[str, int]:
+def releases_all(gate: CounterDoc, now: datetime) -> dict[str, int]:
     """:func:`releases_until` of every live ticket of the gate from ONE walk (a listing
     asks for all of them; the walk does not depend on which ticket is asked about).
     Tickets the walk does not reach are absent."""
@@ -134,7 +135,7 @@ def releases_all(gate: dict[str, Any], now: datetime) -> dict[str, int]:
     return found
 
 
-def _by_place(gate: dict[str, Any], place: int | None) -> int | None:
+def _by_place(gate: CounterDoc, place: int | None) -> int | None:
     """A long queue's estimate from the place alone (the free slots go first)."""
     if place is None:
         return None
@@ -142,7 +143,7 @@ def _by_place(gate: dict[str, Any], place: int | None) -> int | None:
     return max(0, place - max(0, cap - len(gate.get("holders") or ())))
 
 
-def _turnover(gate: dict[str, Any], live: list[dict[str, Any]], now: datetime) -> Iterator[tuple[int, Any]]:
+def _turnover(gate: CounterDoc, live: list[TicketDoc], now: datetime) -> Iterator[tuple[int, Any]]:
     """The turnover walk: yields ``(releases so far, id of the ticket picked)`` for each
     pick, in order; last ``(releases so far, None)`` when the walk's budget ends it (not
     when nothing can be picked any more).
@@ -198,25 +199,25 @@ class _Queue:
 
     def __init__(self, now: datetime):
         self.now = now
-        self.kinds: dict[tuple, deque[dict[str, Any]]] = {}
+        self.kinds: dict[tuple, deque[TicketDoc]] = {}
         self.kind_of: dict[int, tuple] = {}  # by id() of a queued ticket: worked out once
 
-    def append(self, ticket: dict[str, Any]) -> None:
+    def append(self, ticket: TicketDoc) -> None:
         kind = self.kind_of[id(ticket)] = self._kind(ticket)
         self.kinds.setdefault(kind, deque()).append(ticket)
 
-    def heads(self) -> list[dict[str, Any]]:
+    def heads(self) -> list[TicketDoc]:
         """The oldest ticket of each kind."""
         return [tickets[0] for tickets in self.kinds.values()]
 
-    def pop(self, ticket: dict[str, Any]) -> None:
+    def pop(self, ticket: TicketDoc) -> None:
         """Remove ``ticket``, the head of its kind."""
         kind = self.kind_of.pop(id(ticket))
         self.kinds[kind].popleft()
         if not self.kinds[kind]:
             del self.kinds[kind]
 
-    def _kind(self, ticket: dict[str, Any]) -> tuple:
+    def _kind(self, ticket: TicketDoc) -> tuple:
         caps = ticket.get("caps") or {}
         return (ticket.get("t", ""), ticket.get("p", ""), ticket.get("u", "") if "user" in caps else None,
                 _rank(ticket), order.weight(ticket.get("wt")), order.weight(ticket.get("wp")),
@@ -236,27 +237,29 @@ class _Reasking:
     default, which would have a flood of it stand in front of every lower class for good.
     """
 
-    by_project: dict[tuple[str, str], dict[str, Any]]
-    by_tenant: dict[str, dict[str, Any]]
+    by_project: dict[tuple[str, str], TicketDoc]
+    by_tenant: dict[str, TicketDoc]
     lowest: int
 
     @classmethod
-    def of(cls, live: list[dict[str, Any]]) -> "_Reasking":
+    def of(cls, live: list[TicketDoc]) -> "_Reasking":
         by_project = {(t.get("t", ""), t.get("p", "")): t for t in live}
         by_tenant = {t.get("t", ""): t for t in live}
         return cls(by_project, by_tenant, max((_rank(t) for t in live), default=0))
 
-    def ticket(self, t: str, p: str, u: str, ticket_id: str, at: datetime) -> dict[str, Any]:
+    def ticket(self, t: str, p: str, u: str, ticket_id: str, at: datetime) -> TicketDoc:
         """The re-asking holder's ticket, queued at ``at`` and kept alive."""
         like = self.by_project.get((t, p))
         fields: tuple[str, ...] = ("wt", "wp", "pc", "caps", "ms")
         if like is None:
             like, fields = self.by_tenant.get(t) or {"pc": self.lowest}, ("wt", "pc", "caps", "ms")
-        return {**{k: like[k] for k in fields if k in like}, "id": ticket_id, "t": t, "p": p, "u": u,
-                "at": at, "seen": at + KEPT_ALIVE, "ttl": 0}
+        # The fields are copied by name, which a TypedDict does not type: cast both ways.
+        shared = cast(dict[str, Any], like)
+        return cast(TicketDoc, {**{k: shared[k] for k in fields if k in shared}, "id": ticket_id, "t": t, "p": p,
+                                "u": u, "at": at, "seen": at + KEPT_ALIVE, "ttl": 0})
 
 
-def _rank(ticket: dict[str, Any]) -> int:
+def _rank(ticket: TicketDoc) -> int:
     """A ticket's class rank as the order rule reads it (0, the top, when it has none)."""
     return int(ticket.get("pc") or 0)
 
@@ -265,13 +268,13 @@ def _rank(ticket: dict[str, Any]) -> int:
 KEPT_ALIVE = timedelta(days=3650)
 
 
-def _kept_alive(ticket: dict[str, Any], now: datetime) -> dict[str, Any]:
+def _kept_alive(ticket: TicketDoc, now: datetime) -> TicketDoc:
     """The walk's copy of a queued ticket: its waiter polls meanwhile, so a fresh ticket
     stays fresh while the walk's clock moves on; one already suspect stays suspect."""
-    return dict(ticket) if order.is_suspect(ticket, now) else {**ticket, "seen": now + KEPT_ALIVE}
+    return cast(TicketDoc, dict(ticket)) if order.is_suspect(ticket, now) else {**ticket, "seen": now + KEPT_ALIVE}
 
 
-def _after_the_walk(gate: dict[str, Any], tickets: list[dict[str, Any]], now: datetime, end: int) -> dict[str, int]:
+def _after_the_walk(gate: CounterDoc, tickets: list[TicketDoc], now: datetime, end: int) -> dict[str, int]:
     """Releases until each of ``tickets`` (live ones a walk did not reach in its ``end``
     releases) is picked, from its starvation bound alone: once promoted it goes before
     every class, oldest promotion first, one per release. Those without a bound, and
@@ -292,7 +295,7 @@ def _after_the_walk(gate: dict[str, Any], tickets: list[dict[str, Any]], now: da
     return found
 
 
-def _release_promoting(ticket: dict[str, Any], now: datetime, hold: float, cap: int, lead: timedelta) -> int | None:
+def _release_promoting(ticket: TicketDoc, now: datetime, hold: float, cap: int, lead: timedelta) -> int | None:
     """The first release (counted from ``now``) at which the order rule ranks ``ticket`` as
     starved; None when it never is (no bound)."""
     if not order.is_starved(ticket, now + KEPT_ALIVE, lead):
@@ -313,7 +316,7 @@ def _release_promoting(ticket: dict[str, Any], now: datetime, hold: float, cap: 
     return high
 
 
-def grant_times(gate: dict[str, Any], now: datetime) -> dict[str, datetime]:
+def grant_times(gate: CounterDoc, now: datetime) -> dict[str, datetime]:
     """:func:`grant_at` of every live ticket of the gate, from one walk (unknown: absent)."""
     hold = mean_hold_ms(gate)
     if hold is None:
@@ -329,7 +332,7 @@ def _steps_ms(steps: int, hold: float, cap: int) -> float:
     return 0.0 if steps == 0 else (steps - 0.5) * hold / cap
 
 
-def grant_at(gate: dict[str, Any], ticket_id: str, now: datetime) -> datetime | None:
+def grant_at(gate: CounterDoc, ticket_id: str, now: datetime) -> datetime | None:
     """The estimated grant time of ``ticket_id`` on MongoDB's clock (None: unknown)."""
     ms = wait_ms(gate, ticket_id, now)
     return None if ms is None else now + timedelta(milliseconds=ms)

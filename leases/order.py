@@ -41,6 +41,7 @@ from datetime import datetime, timedelta
 from statistics import median
 from typing import Any
 
+from .documents import CounterDoc, TicketDoc
 from .slots import parts_of
 
 
@@ -64,7 +65,7 @@ class Occupancy:
         self.project[(tenant, project)] += 1
         self.user[(tenant, user)] += 1
 
-    def fits(self, ticket: dict[str, Any]) -> bool:
+    def fits(self, ticket: TicketDoc) -> bool:
         """Whether the ticket's own narrower caps leave it room."""
         caps = ticket.get("caps") or {}
         t, p, u = ticket.get("t", ""), ticket.get("p", ""), ticket.get("u", "")
@@ -82,7 +83,7 @@ class Passes:
     vf: float = 0.0
 
     @classmethod
-    def of(cls, gate: dict[str, Any]) -> "Passes":
+    def of(cls, gate: CounterDoc) -> "Passes":
         return cls(dict(gate.get("vt") or {}), float(gate.get("vf") or 0.0))
 
     def tenant(self, t: str) -> float:
@@ -91,7 +92,7 @@ class Passes:
     def project(self, t: str, p: str) -> float:
         return max(float(self.vt.get(f"{t}/{p}", 0.0)), float(self.vt.get(f"{t}/", 0.0)))
 
-    def charge(self, ticket: dict[str, Any], waiting: list[dict[str, Any]]) -> dict[str, Any]:
+    def charge(self, ticket: TicketDoc, waiting: list[TicketDoc]) -> dict[str, Any]:
         """The update operators that charge one grant of ``ticket`` (picked among the live
         tickets ``waiting``, itself included); also applied here.
 
@@ -138,14 +139,14 @@ def weight(value: Any) -> float:
 BLOCKED_PAUSE = timedelta(milliseconds=300)
 
 
-def sits_out(ticket: dict[str, Any], now: datetime) -> bool:
+def sits_out(ticket: TicketDoc, now: datetime) -> bool:
     """Whether a ticket recently found one of its own narrower levels full."""
     blocked_at = ticket.get("bat")
     return (blocked_at is not None and ticket.get("lvl") in (ticket.get("caps") or {})
             and blocked_at + BLOCKED_PAUSE > now)
 
 
-def is_suspect(ticket: dict[str, Any], now: datetime) -> bool:
+def is_suspect(ticket: TicketDoc, now: datetime) -> bool:
     """A ticket that missed its keep-alive (not seen for half its TTL): its waiter is
     probably dead. It goes after every fresh ticket, so a killed waiter picked for a free
     slot holds it idle for at most half a ticket TTL, not a whole one."""
@@ -153,13 +154,13 @@ def is_suspect(ticket: dict[str, Any], now: datetime) -> bool:
     return seen is None or seen + timedelta(milliseconds=int(ticket.get("ttl", 0)) / 2) < now
 
 
-def is_stale(ticket: dict[str, Any], now: datetime) -> bool:
+def is_stale(ticket: TicketDoc, now: datetime) -> bool:
     """A ticket whose waiter did not keep it alive within its TTL (MongoDB's clock)."""
     seen = ticket.get("seen") or ticket.get("at")
     return seen is None or seen + timedelta(milliseconds=int(ticket.get("ttl", 0))) < now
 
 
-def typical_hold_ms(gate: dict[str, Any]) -> float | None:
+def typical_hold_ms(gate: CounterDoc) -> float | None:
     """The gate's typical hold: the median of its recent ``holds`` (ms; malformed records
     left out), None when it has recorded none."""
     holds = [float(h) for h in gate.get("holds") or ()
@@ -167,13 +168,13 @@ def typical_hold_ms(gate: dict[str, Any]) -> float | None:
     return median(holds) if holds else None
 
 
-def starvation_lead(gate: dict[str, Any]) -> timedelta:
+def starvation_lead(gate: CounterDoc) -> timedelta:
     """How early a ticket is promoted before its ``maxStarvationMs``: the gate's typical
     hold (:func:`typical_hold_ms`), zero when it has recorded none."""
     return timedelta(milliseconds=typical_hold_ms(gate) or 0.0)
 
 
-def is_starved(ticket: dict[str, Any], now: datetime, lead: timedelta = timedelta(0)) -> bool:
+def is_starved(ticket: TicketDoc, now: datetime, lead: timedelta = timedelta(0)) -> bool:
     """Whether the ticket ranks as starved: it waited its definition's ``maxStarvationMs``
     minus ``lead`` (:func:`starvation_lead`; never more than half the bound), so that the
     next free slot, about one hold away, reaches it by the bound."""
@@ -184,7 +185,7 @@ def is_starved(ticket: dict[str, Any], now: datetime, lead: timedelta = timedelt
     return at + wait - min(lead, wait / 2) <= now
 
 
-def _rank_key(ticket: dict[str, Any], held: Occupancy, passes: Passes, now: datetime,
+def _rank_key(ticket: TicketDoc, held: Occupancy, passes: Passes, now: datetime,
               lead: timedelta = timedelta(0)) -> tuple:
     t, p = ticket.get("t", ""), ticket.get("p", "")
     if is_starved(ticket, now, lead):
@@ -198,13 +199,13 @@ def _rank_key(ticket: dict[str, Any], held: Occupancy, passes: Passes, now: date
             passes.project(t, p) + project_held, project_held, ticket.get("at"), ticket.get("id", ""))
 
 
-def _order(gate: dict[str, Any], now: datetime, limit: int | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _order(gate: CounterDoc, now: datetime, limit: int | None) -> tuple[list[TicketDoc], list[TicketDoc]]:
     """(picked in grant order, the rest that their own caps block at every step)."""
     held = Occupancy.of(gate.get("holders") or ())
     passes = Passes.of(gate)
     lead = starvation_lead(gate)
     remaining = [t for t in gate.get("queue") or () if not is_stale(t, now)]
-    out: list[dict[str, Any]] = []
+    out: list[TicketDoc] = []
     while remaining and (limit is None or len(out) < limit):
         chosen = pick(remaining, held, passes, now, lead)
         if chosen is None:
@@ -216,8 +217,8 @@ def _order(gate: dict[str, Any], now: datetime, limit: int | None) -> tuple[list
     return out, remaining
 
 
-def pick(tickets: list[dict[str, Any]], held: Occupancy, passes: Passes, now: datetime,
-         lead: timedelta = timedelta(0)) -> dict[str, Any] | None:
+def pick(tickets: list[TicketDoc], held: Occupancy, passes: Passes, now: datetime,
+         lead: timedelta = timedelta(0)) -> TicketDoc | None:
     """The one ticket of ``tickets`` (live ones) the rule grants next, given what is held,
     the passes and the starvation ``lead`` (:func:`starvation_lead` of the gate); None when
     every one is blocked by its own caps or sits out."""
@@ -228,7 +229,7 @@ def pick(tickets: list[dict[str, Any]], held: Occupancy, passes: Passes, now: da
     return min(eligible, key=lambda t: _rank_key(t, held, passes, now, lead))
 
 
-def ranked(gate: dict[str, Any], now: datetime, limit: int | None = None) -> list[dict[str, Any]]:
+def ranked(gate: CounterDoc, now: datetime, limit: int | None = None) -> list[TicketDoc]:
     """The live tickets in the order they would be granted if slots kept freeing.
 
     Each pick counts as held and is charged to its tenant's pass for the picks after it,
@@ -242,7 +243,7 @@ def ranked(gate: dict[str, Any], now: datetime, limit: int | None = None) -> lis
     return out
 
 
-def next_grants(gate: dict[str, Any], now: datetime) -> list[str]:
+def next_grants(gate: CounterDoc, now: datetime) -> list[str]:
     """The tickets that may take the gate's free slots now (ids, best first).
 
     Only tickets that fit their own caps count, so a blocked ticket never takes a turn.
@@ -254,7 +255,7 @@ def next_grants(gate: dict[str, Any], now: datetime) -> list[str]:
     return [t["id"] for t in picked]
 
 
-def charge(gate: dict[str, Any] | None, ticket_id: str) -> dict[str, Any]:
+def charge(gate: CounterDoc | None, ticket_id: str) -> dict[str, Any]:
     """The update operators that charge a grant of ``ticket_id`` to its tenant's and
     project's pass, computed from the gate as the grantee last saw it ({} when it is not
     queued there). Merged into the booking update of the gate, so it costs no command."""
@@ -269,7 +270,7 @@ def charge(gate: dict[str, Any] | None, ticket_id: str) -> dict[str, Any]:
     return Passes.of(gate).charge(mine, live)
 
 
-def position(gate: dict[str, Any], ticket_id: str, now: datetime) -> int | None:
+def position(gate: CounterDoc, ticket_id: str, now: datetime) -> int | None:
     """1-based place of ``ticket_id`` in the grant order; None when it is not queued (live)."""
     for index, ticket in enumerate(ranked(gate, now), start=1):
         if ticket.get("id") == ticket_id:
@@ -277,7 +278,7 @@ def position(gate: dict[str, Any], ticket_id: str, now: datetime) -> int | None:
     return None
 
 
-def blocking_level(gate: dict[str, Any], ticket: dict[str, Any], now: datetime) -> str:
+def blocking_level(gate: CounterDoc, ticket: TicketDoc, now: datetime) -> str:
     """The level that holds ``ticket`` back now: its narrowest own cap that the gate's
     entries show full, else the narrower level it last found full (while it sits out), else
     the gate's own level (its turn has not come)."""
@@ -293,6 +294,6 @@ def blocking_level(gate: dict[str, Any], ticket: dict[str, Any], now: datetime) 
     return str(gate.get("level") or "global")
 
 
-def stale_ids(gate: dict[str, Any], now: datetime) -> list[str]:
+def stale_ids(gate: CounterDoc, now: datetime) -> list[str]:
     """Ids of the tickets nobody keeps alive any more."""
     return [t["id"] for t in gate.get("queue") or () if is_stale(t, now)]

@@ -46,6 +46,7 @@ from . import (
     wakeups,
 )
 from .definitions import LeaseDefinition, LevelSpec
+from .documents import CounterDoc, TicketDoc
 from .errors import InvalidLeaseRequest, LeaseBusy, LeaseLost, LeaseUnavailable
 from .identity import self_pod_id
 from .pausepoints import pause_point as _pause_point
@@ -284,7 +285,7 @@ def release_token(token: str, *, resource: str | None = None) -> bool:
 class _Blocked(Exception):
     """A level had no room for this attempt (nothing of the attempt stays booked)."""
 
-    def __init__(self, spec: LevelSpec, counter: dict[str, Any] | None):
+    def __init__(self, spec: LevelSpec, counter: CounterDoc | None):
         self.spec = spec
         self.counter = counter  # the blocking counter as read (None: not read)
 
@@ -375,12 +376,12 @@ class _Attempt:
                      expires_at=held.get("expiresAt"), acquired_at=held.get("acquiredAt"),
                      last_seen_at=held.get("lastSeenAt"), interval_seconds=held.get("intervalSeconds"))
 
-    def ticket(self, level: str, arrived: datetime | None, *, waker: str | None = None) -> dict[str, Any]:
+    def ticket(self, level: str, arrived: datetime | None, *, waker: str | None = None) -> TicketDoc:
         """This attempt's ticket in the gate's queue, arrived (and last kept alive) at
         ``arrived``, blocked last at ``level``; ``waker`` is its process's wake-up channel."""
         request = self.request
         caps = {spec.level: spec.cap for spec in self.specs if spec is not self.gate}
-        ticket = {"id": self.token, "t": request.tenant_id, "p": request.project_id, "u": request.user_id,
+        ticket: TicketDoc = {"id": self.token, "t": request.tenant_id, "p": request.project_id, "u": request.user_id,
                   "at": arrived, "seen": arrived, "ttl": waiting.ticket_ttl_ms(), "caps": caps, "lvl": level,
                   "w": waker}
         # Weights and class resolved now, so the order rule needs nothing but the gate.
@@ -411,7 +412,7 @@ class _Vanished(Exception):
 
 
 def _busy(attempt: _Attempt, blocked: _Blocked, *, position: int | None = None,
-          gate: dict[str, Any] | None = None, placed: bool = True) -> LeaseBusy:
+          gate: CounterDoc | None = None, placed: bool = True) -> LeaseBusy:
     """The Busy answer of ``attempt``, blocked at ``blocked``; ``gate`` is the gate as last
     seen (default: the blocking counter, when that is the gate) and ``placed`` whether the
     attempt still has its place there, for the retry delay (:func:`_retry_after_s`)."""
@@ -422,7 +423,7 @@ def _busy(attempt: _Attempt, blocked: _Blocked, *, position: int | None = None,
                      retry_after=_retry_after_s(attempt, counter if gate is None else gate, placed=placed))
 
 
-def _retry_after_s(attempt: _Attempt, gate: dict[str, Any] | None, *, placed: bool = True) -> float:
+def _retry_after_s(attempt: _Attempt, gate: CounterDoc | None, *, placed: bool = True) -> float:
     """Suggested seconds before ``attempt`` asks again (``LeaseBusy.retry_after``), from
     the gate document in hand (no command of its own).
 
@@ -635,13 +636,13 @@ class _Waiter:
         self.started = started
         self.gate_key = attempt.gate.key
         self.blocked: _Blocked | None = None
-        self.gate: dict[str, Any] | None = None
+        self.gate: CounterDoc | None = None
         self.tag = metrics.resource_tag(attempt.definition.resource)
         self.estimate_s: float | None = None
         self.raw_estimate_ms: float | None = None  # uncalibrated, for the gate's record
         self.queued_at = 0.0  # monotonic
 
-    def _ticket(self) -> dict[str, Any]:
+    def _ticket(self) -> TicketDoc:
         return self.attempt.ticket(self.blocked.spec.level if self.blocked else self.attempt.gate.level,
                                    self.attempt.acquired_at, waker=wakeups.process_id())
 
@@ -727,14 +728,14 @@ class _Waiter:
             history.waited(self, outcome, time.monotonic() - self.started)
             metrics.WAIT_OUTCOME.labels(resource=self.tag, outcome=outcome).inc()
 
-    def _enqueue(self) -> dict[str, Any] | None:
+    def _enqueue(self) -> CounterDoc | None:
         gate = waiting.enqueue(self.gate_key, self._ticket())
         if gate is None:  # first use of the gate: create it, then queue
             slots.create(self.attempt.gate, self.attempt.definition.resource)
             gate = waiting.enqueue(self.gate_key, self._ticket())
         return gate
 
-    def _keep_alive(self) -> dict[str, Any] | None:
+    def _keep_alive(self) -> CounterDoc | None:
         gate = waiting.keep_alive(self.gate_key, self.attempt.token)
         if gate is None:
             # Pruned as stale (this process stalled past the ticket TTL, and its holder
@@ -865,9 +866,9 @@ class Ticket:
     estimated_grant_at: datetime | None = None
 
     @classmethod
-    def of(cls, token: str, definition: LeaseDefinition, gate: dict[str, Any], blocked: _Blocked | None) -> "Ticket":
+    def of(cls, token: str, definition: LeaseDefinition, gate: CounterDoc, blocked: _Blocked | None) -> "Ticket":
         now = gate["clock"]
-        mine: dict[str, Any] = next((t for t in gate.get("queue") or () if t.get("id") == token), {})
+        mine: TicketDoc = next((t for t in gate.get("queue") or () if t.get("id") == token), TicketDoc())
         seen = mine.get("seen") or now
         return cls(id=token, resource=definition.resource, lease_name=definition.name,
                    level=order.blocking_level(gate, mine, now) if mine else (
@@ -972,12 +973,12 @@ def resume(ticket_id: str, *, scope: holders.Scope, keep_ms: int) -> "Lease | Ti
     return Ticket.of(ticket_id, definition, waiter.gate or gate, waiter.blocked)
 
 
-def _observe_ticket_wait(attempt: _Attempt, gate: dict[str, Any], holder: dict[str, Any], lease: Lease) -> None:
+def _observe_ticket_wait(attempt: _Attempt, gate: CounterDoc, holder: dict[str, Any], lease: Lease) -> None:
     """Record the per-class wait of a ticket granted on a poll, once: from its arrival in
     the queue (the ticket's ``at``, else its holder's ``acquiredAt``) to the grant (the
     HELD update's ``lastSeenAt``), both MongoDB's clock as stored. The request that kept
     the ticket recorded none in this histogram, nor does a poll answering it again."""
-    ticket: dict[str, Any] = next((t for t in gate.get("queue") or () if t.get("id") == attempt.token), {})
+    ticket: TicketDoc = next((t for t in gate.get("queue") or () if t.get("id") == attempt.token), TicketDoc())
     arrived = ticket.get("at") or holder.get("acquiredAt")
     if arrived is None or lease.last_seen_at is None:
         return

@@ -23,14 +23,15 @@ import yaml
 
 from . import audit, metrics, store
 from .definitions import MAX_WEIGHT, SYSTEM_TENANT, TENANT_PROJECT, LeaseDefinition, document_path
+from .documents import TicketDoc
 from .errors import InvalidLeaseRequest, LeaseUnavailable
 from .validation import entity_id, lease_name
 
 
-def ticket_fields(definition: LeaseDefinition, request: Any, priority: tuple[int, str | None]) -> dict[str, Any]:
+def ticket_fields(definition: LeaseDefinition, request: Any, priority: tuple[int, str | None]) -> TicketDoc:
     """The order-rule fields of a waiting ticket of ``request`` under ``definition``."""
     rank, name = priority
-    fields: dict[str, Any] = {"wt": definition.tenant_weight(request.tenant_id),
+    fields: TicketDoc = {"wt": definition.tenant_weight(request.tenant_id),
                               "wp": definition.project_weight(request.project_id), "pc": rank}
     if name is not None:
         fields["pn"] = name

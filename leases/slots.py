@@ -24,7 +24,7 @@ from pymongo import ReturnDocument, UpdateOne
 
 from . import store
 from .definitions import LevelSpec
-from .documents import HolderDoc
+from .documents import CounterDoc, HolderDoc
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ def create(spec: LevelSpec, resource: str) -> None:
         pass  # created by another process a moment ago
 
 
-def give_back(keys: Sequence[str], booking: str, *, record: dict[str, Any] | None = None) -> dict[str, Any] | None:
+def give_back(keys: Sequence[str], booking: str, *, record: dict[str, Any] | None = None) -> CounterDoc | None:
     """Return ``booking``'s slot on each counter of ``keys`` (narrow first, the gate last).
 
     Only a counter that still lists the entry is decremented, so racing releasers, reapers
@@ -192,7 +192,7 @@ def _pull(booking: str) -> dict[str, Any]:
             "$currentDate": {"updatedAt": True, "clock": True}}
 
 
-def pull_entry(key: str, booking: str) -> dict[str, Any] | None:
+def pull_entry(key: str, booking: str) -> CounterDoc | None:
     """Pull one entry from one counter (repair); the counter after, or None if it was gone."""
     return store.counters().find_one_and_update(
         {"_id": key, "holders": booking}, _pull(booking), return_document=ReturnDocument.AFTER)
@@ -218,7 +218,7 @@ def orphans(bookings: Iterable[str], now: datetime) -> tuple[list[str], list[str
     return missing, expired
 
 
-def convert_legacy(doc: dict[str, Any], booked_by: dict[str, list[str]], *, safety: timedelta,
+def convert_legacy(doc: CounterDoc, booked_by: dict[str, list[str]], *, safety: timedelta,
                    now: datetime) -> bool:
     """Give a counter written before entries existed its ``holders`` list, from the holders
     that register it (``booked_by``: key → entries). Guarded by ``count``/``updatedAt`` and the

@@ -17,13 +17,14 @@ from __future__ import annotations
 import logging
 import time
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import pymongo.errors
 from pymongo import ReturnDocument, UpdateOne
 
 from . import order, slots, store, wakeups
 from .conf import lease_settings
+from .documents import CounterDoc, HolderDoc, TicketDoc
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ _queued_seen: dict[str, float] = {}
 QUEUE_HINT_S = 1.0
 
 
-def note_queue(gate: dict[str, Any] | None) -> None:
+def note_queue(gate: CounterDoc | None) -> None:
     """Remember whether the gate had waiting tickets (from a document a command returned)."""
     if gate is None:
         return
@@ -66,7 +67,7 @@ def queue_likely(gate_key: str) -> bool:
     return seen is not None and time.monotonic() - seen < QUEUE_HINT_S
 
 
-def enqueue(gate_key: str, ticket: dict[str, Any]) -> dict[str, Any] | None:
+def enqueue(gate_key: str, ticket: TicketDoc) -> CounterDoc | None:
     """Append ``ticket`` to the gate's queue (idempotent); the gate after, None if missing.
 
     Raises:
@@ -80,7 +81,7 @@ def enqueue(gate_key: str, ticket: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def keep_alive(gate_key: str, ticket_id: str, *, ttl_ms: int | None = None,
-               live_at: datetime | None = None) -> dict[str, Any] | None:
+               live_at: datetime | None = None) -> CounterDoc | None:
     """Refresh the ticket's ``seen`` on MongoDB's clock; the gate after, or None when the
     ticket is no longer queued (granted, pruned as stale, or the gate is gone) — or, with
     ``live_at``, no longer live then.
@@ -128,7 +129,7 @@ def dequeue(gate_key: str, ticket_id: str) -> None:
     store.counters().update_one({"_id": gate_key}, {"$pull": {"queue": {"id": ticket_id}}})
 
 
-def read_gate(gate_key: str) -> dict[str, Any] | None:
+def read_gate(gate_key: str) -> CounterDoc | None:
     """The gate counter with ``clock`` stamped to MongoDB's time now.
 
     Raises:
@@ -138,7 +139,7 @@ def read_gate(gate_key: str) -> dict[str, Any] | None:
         {"_id": gate_key}, {"$currentDate": {"clock": True}}, return_document=ReturnDocument.AFTER)
 
 
-def prune(gate: dict[str, Any], ids: list[str] | None = None, *, reason: str = "ticket-expired") -> dict[str, Any]:
+def prune(gate: CounterDoc, ids: list[str] | None = None, *, reason: str = "ticket-expired") -> CounterDoc:
     """Drop the gate's stale tickets — or ``ids``, whose waiters are known to be gone —
     and their holder documents (they book nothing); returns the gate as it is now.
 
@@ -158,23 +159,25 @@ def prune(gate: dict[str, Any], ids: list[str] | None = None, *, reason: str = "
     # (who waited) and the gate (where), in the one shape every tombstone has.
     store.holders().delete_many({"_id": {"$in": stale}, "state": "PENDING"})
     by_id = {t["id"]: t for t in gate.get("queue") or ()}
+    # Cast: the stand-in holder of an id not in the queue as read has None for its tenant
+    # and project (its tombstone records None), which a HolderDoc's str fields do not allow.
     store.tombstones().bulk_write([
-        UpdateOne(*holders.tombstone_upsert({"_id": tid, "tenantId": by_id.get(tid, {}).get("t"),
-                                             "projectId": by_id.get(tid, {}).get("p"),
-                                             "resource": gate.get("resource", "")}, reason), upsert=True)
+        UpdateOne(*holders.tombstone_upsert(cast(HolderDoc, {
+            "_id": tid, "tenantId": by_id.get(tid, {}).get("t"), "projectId": by_id.get(tid, {}).get("p"),
+            "resource": gate.get("resource", "")}), reason), upsert=True)
         for tid in stale], ordered=False)
     log.info("queue %s: dropped %d tickets (%s)", gate["_id"], len(stale), reason)
     return after or gate
 
 
-def wake(gate: dict[str, Any], ids: list[str]) -> list[str]:
+def wake(gate: CounterDoc, ids: list[str]) -> list[str]:
     """Wake the waiters of ``ids``; returns those whose process is gone (nobody got the
     message). Never raises."""
     by_id = {t["id"]: t for t in gate.get("queue") or ()}
     return [tid for tid in ids if tid in by_id and wakeups.wake(tid, by_id[tid].get("w")) == wakeups.DEAD]
 
 
-def hand_off(gate: dict[str, Any] | None, *, skip: str | None = None) -> list[str]:
+def hand_off(gate: CounterDoc | None, *, skip: str | None = None) -> list[str]:
     """Wake the tickets the order rule picks for the gate's free slots. Never raises.
 
     A picked ticket whose process is gone is dropped and the next one is picked, so a
@@ -207,7 +210,7 @@ def hand_off(gate: dict[str, Any] | None, *, skip: str | None = None) -> list[st
 MAX_DEAD_ROUNDS = 3
 
 
-def give_back(keys: list[str], booking: str, *, hold_ms: float | None = None) -> dict[str, Any] | None:
+def give_back(keys: list[str], booking: str, *, hold_ms: float | None = None) -> CounterDoc | None:
     """Return a holder's slots and hand the freed gate slot to the next ticket; ``hold_ms``
     (how long the slot was held) is kept on the gate for wait estimates.
 
@@ -222,7 +225,7 @@ def give_back(keys: list[str], booking: str, *, hold_ms: float | None = None) ->
     return gate
 
 
-def repair(counter: dict[str, Any], now: datetime) -> bool:
+def repair(counter: CounterDoc, now: datetime) -> bool:
     """Return the slots of a full counter that no live holder books; at most one process
     checks a counter per ``repair_interval_ms`` (a conditional claim on ``checkedAt``).
 
@@ -264,7 +267,7 @@ def repair(counter: dict[str, Any], now: datetime) -> bool:
     return freed
 
 
-def is_full(counter: dict[str, Any] | None) -> bool:
+def is_full(counter: CounterDoc | None) -> bool:
     return counter is not None and int(counter.get("count", 0)) >= int(counter.get("cap", 0))
 
 
