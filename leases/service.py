@@ -511,8 +511,11 @@ def prepare(request: LeaseRequest) -> "tuple[_Attempt, int] | None":
         metrics.ACQUIRE.labels(resource=metrics.INLINE_RESOURCE_TAG if request.inline else metrics.UNDEFINED_TAG,
                                outcome="unavailable").inc()
         raise
+    if definition is not None and definition.is_noop and request.priority is not None:
+        # Nothing waits here, but a misspelt or forbidden class must fail where it is written,
+        # not first on the day an operator adds a cap (checking costs no command).
+        definition.priority_of(request.tenant_id, request.priority)
     if definition is None or definition.is_noop:
-        # Nothing is limited, so nothing waits: a priority has nothing to order here.
         metrics.ACQUIRE.labels(resource=metrics.definition_tag(definition), outcome="noop").inc()
         return None
     specs = definition.level_specs(request.tenant_id, request.project_id, request.user_id)

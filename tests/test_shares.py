@@ -82,6 +82,19 @@ def test_given_a_class_the_tenant_may_not_use_or_unknown_then_it_is_refused_and_
     assert not store.counters().find_one({"_id": GATE, "count": {"$gt": 0}})
 
 
+@pytest.mark.parametrize("tenant, priority, error", [
+    ("acme", "urgent", InvalidLeaseRequest),
+    ("globex", "interactive", PriorityNotAllowed),
+])
+def test_given_an_uncapped_lease_when_a_bad_class_is_named_then_it_is_refused_as_on_a_capped_one(
+        tenant, priority, error):
+    uncapped = "\n".join(line for line in CLASSES.splitlines() if not line.startswith("levels"))
+    put(uncapped)
+    assert leases.acquire(req(tenant=tenant)) is leases.NOOP  # the default class: nothing to refuse
+    with pytest.raises(error):
+        leases.acquire(req(tenant=tenant, priority=priority))
+
+
 def test_given_a_lease_without_classes_when_a_priority_is_named_then_invalid_request():
     put("levels: {global: 1}")
     with pytest.raises(InvalidLeaseRequest, match="defines no priority classes"):
