@@ -109,7 +109,8 @@ def shares_view(request: HttpRequest, tenant: TenantGrant) -> HttpResponse:
         name = request.GET.get("name", "")
     picker = DefinitionForm({"name": name, "project": TENANT_PROJECT} if name else None, projects=projects)
     context = {"tenant": tenant, "section": "shares", "picker": picker, "error": None, "share": None,
-               "lease_names": reads.known_lease_names(tenant.slug), "weight_form": None}
+               "lease_names": reads.known_lease_names(tenant.slug), "weight_form": None,
+               "member_only": not tenant.is_admin}
     if name and picker.is_valid():
         try:
             context["share"] = _share_context(tenant, picker.cleaned_data["name"], projects)

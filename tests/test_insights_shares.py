@@ -105,9 +105,15 @@ def test_given_a_plain_member_then_it_sees_the_weight_classes_and_project_weight
     assert "Set weight" not in page and 'name="weight"' not in page
     assert "set by your tenant's admins" in page
     assert "globex" not in page and ">7<" not in page
-    # The admin, on the same page, gets the form.
+    # No tab leads the member to an admin-only page (those answer 403).
+    assert "/t/acme/insights/leases/shares" in page
+    for admin_only in ("/t/acme/insights/leases/counters", "/t/acme/insights/leases/waiting",
+                       "/t/acme/insights/leases/history", "/t/acme/insights/api-keys"):
+        assert f'href="{admin_only}' not in page, admin_only
+    # The admin, on the same page, gets the form and every tab.
     admin_page = logged_in(users["acme-admin"]).get(URL, {"name": "shlease"}).content.decode()
     assert '<form method="post" action="" class="filters">' in admin_page and 'name="weight"' in admin_page
+    assert 'href="/t/acme/insights/leases/counters' in admin_page and 'href="/t/acme/insights/api-keys' in admin_page
 
 
 def test_given_a_plain_member_when_posting_a_project_weight_then_refused_and_nothing_is_written(users):
