@@ -511,9 +511,10 @@ def prepare(request: LeaseRequest) -> "tuple[_Attempt, int] | None":
         metrics.ACQUIRE.labels(resource=metrics.INLINE_RESOURCE_TAG if request.inline else metrics.UNDEFINED_TAG,
                                outcome="unavailable").inc()
         raise
-    if definition is not None and definition.is_noop and request.priority is not None:
-        # Nothing waits here, but a misspelt or forbidden class must fail where it is written,
-        # not first on the day an operator adds a cap (checking costs no command).
+    if definition is not None and definition.is_noop and definition.priorities and request.priority is not None:
+        # Nothing waits here, but where the lease names classes a misspelt or forbidden one
+        # must fail where it is written, not first on the day an operator adds a cap (no
+        # command). A name no layer defines stays NOOP whatever the request says.
         definition.priority_of(request.tenant_id, request.priority)
     if definition is None or definition.is_noop:
         metrics.ACQUIRE.labels(resource=metrics.definition_tag(definition), outcome="noop").inc()

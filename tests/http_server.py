@@ -28,7 +28,11 @@ def gunicorn_command(port: int, workers: int, threads: int = 1) -> list[str]:
     exe = Path(sys.executable).with_name("gunicorn")
     base = [str(exe)] if exe.exists() else [sys.executable, "-m", "gunicorn"]
     return [*base, "config.wsgi:application", "--bind", f"127.0.0.1:{port}", "--workers", str(workers),
-            "--threads", str(threads), "--timeout", "30", "--graceful-timeout", "5", "--access-logfile", "-"]
+            "--threads", str(threads), "--timeout", "30", "--graceful-timeout", "5", "--access-logfile", "-",
+            # gthread's default keep-alive is 2 s: a client that polls every 2 s (a ticket's
+            # interval) would now and then send on a connection the server is just closing
+            # (ECONNRESET). Idle connections are kept longer than any poll interval here.
+            "--keep-alive", "30"]
 
 
 @contextmanager

@@ -57,6 +57,17 @@ CASES = [
 ]
 
 
+def _refused_class(case, response) -> bool:
+    """A schema-valid ``priority`` the lease's definition does not name: the document says
+    it answers 400 INVALID_REQUEST, and no schema can know a definition's classes."""
+    body = case.body if isinstance(case.body, dict) else {}
+    if response.status_code != 400 or body.get("priority") is None:
+        return False
+    detail = response.json().get("detail", "")
+    return response.json().get("code") == "INVALID_REQUEST" and repr(body["priority"]) in detail and (
+        "priority" in detail)
+
+
 @pytest.mark.parametrize("path,method,mode", CASES)
 def test_given_generated_requests_when_sent_to_the_running_app_then_answers_conform_to_the_document(
         server, api_schema, bearer, path, method, mode):
@@ -74,7 +85,7 @@ def test_given_generated_requests_when_sent_to_the_running_app_then_answers_conf
         # intent is kept below: schema-valid input is never refused as bad input (400).
         response = case.call_and_validate(base_url=server, session=session, headers=bearer,
                                           excluded_checks=[schemathesis.checks.positive_data_acceptance])
-        if mode is GenerationMode.POSITIVE:
+        if mode is GenerationMode.POSITIVE and not _refused_class(case, response):
             assert response.status_code != 400, (case.body, response.text)
         statuses.append(response.status_code)
 
