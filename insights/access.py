@@ -6,7 +6,8 @@ The answer comes from the tenancy hook (:func:`leases.tenancy.tenant_access`, se
 * anonymous → redirect to the login page;
 * malformed slug, missing tenant, or not a member → 404 (a stranger cannot tell an
   existing tenant from a missing one);
-* member without the ADMIN role → 403.
+* member without the ADMIN role → 403, on every page but those every member may read
+  (:func:`tenant_member_required`).
 """
 
 from __future__ import annotations
@@ -70,14 +71,14 @@ class ModelTenantAccess(TenantAccess):
         return tenant_pk is not None and Project.objects.filter(tenant_id=tenant_pk, slug=project_id).exists()
 
 
-def resolve_admin_tenant(request: HttpRequest, tenant_slug: str) -> TenantGrant:
-    """The tenant named by ``tenant_slug`` if the hook says ``request.user`` is one of its admins.
+def resolve_member_tenant(request: HttpRequest, tenant_slug: str) -> TenantGrant:
+    """The tenant named by ``tenant_slug`` if the hook says ``request.user`` is one of its
+    members (any role).
 
-    The caller handles anonymous users first (see :func:`tenant_admin_required`).
+    The caller handles anonymous users first (see :func:`tenant_member_required`).
 
     Raises:
         Http404: malformed slug, no such tenant, or the user is not a member.
-        PermissionDenied: the user is a member but not an ADMIN.
         ImproperlyConfigured: ``LEASES_TENANT_ACCESS`` names no usable hook.
     """
     # The slug is checked before it reaches the hook, so "$ne"-like values are just 404s.
@@ -89,6 +90,20 @@ def resolve_admin_tenant(request: HttpRequest, tenant_slug: str) -> TenantGrant:
     if granted.slug != tenant_slug:
         # A hook answering for another tenant than asked would bind the pages to it.
         raise Http404("No such tenant")
+    return granted
+
+
+def resolve_admin_tenant(request: HttpRequest, tenant_slug: str) -> TenantGrant:
+    """The tenant named by ``tenant_slug`` if the hook says ``request.user`` is one of its admins.
+
+    The caller handles anonymous users first (see :func:`tenant_admin_required`).
+
+    Raises:
+        Http404: malformed slug, no such tenant, or the user is not a member.
+        PermissionDenied: the user is a member but not an ADMIN.
+        ImproperlyConfigured: ``LEASES_TENANT_ACCESS`` names no usable hook.
+    """
+    granted = resolve_member_tenant(request, tenant_slug)
     if not granted.is_admin:
         raise PermissionDenied("Insights → Leases is for tenant admins")
     return granted
@@ -108,6 +123,19 @@ def tenant_admin_required(view: Callable[..., HttpResponse]) -> Callable[..., Ht
             # "Forbidden" line instead of a traceback of the raised exception.
             return permission_denied(request, exc)
         return view(request, admin_tenant, *args, **kwargs)
+
+    return wrapper
+
+
+def tenant_member_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """Decorate a view taking ``tenant`` from the URL that every member of the tenant may
+    see; it receives the :class:`TenantGrant` (whose role the view checks before a write)."""
+
+    @wraps(view)
+    def wrapper(request: HttpRequest, tenant: str, *args, **kwargs) -> HttpResponse:
+        if not request.user.is_authenticated:
+            return redirect_to_login(request.get_full_path())
+        return view(request, resolve_member_tenant(request, tenant), *args, **kwargs)
 
     return wrapper
 

@@ -4,14 +4,11 @@ here (written to the Tenant layer, audited)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import wraps
 from urllib.parse import urlencode
 
 from django.contrib import messages
-from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods
@@ -20,42 +17,11 @@ from django.views.defaults import permission_denied
 from leases import definitions, reads, shares
 from leases.definitions import TENANT_PROJECT
 from leases.errors import InvalidLeaseRequest, LeaseUnavailable
-from leases.tenancy import TenantGrant, tenant_access
-from leases.validation import ID_RE
+from leases.tenancy import TenantGrant
 
+from .access import tenant_member_required
 from .forms import DefinitionForm, ProjectWeightForm
 from .views import _project_slugs
-
-
-def resolve_member_tenant(request: HttpRequest, tenant_slug: str) -> TenantGrant:
-    """The tenant named by ``tenant_slug`` if the tenancy hook says ``request.user`` is one
-    of its members (any role); the admin check of the other pages, without the role.
-
-    Raises:
-        Http404: malformed slug, no such tenant, or the user is not a member (a stranger
-            cannot tell an existing tenant from a missing one).
-    """
-    # The slug is checked before it reaches the hook, so "$ne"-like values are just 404s.
-    if not isinstance(tenant_slug, str) or ID_RE.fullmatch(tenant_slug) is None:
-        raise Http404("No such tenant")
-    granted = tenant_access().grant(request.user, tenant_slug)
-    # A hook answering for another tenant than asked would bind the page to it.
-    if granted is None or granted.slug != tenant_slug:
-        raise Http404("No such tenant")
-    return granted
-
-
-def tenant_member_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    """Decorate a view taking ``tenant`` from the URL that every member of the tenant may
-    see; it receives the :class:`TenantGrant` (whose role the view checks before a write)."""
-
-    @wraps(view)
-    def wrapper(request: HttpRequest, tenant: str, *args, **kwargs) -> HttpResponse:
-        if not request.user.is_authenticated:
-            return redirect_to_login(request.get_full_path())
-        return view(request, resolve_member_tenant(request, tenant), *args, **kwargs)
-
-    return wrapper
 
 
 def _share_context(tenant: TenantGrant, name: str, projects: list[str]) -> dict:
