@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import pymongo.errors
 
-from . import handlers, holders, http_client, store
+from . import handlers, http_client, store, tombstones
 from .documents import HolderDoc
 from .errors import LeaseError, LeaseStillHeld
 from .handlers import RevokedHolder
@@ -64,7 +64,7 @@ def claim(holder: RevokedHolder) -> bool:
 
     The tombstone written by the reaper carries the claim; if it is missing (tombstone
     write failed) the claim creates it whole, in the shape every tombstone has
-    (:func:`leases.holders.tombstone_fields`), so a tenant-bound lookup of the token
+    (:func:`leases.tombstones.tombstone_fields`), so a tenant-bound lookup of the token
     still answers EXPIRED with the reason, not STALE_LEASE.
 
     Raises:
@@ -78,7 +78,7 @@ def claim(holder: RevokedHolder) -> bool:
         result = store.tombstones().update_one(
             {"_id": holder.token, "handledBy": {"$exists": False}},
             # keep: the reap's time ``at`` (the TTL index ages the tombstone from it) and reason stay.
-            [{"$set": {**holders.tombstone_fields(ended, holder.reason, keep=True),
+            [{"$set": {**tombstones.tombstone_fields(ended, holder.reason, keep=True),
                        "handledBy": {"$literal": self_pod_id()}, "handledAt": "$$NOW"}}],
             upsert=True,
         )

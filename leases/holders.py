@@ -12,7 +12,7 @@ whichever path touched it last:
 * **Ending** a holder (release, revocation, idle or pod reap) deletes it, returns its
   slots by entry (handing the gate slot to the next waiter) and leaves a tombstone, so a
   later renewal or release answers ``EXPIRED`` with the reason, not ``STALE_LEASE``.
-  Every tombstone has the one shape of :func:`tombstone_fields` (tenant, project,
+  Every tombstone has the one shape of :func:`leases.tombstones.tombstone_fields` (tenant, project,
   resource, reason, time), whoever writes it: an ended holder, a dropped or abandoned
   ticket (:func:`drop_ticket`, the queue's prune), the dispatcher's claim.
 * **Scope**: a caller bound to a tenant (an API key, a tenant's operator) passes its
@@ -42,6 +42,7 @@ from .documents import HolderDoc
 from .errors import InvalidLeaseRequest, LeaseExpired, LeaseUnavailable, StaleLease
 from .handlers import RevokedHolder
 from .pausepoints import pause_point
+from .tombstones import tombstone_upsert
 
 log = logging.getLogger(__name__)
 
@@ -238,34 +239,6 @@ def ended(token: str, bound: Scope | None, *, noun: str = "lease") -> LeaseExpir
         pymongo.errors.PyMongoError: the store is unreachable.
     """
     return answer_for(token, store.tombstones().find_one(scoped(token, bound), {"reason": 1}), noun=noun)
-
-
-def tombstone_fields(doc: HolderDoc, reason: str, *, keep: bool = False) -> dict[str, Any]:
-    """The one shape of a tombstone, as the ``$set`` of a pipeline update: the ended
-    holder's (or ticket's) tenant, project and resource, the reason and the time.
-
-    Every writer of a tombstone goes through here, so a tenant-bound lookup
-    (:func:`scoped`) finds each one whoever wrote it. ``keep``: a field an earlier write
-    set stays (the dispatcher's claim must not move the reap's ``at``, from which the TTL
-    index ages the tombstone, nor its reason); a missing tombstone is written whole.
-    """
-    values = {
-        "tenantId": doc.get("tenantId"),
-        # projectId lets project-bound API keys see only their project's tombstones.
-        "projectId": doc.get("projectId"),
-        "reason": reason,
-        "resource": doc.get("resource"),
-    }
-    fields: dict[str, Any] = {name: {"$literal": value} for name, value in values.items()}
-    fields["at"] = "$$NOW"
-    if keep:
-        fields = {name: {"$ifNull": [f"${name}", value]} for name, value in fields.items()}
-    return fields
-
-
-def tombstone_upsert(doc: HolderDoc, reason: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The tombstone command (filter, pipeline; an upsert) of the ended holder ``doc``."""
-    return {"_id": doc["_id"]}, [{"$set": tombstone_fields(doc, reason)}]
 
 
 def needs_tombstone(doc: HolderDoc, reason: str) -> bool:

@@ -25,6 +25,7 @@ from pymongo import ReturnDocument, UpdateOne
 from . import order, slots, store, wakeups
 from .conf import lease_settings
 from .documents import CounterDoc, HolderDoc, TicketDoc
+from .tombstones import tombstone_upsert
 
 log = logging.getLogger(__name__)
 
@@ -146,8 +147,6 @@ def prune(gate: CounterDoc, ids: list[str] | None = None, *, reason: str = "tick
     Raises:
         pymongo.errors.PyMongoError: the store failed.
     """
-    from . import holders
-
     stale = order.stale_ids(gate, gate["clock"]) if ids is None else list(ids)
     if not stale:
         return gate
@@ -162,7 +161,7 @@ def prune(gate: CounterDoc, ids: list[str] | None = None, *, reason: str = "tick
     # Cast: the stand-in holder of an id not in the queue as read has None for its tenant
     # and project (its tombstone records None), which a HolderDoc's str fields do not allow.
     store.tombstones().bulk_write([
-        UpdateOne(*holders.tombstone_upsert(cast(HolderDoc, {
+        UpdateOne(*tombstone_upsert(cast(HolderDoc, {
             "_id": tid, "tenantId": by_id.get(tid, {}).get("t"), "projectId": by_id.get(tid, {}).get("p"),
             "resource": gate.get("resource", "")}), reason), upsert=True)
         for tid in stale], ordered=False)

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 import pytest
 
 import leases
-from leases import config, holders, reaper, store, waiting
+from leases import config, holders, reaper, store, tombstones, waiting
 from leases.definitions import document_path
 from leases.errors import InvalidLeaseRequest, LeaseExpired, StaleLease
 from tests.helpers import counted_commands, quiet_handler_fixture
@@ -190,7 +190,7 @@ def test_given_tickets_the_queue_drops_then_their_tombstones_have_the_one_shape_
 
 
 def test_given_a_claim_on_an_existing_tombstone_then_its_fields_and_time_stay():
-    fields = holders.tombstone_fields({"_id": "t", "tenantId": "acme", "projectId": "p1", "resource": "res"},
+    fields = tombstones.tombstone_fields({"_id": "t", "tenantId": "acme", "projectId": "p1", "resource": "res"},
                                       "revoke", keep=True)
     assert fields["at"] == {"$ifNull": ["$at", "$$NOW"]}
     assert fields["reason"] == {"$ifNull": ["$reason", {"$literal": "revoke"}]}
