@@ -7,8 +7,10 @@ whichever path touched it last:
 
 * **Renewal** moves the deadline to ``max(previous deadline, now + ttl)`` on MongoDB's
   clock, so duplicate, delayed or replayed renewals never move it backwards. A holder
-  already past its deadline is not revived: the renewal answers ``EXPIRED`` and reaps it
-  on the spot (the slot comes back and the handler is dispatched, as the sweep would).
+  already past its deadline is not revived: the renewal command itself leaves its
+  deadline (and payload) as they were, answers ``EXPIRED`` and reaps it on the spot (the
+  slot comes back and the handler is dispatched, as the sweep would); if that reap fails,
+  the next renewal finds it expired again.
 * **Ending** a holder (release, revocation, idle or pod reap) deletes it, returns its
   slots by entry (handing the gate slot to the next waiter) and leaves a tombstone, so a
   later renewal or release answers ``EXPIRED`` with the reason, not ``STALE_LEASE``.
@@ -19,11 +21,11 @@ whichever path touched it last:
   scope; it is part of every filter, so another tenant's token answers like one that
   never existed.
 
-The embedded server answers comparisons against ``$$NOW`` wrongly inside one command, so
-a renewal never compares with ``$$NOW``: it keeps the previous deadline in
-``priorExpiresAt`` and the decision is made on the two server-clock values the command
-returns. The common renewal is therefore one command; only a kept later deadline costs a
-second one.
+The embedded server compares a stored date with ``$$NOW`` wrongly (it does compare them
+as epoch milliseconds, ``$toLong``), so the renewal command decides in those terms whether
+to move the deadline, keeps the previous deadline in ``priorExpiresAt``, and the caller's
+verdict is made on the two server-clock values the command returns. The common renewal
+is therefore one command; only a kept later deadline costs a second one.
 """
 
 from __future__ import annotations
@@ -123,20 +125,31 @@ def renewal(token: str, *, bound: Scope | None = None, payload: dict[str, Any] |
     """The renewal command (filter, pipeline) of ``token``: the sync and the async path
     send exactly this, as ``findAndModify`` returning the document after (:data:`GRANT_FIELDS`).
 
-    It writes ``now + ttl`` and keeps the deadline it replaced in ``priorExpiresAt``;
-    :func:`verdict` then decides on the two server times the command returned.
+    It stamps ``lastSeenAt`` (now) and keeps the deadline in ``priorExpiresAt``. A live
+    holder gets ``now + ttl`` (and the payload and interval asked for); one already past
+    its deadline keeps everything as it was. :func:`verdict` then decides on the two
+    server times the command returned.
     """
     ttl_ms = {"$multiply": [{"$ifNull": ["$ttlSeconds", 0]}, 1000]}
+    # Decided inside the command, never by the caller afterwards: if ending an expired
+    # holder fails, a deadline written first would revive it for the next renewal. Dates
+    # are compared as epoch milliseconds (the embedded server compares a stored date with
+    # $$NOW wrongly); a holder without a deadline counts as live, as in verdict().
+    live = {"$gte": [{"$toLong": {"$ifNull": ["$expiresAt", "$$NOW"]}}, {"$toLong": "$$NOW"}]}
+
+    def if_live(value: Any, field: str) -> dict[str, Any]:
+        return {"$cond": [live, value, f"${field}"]}
+
     update: dict[str, Any] = {
         "priorExpiresAt": "$expiresAt",
         "lastSeenAt": "$$NOW",
-        "expiresAt": {"$add": ["$$NOW", ttl_ms]},
+        "expiresAt": if_live({"$add": ["$$NOW", ttl_ms]}, "expiresAt"),
     }
     if payload is not None:
         # $literal: a payload string such as "$x" must stay a string in a pipeline update.
-        update["payload"] = {"$literal": payload}
+        update["payload"] = if_live({"$literal": payload}, "payload")
     if proposed_interval is not None:
-        update["intervalSeconds"] = _interval_expression(proposed_interval)
+        update["intervalSeconds"] = if_live(_interval_expression(proposed_interval), "intervalSeconds")
     return {**scoped(token, bound), "state": "HELD"}, [{"$set": update}]
 
 

@@ -15,8 +15,9 @@ import pytest
 from django.test import AsyncClient, override_settings
 
 import leases
-from leases import aio, config, definitions, handlers, store
+from leases import aio, config, definitions, handlers, holders, store
 from leases.definitions import document_path
+from leases.errors import LeaseExpired
 from tests.helpers import PYTHON, REPO, CommandCounter, child_env
 
 
@@ -84,6 +85,37 @@ def test_given_a_free_resource_when_acquiring_async_then_check_and_release_work_
     assert [count(k) for k in lease.levels] == [0, 0, 0] and store.holders().count_documents({}) == 0
     # The hold's duration is kept on the gate for wait estimates, as by the sync release.
     assert len(store.counters().find_one({"_id": "aio|global|*"}).get("holds") or ()) == 1
+
+
+def test_given_an_idle_expiry_whose_delete_failed_when_checked_async_again_then_still_expired(monkeypatch):
+    # Given: an async lease past its deadline, and the first delete of its idle expiry fails.
+    put("levels: {global: 1}")
+    real_end, failed = holders.end, []
+
+    def end_failing_once(query, reason, **kw):
+        if not failed:
+            failed.append(reason)
+            raise pymongo.errors.AutoReconnect("injected: the idle expiry's delete failed")
+        return real_end(query, reason, **kw)
+
+    monkeypatch.setattr(holders, "end", end_failing_once)
+
+    async def scenario():
+        lease = await leases.aacquire(req())
+        store.holders().update_one({"_id": lease.token}, [{"$set": {"expiresAt": {"$subtract": ["$$NOW", 1000]}}}])
+        deadline = store.holders().find_one({"_id": lease.token})["expiresAt"]
+        with pytest.raises(LeaseExpired):
+            await lease.acheck()
+        kept = store.holders().find_one({"_id": lease.token})["expiresAt"]
+        # Then: the second check answers EXPIRED too (and reaps it), never a renewal.
+        with pytest.raises(LeaseExpired):
+            await lease.acheck()
+        return deadline, kept
+
+    deadline, kept = run(scenario())
+    assert failed == ["idle"]
+    assert kept == deadline
+    assert count("aio|global|*") == 0 and store.holders().count_documents({}) == 0
 
 
 def test_given_async_with_when_the_block_raises_then_the_lease_is_released():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+import pymongo.errors
 import pytest
 
 import leases
@@ -85,6 +86,37 @@ def test_given_a_holder_past_its_deadline_when_renewed_then_expired_and_it_ends_
     with pytest.raises(LeaseExpired) as again:
         holders.renew(lease.token, bound=holders.scope("acme"))
     assert again.value.reason == "idle"
+
+
+def test_given_an_idle_expiry_whose_delete_failed_when_renewed_again_then_still_expired_and_never_revived(
+        monkeypatch):
+    # Given: a lease past its deadline, and a store hiccup that fails the delete of the
+    # idle expiry its renewal starts.
+    lease = held()
+    store.holders().update_one({"_id": lease.token}, [{"$set": {"expiresAt": {"$subtract": ["$$NOW", 1000]}}}])
+    deadline = doc(lease.token)["expiresAt"]
+    real_end, failed = holders.end, []
+
+    def end_failing_once(query, reason, **kw):
+        if not failed:
+            failed.append(reason)
+            raise pymongo.errors.AutoReconnect("injected: the idle expiry's delete failed")
+        return real_end(query, reason, **kw)
+
+    monkeypatch.setattr(holders, "end", end_failing_once)
+    with pytest.raises(LeaseExpired):
+        holders.renew(lease.token, payload={"late": True})
+    assert failed == ["idle"]
+    # Then: the renewal that answered EXPIRED gave the holder no new deadline (nor payload)...
+    after = doc(lease.token)
+    assert after["expiresAt"] == deadline
+    assert after["payload"] == {}
+    # ... so the next renewal answers EXPIRED again (and reaps it now), never RENEWED.
+    with pytest.raises(LeaseExpired) as again:
+        holders.renew(lease.token)
+    assert again.value.reason == "idle"
+    assert doc(lease.token) is None
+    assert store.counters().find_one({"_id": "res|project|acme/p1"})["count"] == 0
 
 
 @pytest.mark.parametrize("prior,now,expires,verdict", [
