@@ -356,7 +356,9 @@ class _Attempt:
                     slots.convert_legacy(counter, slots.entries_by_key([spec.key]),
                                          safety=timedelta(0), now=counter["clock"] + timedelta(days=1))
                 elif spec.key in retried or waiting.is_full(counter) or (
-                        is_gate and not privileged and counter is not None and counter.get("queue")):
+                        is_gate and not privileged and counter is not None and counter.get("queue")) or (
+                        is_gate and privileged and counter is not None and not _queued(counter, self.token)):
+                    # A privileged take without its ticket queued (pruned) is refused for good.
                     raise _Blocked(spec, counter)
                 retried.add(spec.key)
             _pause_point("acquire")
@@ -405,6 +407,11 @@ class _Attempt:
         waiting.give_back(self.keys, self.booking)
         if doc is None:
             log.debug("rollback of %s: holder already gone", self.token)
+
+
+def _queued(gate: CounterDoc, token: str) -> bool:
+    """Whether ``token``'s ticket is in the gate's queue (as the document says)."""
+    return any(t.get("id") == token for t in gate.get("queue") or ())
 
 
 class _Vanished(Exception):

@@ -71,8 +71,9 @@ def take(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_key: s
     and tries again when it has room.
 
     ``gate_key``: the lease's widest level; a newcomer (not ``privileged``) may only take it
-    while nobody queues there. A ``privileged`` take also removes ``ticket`` from the queue
-    and applies ``charge`` (the order rule's share accounting, ``$inc``/``$max`` operators).
+    while nobody queues there. A ``privileged`` take needs ``ticket`` still queued there,
+    removes it from the queue and applies ``charge`` (the order rule's share accounting,
+    ``$inc``/``$max`` operators).
 
     Returns:
         How many of ``specs`` are booked now, from the first: ``len(specs)`` when all.
@@ -104,6 +105,12 @@ def take_ops(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_ke
                                  "holders": {"$ne": booking, "$exists": True}}
         if is_gate and not privileged:
             query["queue.0"] = {"$exists": False}
+        elif is_gate and ticket is not None:
+            # The privilege is the ticket's turn: a ticket pruned meanwhile (its waiter
+            # stalled past the ticket TTL) has none, whatever the waiter last read.
+            # $elemMatch, not "queue.id": an equality would seed the upsert's document, whose
+            # insert must only collide on _id (as on a full level).
+            query["queue"] = {"$elemMatch": {"id": ticket}}
         update: dict[str, Any] = {
             "$push": {"holders": booking}, "$inc": {"count": 1}, "$currentDate": {"updatedAt": True},
             "$set": {"cap": spec.cap},

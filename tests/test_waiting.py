@@ -6,12 +6,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from contextlib import contextmanager
 
 import pytest
 
 import leases
-from leases import config, order, store, waiting, wakeups
+from leases import config, order, service, store, waiting, wakeups
 from leases.definitions import document_path
 from tests import helpers
 from tests.helpers import PYTHON, REPO, child_env, quiet_handler_fixture, wait_for
@@ -149,6 +150,30 @@ def test_given_a_release_then_only_the_picked_waiter_is_woken():
     for w in waiters:
         until(lambda w=w: w.lease is not None)
         w.lease.release()
+
+
+def test_given_a_waiter_whose_ticket_was_pruned_when_its_wakeup_comes_then_it_does_not_book_ahead_of_the_queue():
+    # Given: a free gate slot (cap 2, one held) and two waiters queued; the first one stalled
+    # past the ticket TTL, so its ticket (and holder document) was pruned.
+    put("res", "levels: {global: 2}\nwaitMs: 10000")
+    held = leases.acquire(req(user="h"))
+    late, _ = service.prepare(req(user="late"))
+    nxt, _ = service.prepare(req(user="next"))
+    now = store.server_now()
+    for attempt in (late, nxt):
+        attempt.create_holder()
+        waiting.enqueue("res|global|*", attempt.ticket("global", now))
+    waiter = service._Waiter(late, time.monotonic() + 10, time.monotonic())
+    waiter.gate = waiting.read_gate("res|global|*")   # as it last saw the gate: its turn
+    waiting.prune(waiter.gate, [late.token], reason="waiter-gone")
+    # When: its wake-up arrives after a long wait, so it writes its holder again and books.
+    late.created_at -= late.definition.ttl_seconds
+    lease = waiter._try(woken=True)
+    # Then: without a ticket it gets nothing; the waiter still queued keeps its turn.
+    assert lease is None
+    assert gate_doc()["holders"] == [held._booking()]
+    assert queued_ids() == [nxt.token]
+    held.release()
 
 
 @pytest.mark.parametrize("extra", [
