@@ -145,7 +145,7 @@ class AsyncLease:
         if self._released:
             metrics.RELEASE.labels(resource=tag, outcome="already-released").inc()
             return False
-        booking = slots.entry(self.request.tenant_id, self.request.project_id, self.request.user_id, self.token)
+        booking = self._lease._booking()
         # How long the slot was held, kept on the gate for wait estimates (as the sync release).
         hold_ms = (time.monotonic() - self._lease._granted) * 1000
         bound = holders.scope(self.request.tenant_id, self.request.project_id)
@@ -282,7 +282,8 @@ async def _uncontended(attempt: Any, *, queues: bool) -> service.Lease | None:
             try:
                 doc = await db[store.HOLDERS].find_one_and_update(
                     *commands.holder_upsert(attempt.token, definition=attempt.definition, request=attempt.request,
-                                            pod=attempt.pod, keys=attempt.keys, priority=attempt.priority[1]),
+                                            pod=attempt.pod, keys=attempt.keys, attempt_id=attempt.attempt_id,
+                                            priority=attempt.priority[1]),
                     upsert=True, projection={"acquiredAt": 1}, return_document=ReturnDocument.AFTER)
                 assert doc is not None  # an upsert returning the document after always has one
                 attempt.acquired_at = attempt.acquired_at or doc["acquiredAt"]
@@ -301,7 +302,8 @@ async def _uncontended(attempt: Any, *, queues: bool) -> service.Lease | None:
                         await _give_back(attempt.keys[:booked], attempt.booking)
                     return None
                 held = await db[store.HOLDERS].find_one_and_update(
-                    *commands.mark_held(attempt.token, keys=attempt.keys, ttl_seconds=attempt.definition.ttl_seconds),
+                    *commands.mark_held(attempt.token, keys=attempt.keys, ttl_seconds=attempt.definition.ttl_seconds,
+                                        attempt_id=attempt.attempt_id),
                     projection={"expiresAt": 1, "acquiredAt": 1, "lastSeenAt": 1, "intervalSeconds": 1},
                     return_document=ReturnDocument.AFTER)
                 if held is None:
@@ -319,7 +321,8 @@ async def _uncontended(attempt: Any, *, queues: bool) -> service.Lease | None:
         raise LeaseUnavailable(f"lease store error mid-acquire: {exc.__class__.__name__}") from None
     return service.Lease(attempt.token, attempt.definition, attempt.request, list(attempt.keys),
                          expires_at=held.get("expiresAt"), acquired_at=held.get("acquiredAt"),
-                         last_seen_at=held.get("lastSeenAt"), interval_seconds=held.get("intervalSeconds"))
+                         last_seen_at=held.get("lastSeenAt"), interval_seconds=held.get("intervalSeconds"),
+                         attempt_id=attempt.attempt_id)
 
 
 def _rollback(attempt: Any) -> None:

@@ -15,14 +15,20 @@ from . import holders, store
 # What a release needs of the holder it deletes: its counters and its booking entry.
 # heldAt gives the hold's duration, which the gate keeps for wait estimates.
 RELEASE_PROJECTION = {"keys": 1, "levels": 1, "resource": 1, "tenantId": 1, "projectId": 1, "userId": 1, "state": 1,
-                      "heldAt": 1}
+                      "heldAt": 1, "attemptId": 1}
 
 
-def holder_upsert(token: str, *, definition: Any, request: Any, pod: str, keys: list[str],
+def holder_upsert(token: str, *, definition: Any, request: Any, pod: str, keys: list[str], attempt_id: str,
                   priority: str | None = None) -> tuple[dict, list]:
-    """The PENDING holder document, written on server time (an idempotent upsert)."""
+    """The PENDING holder document, written on server time (an idempotent upsert).
+
+    ``attempt_id``: names this writing of the document; the entries booked after it carry
+    it (:func:`leases.slots.entry`), so a holder written again under the same token (with a
+    new one) never books a value an earlier attempt left behind for repair to pull.
+    """
     return {"_id": token}, [{"$set": {
         "state": "PENDING",
+        "attemptId": {"$literal": attempt_id},
         "resource": {"$literal": definition.resource},
         "leaseName": {"$literal": definition.name},
         "type": {"$literal": request.type},
@@ -45,9 +51,12 @@ def holder_upsert(token: str, *, definition: Any, request: Any, pod: str, keys: 
     }}]
 
 
-def mark_held(token: str, *, keys: list[str], ttl_seconds: int) -> tuple[dict, list]:
-    """Every level is booked: the holder becomes HELD with the counters it booked."""
-    return {"_id": token}, [{"$set": {"state": "HELD", "levels": {"$literal": keys}, "lastSeenAt": "$$NOW",
+def mark_held(token: str, *, keys: list[str], ttl_seconds: int, attempt_id: str | None) -> tuple[dict, list]:
+    """Every level is booked: the holder becomes HELD with the counters it booked — only
+    the holder as written by ``attempt_id`` (the one its entries name; ``None``: a holder
+    written before attempts existed), else nothing matches (it vanished, or was written
+    again: its entries book for nobody)."""
+    return {"_id": token, "attemptId": attempt_id}, [{"$set": {"state": "HELD", "levels": {"$literal": keys}, "lastSeenAt": "$$NOW",
                                       "heldAt": "$$NOW", "expiresAt": store.now_plus_ms(ttl_seconds * 1000)}}]
 
 

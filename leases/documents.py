@@ -20,6 +20,7 @@ class HolderDoc(TypedDict, total=False):
 
     _id: str                    # the lease token
     state: str                  # PENDING (booking or waiting) or HELD
+    attemptId: str              # this writing of the document; its booking entries name it
     resource: str
     leaseName: str
     type: str                   # the handler type
@@ -76,7 +77,7 @@ class CounterDoc(TypedDict, total=False):
     tenantId: str | None
     cap: int
     count: int                  # always len(holders)
-    holders: list[str]          # one booking entry tenant/project/user/token per slot
+    holders: list[str]          # one booking entry tenant/project/user/attempt/token per slot
     queue: list[TicketDoc]      # on the gate only
     # The gate's records for the order rule and the estimates (leases.order, leases.estimates):
     vt: dict[str, float]        # passes per tenant "t", project "t/p" and project floor "t/"

@@ -126,8 +126,10 @@ class Lease:
 
     def __init__(self, token: str, definition: LeaseDefinition, request: LeaseRequest, levels: list[str],
                  expires_at: datetime | None = None, acquired_at: datetime | None = None,
-                 last_seen_at: datetime | None = None, interval_seconds: int | None = None):
+                 last_seen_at: datetime | None = None, interval_seconds: int | None = None,
+                 attempt_id: str | None = None):
         self.token = token
+        self.attempt_id = attempt_id  # the holder's attemptId, named by its booking entries
         self.definition = definition
         self.request = request
         self.levels = levels
@@ -227,7 +229,7 @@ class Lease:
 
     def _booking(self) -> str:
         r = self.request
-        return slots.entry(r.tenant_id, r.project_id, r.user_id, self.token)
+        return slots.entry(r.tenant_id, r.project_id, r.user_id, self.token, self.attempt_id)
 
 
 class _NoopLease:
@@ -299,7 +301,9 @@ class _Attempt:
         self.specs = specs
         self.pod = pod
         self.token = secrets.token_urlsafe(24)
-        self.booking = slots.entry(request.tenant_id, request.project_id, request.user_id, self.token)
+        self.attempt_id: str | None = None
+        self.booking = ""
+        self.named(slots.new_attempt_id())
         self.keys = [spec.key for spec in specs]
         self.gate = specs[-1]
         self.acquired_at: datetime | None = None
@@ -307,12 +311,26 @@ class _Attempt:
         # (rank, class): resolved once from the definition, carried in the ticket.
         self.priority: tuple[int, str | None] = definition.priority_of(request.tenant_id, request.priority)
 
+    def named(self, attempt_id: str | None) -> None:
+        """Book from now on as the holder written with ``attempt_id`` (its entries name it)."""
+        self.attempt_id = attempt_id
+        self.booking = slots.entry(self.request.tenant_id, self.request.project_id, self.request.user_id,
+                                   self.token, attempt_id)
+
     def create_holder(self) -> None:
-        """Write the holder document (PENDING) on server time; idempotent, so a waiter whose
-        document was reaped while it waited writes it again before it books."""
+        """Write the holder document (PENDING) on server time, so a waiter whose document
+        was reaped while it waited writes it again before it books.
+
+        Each writing is a new attempt (a new ``attemptId``, and the entries booked after it
+        name it): whatever an earlier one left booked under this token is told apart, so
+        repair pulling it by value never takes this attempt's slot. Only called while the
+        attempt books nothing (its earlier entries were given back first).
+        """
+        attempt_id = slots.new_attempt_id()
+        self.named(attempt_id)
         doc = store.holders().find_one_and_update(
             *commands.holder_upsert(self.token, definition=self.definition, request=self.request, pod=self.pod,
-                                    keys=self.keys, priority=self.priority[1]),
+                                    keys=self.keys, attempt_id=attempt_id, priority=self.priority[1]),
             upsert=True,
             projection={"acquiredAt": 1},
             return_document=ReturnDocument.AFTER,
@@ -363,12 +381,14 @@ class _Attempt:
                 retried.add(spec.key)
             _pause_point("acquire")
             held = store.holders().find_one_and_update(
-                *commands.mark_held(self.token, keys=self.keys, ttl_seconds=self.definition.ttl_seconds),
+                *commands.mark_held(self.token, keys=self.keys, ttl_seconds=self.definition.ttl_seconds,
+                                    attempt_id=self.attempt_id),
                 projection={"expiresAt": 1, "acquiredAt": 1, "lastSeenAt": 1, "intervalSeconds": 1},
                 return_document=ReturnDocument.AFTER,
             )
             if held is None:
-                # Reaped while it stalled (or while it waited): its entries have no holder.
+                # Reaped while it stalled (or while it waited), or written again by another
+                # attempt at the same ticket: its entries have no holder.
                 raise _Vanished()
         except _Blocked:
             if taken:
@@ -376,7 +396,8 @@ class _Attempt:
             raise
         return Lease(self.token, self.definition, self.request, list(self.keys),
                      expires_at=held.get("expiresAt"), acquired_at=held.get("acquiredAt"),
-                     last_seen_at=held.get("lastSeenAt"), interval_seconds=held.get("intervalSeconds"))
+                     last_seen_at=held.get("lastSeenAt"), interval_seconds=held.get("intervalSeconds"),
+                     attempt_id=self.attempt_id)
 
     def ticket(self, level: str, arrived: datetime | None, *, waker: str | None = None) -> TicketDoc:
         """This attempt's ticket in the gate's queue, arrived (and last kept alive) at
@@ -953,11 +974,12 @@ def resume(ticket_id: str, *, scope: holders.Scope, keep_ms: int) -> "Lease | Ti
     if holder.get("state") == "HELD":
         return Lease(ticket_id, definition, request, list(holder.get("levels") or ()),
                      expires_at=holder.get("expiresAt"), acquired_at=holder.get("acquiredAt"),
-                     last_seen_at=holder.get("lastSeenAt"), interval_seconds=holder.get("intervalSeconds"))
+                     last_seen_at=holder.get("lastSeenAt"), interval_seconds=holder.get("intervalSeconds"),
+                     attempt_id=holder.get("attemptId"))
     specs = definition.level_specs(request.tenant_id, request.project_id, request.user_id)
     attempt = _Attempt(request, definition, specs, request.pod or "")
     attempt.token = ticket_id
-    attempt.booking = slots.entry(request.tenant_id, request.project_id, request.user_id, ticket_id)
+    attempt.named(holder.get("attemptId"))  # the ticket's holder as written: its entries name it
     attempt.acquired_at = holder.get("acquiredAt")
     attempt.created_at = time.monotonic()
     waiter = _Waiter(attempt, time.monotonic(), time.monotonic(), keep_ms=keep_ms)

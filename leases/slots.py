@@ -1,11 +1,19 @@
 """Slots on a counter: *which* holder books each one, taken and returned by entry.
 
-A counter document lists its bookings in ``holders``: one entry ``tenant/project/user/token``
-per booked slot, never longer than the cap, with ``count`` kept equal to its length by the
-same atomic update. Knowing the holder behind every slot makes repair exact: an entry whose
-holder document is gone can be pulled by value, at most once, without racing anybody else's
-booking — no counter has to go quiet first. The tenant, project and user in the entry let
-the waiting queue tell who holds what at a resource from the one counter it reads anyway.
+A counter document lists its bookings in ``holders``: one entry
+``tenant/project/user/attempt/token`` per booked slot, never longer than the cap, with
+``count`` kept equal to its length by the same atomic update. ``attempt`` names one writing
+of the holder document (its ``attemptId``, new each time the holder is written again under
+the same token, e.g. by a waiter whose document was pruned while it stalled), so an entry
+names one attempt and is never booked twice; entries written before attempts existed have
+the four parts ``tenant/project/user/token``. The token is always the last part.
+
+Knowing the holder behind every slot makes repair exact: an entry whose holder document is
+gone, or whose holder was written again since (another ``attemptId``), can be pulled by
+value, at most once, without racing anybody else's booking — no counter has to go quiet
+first, and a holder written again books another value. The tenant, project and user in
+the entry let the waiting queue tell who holds what at a resource from the one counter it
+reads anyway.
 
 The widest capped level of a lease is its *gate*: the counter on which waiting tickets
 queue. While tickets wait there, newcomers may not take a gate slot (no barging); a waiter
@@ -15,6 +23,7 @@ the order rule picked takes it ``privileged``, dequeuing itself in the same upda
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -31,9 +40,16 @@ log = logging.getLogger(__name__)
 SEPARATOR = "/"
 
 
-def entry(tenant_id: str, project_id: str, user_id: str, token: str) -> str:
-    """The booking entry of one holder (ids never contain the separator: validation)."""
-    return SEPARATOR.join((tenant_id, project_id, user_id, token))
+def entry(tenant_id: str, project_id: str, user_id: str, token: str, attempt: str | None = None) -> str:
+    """The booking entry of one holder written as ``attempt`` (ids never contain the
+    separator: validation); without ``attempt``, the entry of a holder written before
+    attempts existed."""
+    return SEPARATOR.join((tenant_id, project_id, user_id, *((attempt,) if attempt else ()), token))
+
+
+def new_attempt_id() -> str:
+    """A fresh ``attemptId`` for a holder document about to be written (no separator in it)."""
+    return secrets.token_hex(6)
 
 
 def token_of(value: str) -> str:
@@ -41,15 +57,32 @@ def token_of(value: str) -> str:
     return value.rsplit(SEPARATOR, 1)[-1]
 
 
+def attempt_of(value: str) -> str | None:
+    """The ``attemptId`` inside a booking entry; None for an entry without one."""
+    bits = value.split(SEPARATOR)
+    return bits[3] if len(bits) == 5 else None
+
+
 def parts_of(value: str) -> tuple[str, str, str]:
     """``(tenant, project, user)`` of a booking entry; empty strings for a malformed one."""
     bits = value.split(SEPARATOR)
-    return (bits[0], bits[1], bits[2]) if len(bits) == 4 else ("", "", "")
+    return (bits[0], bits[1], bits[2]) if len(bits) in (4, 5) else ("", "", "")
 
 
 def holder_entry(doc: HolderDoc) -> str:
     """The booking entry of a holder document."""
-    return entry(doc.get("tenantId") or "", doc.get("projectId") or "", doc.get("userId") or "", doc["_id"])
+    return entry(doc.get("tenantId") or "", doc.get("projectId") or "", doc.get("userId") or "", doc["_id"],
+                 doc.get("attemptId"))
+
+
+def superseded(value: str, holder: HolderDoc | None) -> bool:
+    """Whether the entry ``value`` books for nobody: its holder (as read, ``_id`` and
+    ``attemptId``) is gone, or was written again since the entry was booked. An entry
+    without an attempt counts for any holder of its token (it predates attempts)."""
+    if holder is None:
+        return True
+    attempt = attempt_of(value)
+    return attempt is not None and attempt != holder.get("attemptId")
 
 
 def holder_keys(doc: HolderDoc) -> list[str]:
@@ -206,21 +239,25 @@ def pull_entry(key: str, booking: str) -> CounterDoc | None:
 
 
 def orphans(bookings: Iterable[str], now: datetime) -> tuple[list[str], list[str]]:
-    """Split a counter's entries into those whose holder is gone and those whose holder
-    passed its TTL (on ``now``, MongoDB's clock); one query for all of them.
+    """Split a counter's entries into those that book for nobody (:func:`superseded`) and
+    the tokens of holders that passed their TTL (on ``now``, MongoDB's clock); one query
+    for all of them.
 
     A holder document is always written before its first entry, so an entry without one
     is left by a delete (release, rollback, reap) whose pull has not come — yet, or ever,
-    after a crash — and is safe to pull: whoever pulls it first returns the slot, once.
+    after a crash — and is safe to pull: whoever pulls it first returns the slot, once. A
+    holder written again under the same token gets a new ``attemptId`` and books entries
+    of its own, so pulling an older attempt's entry by value never takes a live slot.
 
     Raises:
         pymongo.errors.PyMongoError: the store is unreachable.
     """
-    by_token = {token_of(b): b for b in bookings}
-    if not by_token:
+    bookings = list(dict.fromkeys(bookings))
+    tokens = list(dict.fromkeys(token_of(b) for b in bookings))
+    if not tokens:
         return [], []
-    found = {d["_id"]: d for d in store.holders().find({"_id": {"$in": list(by_token)}}, {"expiresAt": 1})}
-    missing = [b for t, b in by_token.items() if t not in found]
+    found = {d["_id"]: d for d in store.holders().find({"_id": {"$in": tokens}}, {"expiresAt": 1, "attemptId": 1})}
+    missing = [b for b in bookings if superseded(b, found.get(token_of(b)))]
     expired = [t for t, d in found.items() if d.get("expiresAt") is not None and d["expiresAt"] < now]
     return missing, expired
 
@@ -258,7 +295,7 @@ def entries_by_key(keys: list[str]) -> dict[str, list[str]]:
     """
     out: dict[str, list[str]] = {}
     for doc in store.holders().find({"levels": {"$in": keys}},
-                                    {"levels": 1, "tenantId": 1, "projectId": 1, "userId": 1}):
+                                    {"levels": 1, "tenantId": 1, "projectId": 1, "userId": 1, "attemptId": 1}):
         for key in doc.get("levels") or ():
             if key in keys:
                 out.setdefault(key, []).append(holder_entry(doc))

@@ -14,6 +14,7 @@ from collections import Counter as Tally
 from datetime import datetime, timedelta
 
 from . import listener, metrics, reaper, slots, store, waiting
+from .documents import HolderDoc
 from .handlers import RevokedHolder
 from .pod_liveness import LeasePodLiveness, liveness as default_liveness
 
@@ -103,9 +104,10 @@ def reconcile(*, now: datetime | None = None, safety_ms: int | None = None,
               limit: int = RECONCILE_BATCH) -> tuple[int, bool]:
     """Make every counter book exactly its live holders; the safety net behind lazy repair.
 
-    * A booking entry whose holder document is gone is pulled by value (exact: a holder is
-      always written before its first entry, and pulling an entry twice is impossible), so
-      no counter has to go quiet first.
+    * A booking entry whose holder document is gone (or was written again since: another
+      ``attemptId``) is pulled by value (exact: a holder is always written before its first
+      entry, a holder written again books another value, and pulling an entry twice is
+      impossible), so no counter has to go quiet first.
     * A ``count`` that differs from its list of entries (a hand edit) is set to the list's
       length, guarded by ``count``/``updatedAt`` as read.
     * A counter written before entries existed gets its list from the holders that register
@@ -145,18 +147,19 @@ def reconcile(*, now: datetime | None = None, safety_ms: int | None = None,
     # entry, so an entry read above whose holder is missing here is an orphan). Few tokens:
     # look them up; many: one projected scan is cheaper than many long $in lists.
     tokens = sorted({slots.token_of(e) for doc in booked for e in doc["holders"]})
-    alive: set[str] = set()
+    alive: dict[str, HolderDoc] = {}
     if len(tokens) <= ORPHAN_BATCH:
-        alive.update(d["_id"] for d in store.holders().find({"_id": {"$in": tokens}}, {"_id": 1}))
+        alive.update((d["_id"], d) for d in store.holders().find({"_id": {"$in": tokens}}, {"attemptId": 1}))
     else:
-        alive.update(d["_id"] for d in store.holders().find({}, {"_id": 1}))
+        alive.update((d["_id"], d) for d in store.holders().find({}, {"attemptId": 1}))
     for doc in booked:
-        for booking in [e for e in doc["holders"] if slots.token_of(e) not in alive]:
+        # Also an entry of an earlier attempt of a holder written again (slots.superseded).
+        for booking in [e for e in doc["holders"] if slots.superseded(e, alive.get(slots.token_of(e)))]:
             after = slots.pull_entry(doc["_id"], booking)
             if after is not None:
                 corrected += 1
                 metrics.RECONCILE.labels(outcome="corrected").inc()
-                log.info("reconcile: %s booked %s, whose holder is gone; returned", doc["_id"],
+                log.info("reconcile: %s booked %s, whose holder is gone (or a later attempt); returned", doc["_id"],
                          slots.token_of(booking))
                 waiting.hand_off(after)
 

@@ -228,8 +228,9 @@ def repair(counter: CounterDoc, now: datetime) -> bool:
     """Return the slots of a full counter that no live holder books; at most one process
     checks a counter per ``repair_interval_ms`` (a conditional claim on ``checkedAt``).
 
-    Entries whose holder document is gone are pulled by value (a crash between the delete
-    and the decrement of a release, rollback or reap); holders past their TTL (a crash
+    Entries whose holder document is gone — or was written again since, by a new attempt
+    under the same token — are pulled by value (a crash between the delete and the
+    decrement of a release, rollback or reap); holders past their TTL (a crash
     mid-acquire, or an idle holder) are reaped like the idle sweep does, handlers included.
 
     Returns:
@@ -254,8 +255,9 @@ def repair(counter: CounterDoc, now: datetime) -> bool:
         if after is not None:
             freed = True
             # Also the harmless race with a release between its delete and its pull (the
-            # releaser's pull then finds nothing): either way the slot is returned once.
-            log.info("repair: %s held a slot for %s, whose holder is gone; returned",
+            # releaser's pull then finds nothing): either way the slot is returned once. A
+            # holder written again meanwhile books another value (its new attemptId).
+            log.info("repair: %s held a slot for %s, whose holder is gone (or a later attempt); returned",
                      counter["_id"], slots.token_of(booking))
             hand_off(after)
     for token in expired:

@@ -28,7 +28,8 @@ def booked_per_key():
     """Per counter key, the booking entries of the HELD holders that list the key in
     ``levels`` (only set on HELD; a waiter's PENDING document books nothing)."""
     booked: dict[str, list[str]] = {}
-    for doc in store.holders().find({"state": "HELD"}, {"levels": 1, "tenantId": 1, "projectId": 1, "userId": 1}):
+    for doc in store.holders().find({"state": "HELD"}, {"levels": 1, "tenantId": 1, "projectId": 1, "userId": 1,
+                                                       "attemptId": 1}):
         for key in doc.get("levels") or []:
             booked.setdefault(key, []).append(slots.holder_entry(doc))
     return booked

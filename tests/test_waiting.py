@@ -12,7 +12,7 @@ from contextlib import contextmanager
 import pytest
 
 import leases
-from leases import config, order, service, store, waiting, wakeups
+from leases import config, order, service, slots, store, waiting, wakeups
 from leases.definitions import document_path
 from tests import helpers
 from tests.helpers import PYTHON, REPO, child_env, quiet_handler_fixture, wait_for
@@ -174,6 +174,40 @@ def test_given_a_waiter_whose_ticket_was_pruned_when_its_wakeup_comes_then_it_do
     assert gate_doc()["holders"] == [held._booking()]
     assert queued_ids() == [nxt.token]
     held.release()
+
+
+def test_given_a_stalled_waiter_booking_again_under_its_token_while_repair_checks_then_its_live_slot_stays(
+        monkeypatch):
+    # Given: a cap-1 gate booked by an attempt whose holder document vanished before it
+    # was marked HELD (reaped while it stalled): an orphan entry, as repair will read it.
+    put("res", "levels: {global: 1}\nwaitMs: 0")
+    attempt, _ = service.prepare(req(user="w"))
+    attempt.create_holder()
+    assert slots.take(attempt.specs, attempt.booking, "res", gate_key=attempt.gate.key) == 1
+    store.holders().delete_one({"_id": attempt.token})
+    real_orphans, rebooked = slots.orphans, []
+
+    def orphans_then_the_waiter_books_again(bookings, now):
+        found = real_orphans(bookings, now)
+        # Between repair's read and its pull, the waiter's _Vanished path: give back, write
+        # the holder again under the same token, and (its turn) book again.
+        attempt.give_back(attempt.keys)
+        attempt.create_holder()
+        rebooked.append(attempt.book(privileged=False, allow_queue=False))
+        return found
+
+    monkeypatch.setattr(slots, "orphans", orphans_then_the_waiter_books_again)
+    # When: repair checks the gate and pulls what it found orphaned.
+    gate = waiting.read_gate("res|global|*")
+    waiting.repair(gate, gate["clock"])
+    # Then: the live lease keeps its slot, and the cap holds.
+    (lease,) = rebooked
+    after = gate_doc()
+    assert after["count"] == 1 and [slots.token_of(e) for e in after["holders"]] == [lease.token]
+    with pytest.raises(leases.LeaseBusy):
+        leases.acquire(req(user="newcomer"))
+    lease.release()
+    assert gate_doc()["count"] == 0
 
 
 @pytest.mark.parametrize("extra", [
