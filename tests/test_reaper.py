@@ -127,6 +127,56 @@ def test_given_reconcile_and_lazy_repair_racing_then_a_slot_comes_back_once(reco
     assert counter(key)["count"] == 0
 
 
+@pytest.mark.parametrize("sweep", ["repair", "reconcile"])
+def test_given_an_entry_of_an_earlier_attempt_of_a_live_holder_then_it_is_pulled_and_the_current_one_stays(
+        recorder, sweep):
+    from leases import slots, waiting
+
+    # Given: a holder whose document was written again (a new attemptId) while an entry of
+    # its earlier attempt stayed booked; and a four-part entry (booked by a version from
+    # before attempts), which counts for its token's holder whatever its attemptId.
+    lease, legacy = acquire(user="u1"), acquire(user="u2")
+    key = lease.levels[-1]
+    earlier = slots.entry("t1", "p1", "u1", lease.token, "0123456789ab")
+    old_shape = slots.entry("t1", "p1", "u2", legacy.token)
+    store.counters().update_one({"_id": key}, {"$push": {"holders": {"$each": [earlier, old_shape]}},
+                                               "$inc": {"count": 2}})
+    store.counters().update_one({"_id": key}, {"$pull": {"holders": legacy._booking()}, "$inc": {"count": -1}})
+    # When: the lazy repair or the sweep checks the counter.
+    if sweep == "repair":
+        doc = waiting.read_gate(key)
+        assert waiting.repair(doc, doc["clock"]) is True
+    else:
+        sweeps.reconcile()
+    # Then: only the earlier attempt's entry came back; both live bookings stay.
+    after = counter(key)
+    assert after["holders"] == [lease._booking(), old_shape] and after["count"] == 2
+    lease.release()
+    store.counters().update_one({"_id": key}, {"$pull": {"holders": old_shape}, "$inc": {"count": -1}})
+    legacy.release()
+
+
+def test_given_a_holder_written_again_by_another_attempt_then_marking_it_held_by_the_earlier_one_matches_nothing(
+        recorder):
+    from leases import commands, service
+
+    # Given: an attempt at a token whose holder was written again (a new attemptId) since.
+    attempt, _ = service.prepare(leases.LeaseRequest(type="rec", lease="res", tenant_id="t1", project_id="p1",
+                                                     user_id="u1"))
+    attempt.create_holder()
+    earlier = attempt.attempt_id
+    attempt.create_holder()
+    # When: the earlier attempt marks it HELD. Then: nothing matches (its entries book for
+    # nobody), while the current attempt does.
+    held = store.holders().update_one(*commands.mark_held(attempt.token, keys=attempt.keys, ttl_seconds=60,
+                                                          attempt_id=earlier))
+    assert held.matched_count == 0 and store.holders().find_one({"_id": attempt.token})["state"] == "PENDING"
+    lease = attempt.book(privileged=False, allow_queue=False)
+    assert lease.attempt_id == attempt.attempt_id != earlier
+    assert all(counter(k)["holders"] == [attempt.booking] for k in attempt.keys)
+    lease.release()
+
+
 def test_given_a_counter_written_before_entries_then_it_is_converted_without_losing_a_slot(recorder):
     # Given: the old shape: a count and holders that register the key in ``levels`` only.
     lease = acquire()
