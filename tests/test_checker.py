@@ -124,6 +124,15 @@ def test_given_busy_for_a_stopped_waiter_or_a_short_wait_then_liveness_holds():
     assert live.longest_live_wait_s == 3.0  # a's 15 s wait was not a live one
 
 
+def test_given_a_waiter_stopped_early_in_its_wait_then_busy_after_a_covering_live_wait_is_a_violation():
+    faults = [Fault("waiter-stop", "a", 1.0, 4.0)]  # bound 3 + 2 + 5 = 10 s; 12 s of the wait were live
+    h = history(acquire("a", 1, 0.0, 15.0, None, outcome="busy", level="global", wait_ms=15000),
+                acquire("a", 2, 15.1, 15.2, "tokA"), faults=faults, ended=16.0)
+    live = verdict(h).liveness
+    busy = [v for v in live.violations if v.kind == "busy"]
+    assert [v.process for v in busy] == ["a"] and "(12.00s of it live)" in busy[0].detail
+
+
 def test_given_a_live_process_not_granted_for_longer_than_w_then_it_is_starved():
     h = history(acquire("a", 1, 0.0, 1.0, "tokA1"), acquire("a", 2, 1.1, 14.0, "tokA2"),
                 *(acquire("b", i, i, i + 0.1, f"tokB{i}") for i in range(1, 13)), ended=15.0)

@@ -17,9 +17,12 @@ engine's user scope crosses projects).
 stop, or its own stall) and not killed then; global faults (the store server stopped,
 Redis down) do not excuse anything, the bounds cover them:
 
-* a ``LeaseBusy`` answered to an acquire whose process was live for the whole call and
-  whose ``waitMs`` ≥ longest injected fault + TTL + slack is a violation (its wait covered
-  every fault, so a slot had to come);
+* a ``LeaseBusy`` answered to an acquire whose ``waitMs`` ≥ the bound (longest injected
+  fault + TTL + slack) is a violation when the waiter was live for the whole call, or when
+  the live part of its wait (the call's duration minus the waiter's own stopped time) still
+  reached the bound: either way it waited, live, through every fault, so a slot had to come
+  (a waiter stopped past the ticket TTL loses its place and queues again: the bound covers
+  that wait too);
 * every live process is granted at least once per window of ``W`` seconds of its live
   time: from its start line to its first grant, between two grants, and from its last
   grant to its kill or the end of the run, the time minus its own stopped time is ≤ ``W``.
@@ -33,7 +36,7 @@ from dataclasses import dataclass, field
 from tests.checker.history import Call, Fault, History
 
 #: Faults during which the *target* process is not live (a kill is for good).
-STOPPING_FAULTS = frozenset({"holder-stop", "waiter-stop", "stall", "kill"})
+STOPPING_FAULTS = frozenset({"holder-stop", "waiter-stop", "client-stop", "stall", "kill"})
 
 
 @dataclass(frozen=True)
@@ -225,17 +228,19 @@ def liveness(history: History, *, ttl_s: float, slack_s: float, window_s: float)
         for call in calls:
             if call.op != "acquire" or call.completed is None:
                 continue
-            live = _stopped_within(windows, call.invoked, call.completed) == 0
+            live_wait = (call.completed - call.invoked) - _stopped_within(windows, call.invoked, call.completed)
+            live = live_wait == call.completed - call.invoked
             if live:
                 verdict.longest_live_wait_s = max(verdict.longest_live_wait_s, call.completed - call.invoked)
             if call.outcome == "ok":
                 grants_at.append(call.completed)
-            elif call.outcome == "busy" and live and (call.wait_ms or 0) >= bound_ms:
+            elif call.outcome == "busy" and (call.wait_ms or 0) >= bound_ms and (live or live_wait * 1000 >= bound_ms):
                 verdict.busy_to_live += 1
                 verdict.violations.append(LivenessViolation(
                     process, "busy", call.invoked, call.completed,
                     f"LeaseBusy at level {call.level} (position {call.position}) after "
-                    f"{call.completed - call.invoked:.2f}s with waitMs {call.wait_ms} >= bound {bound_ms:.0f} ms "
+                    f"{call.completed - call.invoked:.2f}s ({live_wait:.2f}s of it live) with waitMs "
+                    f"{call.wait_ms} >= bound {bound_ms:.0f} ms "
                     f"({call.detail})"))
         verdict.grants[process] = len(grants_at)
         end = process_end(history, process)
