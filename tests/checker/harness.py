@@ -194,7 +194,7 @@ def run(config: RunConfig, *, run_dir: str, store_pid: int, mongo_uri: str, db_n
                 name = clients.crashed()[0]
                 raise HarnessError(f"client {name} exited: {clients.stderr(name)}")
             # a fault starts only if it ends (longest: a stop) with a quiet second left in the run
-            if time.monotonic() >= next_fault and time.monotonic() + config.ttl_s + 2.6 < end:
+            if config.kinds and time.monotonic() >= next_fault and time.monotonic() + config.ttl_s + 2.6 < end:
                 _inject(config.kinds[index % len(config.kinds)], clients, log, rng, config, store_pid, redis_server)
                 index += 1
                 next_fault = time.monotonic() + rng.uniform(*config.fault_gap_s)
