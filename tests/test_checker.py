@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 
-from tests.checker import rules
+from tests.checker import faults, rules
 from tests.checker.history import Call, Fault, History, Recorder, load
 
 CAPS = {"global": 2, "tenant": 1}
@@ -172,3 +172,18 @@ def test_given_a_recorded_file_cut_mid_call_then_the_call_is_indeterminate(tmp_p
     assert (checked.op, checked.completed, checked.outcome, checked.token) == ("check", None, None, "tokA")
     assert h.faults == [Fault("kill", "t1-a.0", 1.0, None)] and "t1-a.0" in h.starts
     assert os.path.exists(tmp_path / "t1-a.0.history.jsonl")
+
+
+def test_given_a_client_file_the_injector_reads_whether_it_holds_or_waits(tmp_path):
+    recorder = Recorder(str(tmp_path), "c")
+    state = faults.refresh(str(tmp_path), "c", faults.ClientState())
+    assert (state.holding, state.waiting_since) == (False, None)
+    call = recorder.invoke("acquire", tenant="t1", project="p1", user="u1", waitMs=100)
+    state = faults.refresh(str(tmp_path), "c", state)
+    assert state.waiting_since is not None and not state.holding
+    recorder.complete(call, "ok", token="tok")
+    assert faults.refresh(str(tmp_path), "c", state).holding and state.waiting_since is None
+    lost = recorder.invoke("check", token="tok")
+    recorder.complete(lost, "lost", detail="LeaseExpired")
+    assert not faults.refresh(str(tmp_path), "c", state).holding
+    recorder.close()
