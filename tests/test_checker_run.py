@@ -46,13 +46,15 @@ def own_store(settings):
 
 def test_given_six_clients_under_every_fault_kind_then_no_overlap_no_revival_and_every_live_process_is_granted(
         own_store, tmp_path):
-    config = harness.RunConfig()
+    # 34 s of faults (each kind once, 1.5-2.5 s apart) + start-up of six Django processes
+    config = harness.RunConfig(seconds=34.0, fault_gap_s=(1.5, 2.5))
     began = time.monotonic()
     result = harness.run(config, run_dir=str(tmp_path), store_pid=own_store.pid, mongo_uri=own_store.uri,
                          db_name=store.database_name())
     verdict = rules.check(result.history, config.levels, ttl_s=config.ttl_s, slack_s=SLACK_S, window_s=W_S)
     live = verdict.liveness
-    print(f"\nchecker run: {time.monotonic() - began:.1f}s wall, {len(verdict.grants)} proven grants, "
+    print(f"\nchecker run: {time.monotonic() - began:.1f}s wall (start-up {result.startup_s:.1f}s, faulted "
+          f"{result.seconds:.1f}s, shutdown {result.shutdown_s:.1f}s), {len(verdict.grants)} proven grants, "
           f"faults {result.faults}, max proven overlap {verdict.max_overlap}, revivals {len(verdict.revivals)}, "
           f"longest live wait {live.longest_live_wait_s:.2f}s, longest live gap {live.longest_live_gap_s:.2f}s, "
           f"busy to live waiters {live.busy_to_live}, grants per process {live.grants}")

@@ -61,6 +61,8 @@ class RunResult:
     faults: dict[str, int]  # injected, by kind
     clients: int  # processes started, replacements included
     seconds: float  # the faulted run, from ready to the stop file
+    startup_s: float  # from the first spawn to every first client ready
+    shutdown_s: float  # from the stop file to the last client gone
 
 
 class Clients:
@@ -175,6 +177,7 @@ def run(config: RunConfig, *, run_dir: str, store_pid: int, mongo_uri: str, db_n
     })
     clients = Clients(run_dir, env, config)
     log = f.FaultLog(run_dir)
+    spawned = time.monotonic()
     try:
         for tenant in range(1, config.tenants + 1):
             for member in range(config.per_tenant):
@@ -208,7 +211,8 @@ def run(config: RunConfig, *, run_dir: str, store_pid: int, mongo_uri: str, db_n
             except subprocess.TimeoutExpired:
                 pass  # killed below; its last call stays indeterminate
         return RunResult(history=load(run_dir, ended=ended), faults=dict(log.counts),
-                         clients=len(clients.procs), seconds=ended - started)
+                         clients=len(clients.procs), seconds=ended - started, startup_s=started - spawned,
+                         shutdown_s=time.monotonic() - ended)
     finally:
         clients.shutdown()
         redis_server.stop()
