@@ -169,9 +169,9 @@ def stall_client(log: FaultLog, run_dir: str, name: str, pid: int, seconds: floa
         if time.monotonic() > deadline:
             try:
                 os.remove(request)
-            except FileNotFoundError:  # taken just now: it is stopping
-                continue
-            return False
+                return False
+            except FileNotFoundError:  # taken just now: it is stopping itself
+                deadline = time.monotonic() + STALL_SEEN_TIMEOUT_S
         time.sleep(0.005)
     start = time.monotonic()
     time.sleep(seconds)

@@ -131,8 +131,8 @@ def _inject(kind: str, clients: Clients, log: f.FaultLog, rng: random.Random, co
         waiting = [n for n, s in states.items()
                    if s.waiting_since is not None and time.monotonic() - s.waiting_since > 0.2]
         if kind == "kill" and (holding or states):
-            clients_kill = rng.choice(holding or sorted(states))
-            log.record("kill", clients_kill, clients.kill(clients_kill), None)
+            victim = rng.choice(holding or sorted(states))
+            log.record("kill", victim, clients.kill(victim), None)
             return True
         if kind == "stall" and holding:
             name = rng.choice(holding)
