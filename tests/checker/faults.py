@@ -165,13 +165,17 @@ def stall_client(log: FaultLog, run_dir: str, name: str, pid: int, seconds: floa
     request = os.path.join(run_dir, name + ".stall")
     open(request, "w").close()
     deadline = time.monotonic() + STALL_SEEN_TIMEOUT_S
+    withdrawn = False
     while not is_stopped(pid):
         if time.monotonic() > deadline:
+            if withdrawn:
+                return False  # took the request but never stopped: nothing to record
+            withdrawn = True
             try:
                 os.remove(request)
                 return False
-            except FileNotFoundError:  # taken just now: it is stopping itself
-                deadline = time.monotonic() + STALL_SEEN_TIMEOUT_S
+            except FileNotFoundError:  # taken just now: it is stopping itself, give it a moment
+                deadline = time.monotonic() + 1.0
         time.sleep(0.005)
     start = time.monotonic()
     time.sleep(seconds)
