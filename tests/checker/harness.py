@@ -26,7 +26,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 LEASE = "pauses"
 #: One of each, in this order, then again (the short run in the suite does each once).
 KINDS = ("holder-stop", "store-stop", "waiter-stop", "kill", "redis-restart", "stall")
-STOP_TIMEOUT_S = 30.0  # clients finish their cycle after the stop file (a waiter may wait its turn)
+# Clients finish their cycle after the stop file; the history ends at the stop file, so a
+# client still busy after this is killed (its call in flight stays indeterminate, harmless).
+STOP_TIMEOUT_S = 2.0
 
 
 class HarnessError(AssertionError):
