@@ -1,0 +1,220 @@
+"""One checker run: real client processes on this run's own store and Redis, faults, the history.
+
+The caller starts the store server (``leases.embedded.start_server``: its own, never the
+session's shared one, since it gets SIGSTOPped) and points this process's Django at it; this
+module writes the lease definition, starts a private redis-server, the clients
+(``tests.workers.history_client``, ``per_tenant`` per tenant, one user each), injects the
+faults of :mod:`tests.checker.faults` one after another with a pause between them, stops the
+clients and returns the merged history. Used by tests/test_checker_run.py (short) and
+bench/bench_pauses.py (minutes).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from tests.checker import faults as f
+from tests.checker.history import CLIENT_SUFFIX, History, load
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LEASE = "pauses"
+#: One of each, in this order, then again (the short run in the suite does each once).
+KINDS = ("holder-stop", "store-stop", "waiter-stop", "kill", "redis-restart", "stall")
+# Clients finish their cycle after the stop file; the history ends at the stop file, so a
+# client still busy after this is killed (its call in flight stays indeterminate, harmless).
+STOP_TIMEOUT_S = 2.0
+
+
+class HarnessError(AssertionError):
+    """The run itself went wrong (a client crashed, never started): not a verdict on the engine."""
+
+
+@dataclass
+class RunConfig:
+    """What one run does; the defaults are the issue's setting (a starving tenant was seen there)."""
+
+    seconds: float = 40.0  # from the moment every first client is ready
+    tenants: int = 3
+    per_tenant: int = 2
+    levels: dict[str, int] = field(default_factory=lambda: {"global": 2, "tenant": 1})
+    ttl_s: int = 2
+    wait_ms: int = 15000
+    mongo_timeout_ms: int = 1500
+    redis_down_s: float = 1.0
+    fault_gap_s: tuple[float, float] = (2.0, 3.0)  # quiet time between two faults
+    kinds: tuple[str, ...] = KINDS
+    seed: int = 19
+    ready_timeout_s: float = 90.0
+
+    def stop_seconds(self, rng: random.Random) -> float:
+        """A holder, waiter or stall stop: longer than the TTL (the issue's 2.6–3.6 s for TTL 2 s)."""
+        return rng.uniform(self.ttl_s + 0.6, self.ttl_s + 1.6)
+
+
+@dataclass
+class RunResult:
+    history: History
+    faults: dict[str, int]  # injected, by kind
+    clients: int  # processes started, replacements included
+    seconds: float  # the faulted run, from ready to the stop file
+    startup_s: float  # from the first spawn to every first client ready
+    shutdown_s: float  # from the stop file to the last client gone
+
+
+class Clients:
+    """The client processes; a killed one is replaced under a new name (``t1-a.1`` after ``t1-a.0``)."""
+
+    def __init__(self, run_dir: str, env: dict[str, str], config: RunConfig) -> None:
+        self.run_dir, self.env, self.config = run_dir, env, config
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.live: list[str] = []
+        self.killed: set[str] = set()
+
+    def spawn(self, tenant: int, member: int, generation: int = 0) -> str:
+        name = f"t{tenant}-{'abcdefghij'[member]}.{generation}"
+        with open(os.path.join(self.run_dir, name + ".err"), "w") as err:
+            self.procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "tests.workers.history_client", name, self.run_dir, LEASE, f"t{tenant}",
+                 "p1", f"u{tenant}{member}", str(self.config.wait_ms), str(self.config.seed * 1000 + len(self.procs))],
+                cwd=REPO, env=self.env, stdout=subprocess.DEVNULL, stderr=err)
+        self.live.append(name)
+        return name
+
+    def ready(self, name: str) -> bool:
+        path = os.path.join(self.run_dir, name + CLIENT_SUFFIX)
+        return os.path.exists(path) and os.path.getsize(path) > 0
+
+    def kill(self, name: str) -> float:
+        """``kill -9`` ``name``, start its replacement; returns the kill's instant."""
+        proc = self.procs[name]
+        at = time.monotonic()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        self.live.remove(name)
+        self.killed.add(name)
+        base, generation = name.rsplit(".", 1)
+        self.spawn(int(base[1:base.index("-")]), "abcdefghij".index(base[-1]), int(generation) + 1)
+        return at
+
+    def crashed(self) -> list[str]:
+        return [n for n in self.live if self.procs[n].poll() is not None]
+
+    def stderr(self, name: str) -> str:
+        with open(os.path.join(self.run_dir, name + ".err"), errors="replace") as err:
+            return err.read()[-3000:]
+
+    def shutdown(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)  # never leave one stopped
+                proc.kill()
+                proc.wait(10)
+
+
+def _inject(kind: str, clients: Clients, log: f.FaultLog, rng: random.Random, config: RunConfig,
+            store_pid: int, redis_server: f.RestartableRedis) -> bool:
+    """Inject one fault of ``kind``; False if no suitable target showed up in a few seconds."""
+    if kind == "store-stop":
+        f.stop_store(log, store_pid, config.mongo_timeout_ms / 1000 + 0.3)
+        return True
+    if kind == "redis-restart":
+        f.restart_redis(log, redis_server, config.redis_down_s)
+        return True
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        states = {n: f.refresh(clients.run_dir, n, f.ClientState()) for n in clients.live if clients.ready(n)}
+        holding = [n for n, s in states.items() if s.holding]
+        waiting = [n for n, s in states.items()
+                   if s.waiting_since is not None and time.monotonic() - s.waiting_since > 0.2]
+        if kind == "kill" and (holding or states):
+            victim = rng.choice(holding or sorted(states))
+            log.record("kill", victim, clients.kill(victim), None)
+            return True
+        if kind == "stall" and holding:
+            name = rng.choice(holding)
+            if f.stall_client(log, clients.run_dir, name, clients.procs[name].pid, config.stop_seconds(rng)):
+                return True
+        if kind in ("holder-stop", "waiter-stop"):
+            pool = holding if kind == "holder-stop" else waiting
+            if pool:
+                name = rng.choice(pool)
+                want = kind.split("-")[0]
+                if f.stop_client(log, clients.run_dir, name, clients.procs[name].pid, config.stop_seconds(rng),
+                                 want) == kind:
+                    return True
+        time.sleep(0.05)
+    return False
+
+
+def run(config: RunConfig, *, run_dir: str, store_pid: int, mongo_uri: str, db_name: str) -> RunResult:
+    """Run the clients under faults for ``config.seconds``; the merged history of ``run_dir``.
+
+    Django in this process must already point at the store ``mongo_uri`` (server ``store_pid``).
+
+    Raises:
+        HarnessError: a client crashed or did not start in time.
+    """
+    from leases import config as lease_config
+    from leases.definitions import document_path
+    from leases.embedded import free_port
+
+    levels = ", ".join(f"{level}: {cap}" for level, cap in config.levels.items())
+    lease_config.put_document("_vance", "_tenant", document_path(LEASE),
+                              f"levels: {{{levels}}}\nttlSeconds: {config.ttl_s}\nwaitMs: {config.wait_ms}")
+    rng = random.Random(config.seed)
+    redis_server = f.RestartableRedis(free_port())
+    redis_server.start()
+    env = dict(os.environ)
+    env.update({
+        "DJANGO_SETTINGS_MODULE": "config.settings", "MONGODB_URI": mongo_uri, "MONGODB_DB": db_name,
+        "PYTHONPATH": REPO + os.pathsep + env.get("PYTHONPATH", ""), "LEASES_REDIS_URL": redis_server.url,
+        "LEASES_MONGO_TIMEOUT_MS": str(config.mongo_timeout_ms), "LEASES_POD_AUTOSTART": "0",
+        "DJANGO_LOG_LEVEL": "ERROR", "PYTHONUNBUFFERED": "1",
+    })
+    clients = Clients(run_dir, env, config)
+    log = f.FaultLog(run_dir)
+    spawned = time.monotonic()
+    try:
+        for tenant in range(1, config.tenants + 1):
+            for member in range(config.per_tenant):
+                clients.spawn(tenant, member)
+        deadline = time.monotonic() + config.ready_timeout_s
+        while not all(clients.ready(n) for n in clients.live):
+            if clients.crashed() or time.monotonic() > deadline:
+                bad = clients.crashed() or [n for n in clients.live if not clients.ready(n)]
+                raise HarnessError(f"client {bad[0]} did not start: {clients.stderr(bad[0])}")
+            time.sleep(0.05)
+        started = time.monotonic()
+        end = started + config.seconds
+        next_fault = started + rng.uniform(*config.fault_gap_s)
+        index = 0
+        while time.monotonic() < end:
+            if clients.crashed():
+                name = clients.crashed()[0]
+                raise HarnessError(f"client {name} exited: {clients.stderr(name)}")
+            # a fault starts only if it ends (longest: a stop) with a quiet second left in the run
+            if config.kinds and time.monotonic() >= next_fault and time.monotonic() + config.ttl_s + 2.6 < end:
+                _inject(config.kinds[index % len(config.kinds)], clients, log, rng, config, store_pid, redis_server)
+                index += 1
+                next_fault = time.monotonic() + rng.uniform(*config.fault_gap_s)
+            time.sleep(0.05)
+        ended = time.monotonic()
+        open(os.path.join(run_dir, "stop"), "w").close()
+        stop_deadline = time.monotonic() + STOP_TIMEOUT_S
+        for name in list(clients.live):
+            try:
+                clients.procs[name].wait(max(0.1, stop_deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass  # killed below; its last call stays indeterminate
+        return RunResult(history=load(run_dir, ended=ended), faults=dict(log.counts),
+                         clients=len(clients.procs), seconds=ended - started, startup_s=started - spawned,
+                         shutdown_s=time.monotonic() - ended)
+    finally:
+        clients.shutdown()
+        redis_server.stop()
