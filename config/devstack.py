@@ -203,6 +203,31 @@ def _startup_problem() -> str | None:
     return None
 
 
+ProcessSpec = tuple[str, list[str], dict[str, str]]
+
+
+def stack_environment(var: Path = VAR) -> dict[str, str]:
+    """The environment every process of the stack starts with (``var``: the stack's state directory)."""
+    return dict(os.environ, DJANGO_SETTINGS_MODULE="config.settings", PYTHONUNBUFFERED="1")
+
+
+def process_specs(web_port: int, var: Path = VAR) -> list[ProcessSpec]:
+    """The stack's long-running processes: (name, command, environment on top of :func:`stack_environment`)."""
+    specs: list[ProcessSpec] = []
+    for index, port in enumerate((web_port, web_port + 1), start=1):
+        specs.append((f"web-{index}", [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
+                      {"POD_ID": f"web-{index}", "LEASES_POD_ENDPOINT": f"http://127.0.0.1:{port}"}))
+    specs.append(("worker", [sys.executable, "-m", "celery", "-A", "config", "worker", "-l", "info",
+                             "--pool", "prefork", "--concurrency", "2", "-n", "worker-1@%h"],
+                  {"POD_ID": "worker-1"}))
+    specs.append(("beat", [sys.executable, "-m", "celery", "-A", "config", "beat", "-l", "info",
+                           "--schedule", str(var / "celerybeat-schedule")], {"LEASES_POD_AUTOSTART": "0"}))
+    # The reference consumers loop in globex, so its admin sees live, pod-bound holders.
+    specs.append(("consumers", [sys.executable, "manage.py", "run_demo_consumers", "--tenant", "globex",
+                                "--project", "labs", "--user", "frank"], {"POD_ID": "consumers-1"}))
+    return specs
+
+
 def main() -> int:
     """Run the stack until interrupted; returns the exit code."""
     VAR.mkdir(exist_ok=True)
@@ -218,7 +243,7 @@ def main() -> int:
         server = start_server(str(VAR / "secantus-data"), log_path=str(VAR / "secantusd.log"))
         os.environ["MONGODB_URI"] = server.uri
         print(f"embedded MongoDB-compatible server: {server.uri} (data in var/secantus-data)", flush=True)
-    env = dict(os.environ, DJANGO_SETTINGS_MODULE="config.settings", PYTHONUNBUFFERED="1")
+    env = stack_environment()
     children: list[tuple[str, subprocess.Popen]] = []
     stopping = False
     record_file: Path | None = None
@@ -233,19 +258,7 @@ def main() -> int:
         _run(env, "migrate", "--noinput", "-v", "0")
         _run(env, "seed_demo")
         web_port = int(os.environ.get("DEV_WEB_PORT", "8000"))
-        specs = []
-        for index, port in enumerate((web_port, web_port + 1), start=1):
-            specs.append((f"web-{index}", [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
-                          {"POD_ID": f"web-{index}", "LEASES_POD_ENDPOINT": f"http://127.0.0.1:{port}"}))
-        specs.append(("worker", [sys.executable, "-m", "celery", "-A", "config", "worker", "-l", "info",
-                                 "--pool", "prefork", "--concurrency", "2", "-n", "worker-1@%h"],
-                      {"POD_ID": "worker-1"}))
-        specs.append(("beat", [sys.executable, "-m", "celery", "-A", "config", "beat", "-l", "info",
-                               "--schedule", str(VAR / "celerybeat-schedule")], {"LEASES_POD_AUTOSTART": "0"}))
-        # The reference consumers loop in globex, so its admin sees live, pod-bound holders.
-        specs.append(("consumers", [sys.executable, "manage.py", "run_demo_consumers", "--tenant", "globex",
-                                    "--project", "labs", "--user", "frank"], {"POD_ID": "consumers-1"}))
-        for name, cmd, extra in specs:
+        for name, cmd, extra in process_specs(web_port):
             children.append((name, subprocess.Popen(cmd, cwd=REPO, env={**env, **extra})))
         web_urls = tuple(f"http://127.0.0.1:{port}" for port in (web_port, web_port + 1))
         record_file = write_record(DevstackRecord(
