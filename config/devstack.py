@@ -3,7 +3,9 @@
 Starts, as separate OS processes: the embedded MongoDB-compatible server (data kept in
 ``var/secantus-data``) unless ``MONGODB_URI`` is set, migrations and demo data, two web
 pods (runserver on ``DEV_WEB_PORT`` and the port after it, default :8000 and :8001), one
-Celery worker, exactly one Celery beat, and the demo consumers. Ctrl-C (or SIGTERM) stops
+Celery worker, exactly one Celery beat, and the demo consumers. Every process writes its
+metrics to ``var/prometheus-multiproc`` (emptied at start), so either web pod's ``/metrics``
+shows the whole stack's lease metrics, the worker's sweeps and tasks included. Ctrl-C (or SIGTERM) stops
 everything, the database last.
 
 While it runs, the stack records where its server is in ``var/devstack.json`` (path
@@ -207,8 +209,20 @@ ProcessSpec = tuple[str, list[str], dict[str, str]]
 
 
 def stack_environment(var: Path = VAR) -> dict[str, str]:
-    """The environment every process of the stack starts with (``var``: the stack's state directory)."""
-    return dict(os.environ, DJANGO_SETTINGS_MODULE="config.settings", PYTHONUNBUFFERED="1")
+    """The environment every process of the stack starts with (``var``: the stack's state directory).
+
+    All processes of the stack share one host, so they share one Prometheus multiprocess
+    directory, emptied here (once per stack start, before any process writes to it): the
+    sweeps and ``@leased`` tasks run in Celery pool children, and only web pods serve
+    ``/metrics``, which adds up every process's files (:mod:`leases.multiprocess_metrics`).
+
+    Raises:
+        OSError: the metrics directory cannot be emptied or created.
+    """
+    from leases.multiprocess_metrics import ENV, prepare
+
+    metrics_dir = prepare(var / "prometheus-multiproc")
+    return dict(os.environ, DJANGO_SETTINGS_MODULE="config.settings", PYTHONUNBUFFERED="1", **{ENV: str(metrics_dir)})
 
 
 def process_specs(web_port: int, var: Path = VAR) -> list[ProcessSpec]:
