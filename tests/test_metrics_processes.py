@@ -9,6 +9,7 @@ in another pool child; the scrape is a GET of the web pod's ``/metrics``.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -155,3 +156,46 @@ def test_given_a_process_that_died_with_a_request_waiting_then_its_wait_leaves_t
 def child_pid(directory: Path) -> int:
     (counter,) = directory.glob("counter_*.db")
     return int(counter.stem.split("_")[1])
+
+
+def test_given_gunicorn_workers_on_one_port_then_every_scrape_counts_all_and_an_exited_worker_hands_back_its_gauges(
+        tmp_path):
+    from prometheus_client.mmap_dict import MmapedDict
+
+    port = free_port()
+    env = child_env(PROMETHEUS_MULTIPROC_DIR=str(tmp_path), DJANGO_DEBUG="0", LEASES_POD_AUTOSTART="0",
+                    DJANGO_LOG_LEVEL="WARNING")
+    master = subprocess.Popen([str(Path(sys.executable).with_name("gunicorn")), "-c", "config/gunicorn.conf.py",
+                               "config.wsgi:application", "--bind", f"127.0.0.1:{port}", "--workers", "2"],
+                              cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert wait_for(lambda: _answers(f"{base}/api/v1/openapi.json"), 60, step=0.5), "gunicorn did not answer"
+        served = {requests.get(f"{base}/api/v1/openapi.json", headers={"Connection": "close"}, timeout=10).status_code
+                  for _ in range(12)}
+        assert served == {200}
+        # when: scraped several times (each scrape may land on either worker)
+        totals = {_requests_to_openapi(scrape(f"{base}/metrics")) for _ in range(6)}
+        # then: every scrape counts every worker's requests (the 12, and the readiness probes)
+        assert len(totals) == 1 and min(totals) >= 12, totals
+        # when: a worker exits (the master replaces it) while a gauge of it is live
+        workers = [int(p) for p in Path(f"/proc/{master.pid}/task/{master.pid}/children").read_text().split()]
+        live = tmp_path / f"gauge_livesum_{workers[0]}.db"
+        MmapedDict(str(live)).close()
+        os.kill(workers[0], signal.SIGTERM)
+        # then: the master's child_exit hook dropped it
+        assert wait_for(lambda: not live.exists(), 30, step=0.2), "child_exit did not mark the worker dead"
+    finally:
+        os.killpg(master.pid, signal.SIGTERM)
+        try:
+            master.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(master.pid, signal.SIGKILL)
+            master.wait(timeout=10)
+
+
+def _requests_to_openapi(samples) -> float:
+    return sum(value for (name, labels), value in samples.items()
+               if name == "django_http_requests_total_by_view_transport_method_total" and ("method", "GET") in labels
+               and any(k == "view" and "openapi" in v for k, v in labels))
