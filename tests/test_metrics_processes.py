@@ -10,6 +10,7 @@ in another pool child; the scrape is a GET of the web pod's ``/metrics``.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -79,6 +80,7 @@ def stack(settings):
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait(timeout=10)
+            shutil.rmtree(var, ignore_errors=True)
 
 
 def test_given_the_main_jobs_processes_then_a_beat_sweeps_reap_and_a_leased_tasks_grant_are_in_one_web_scrape(stack):
