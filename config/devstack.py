@@ -3,7 +3,9 @@
 Starts, as separate OS processes: the embedded MongoDB-compatible server (data kept in
 ``var/secantus-data``) unless ``MONGODB_URI`` is set, migrations and demo data, two web
 pods (runserver on ``DEV_WEB_PORT`` and the port after it, default :8000 and :8001), one
-Celery worker, exactly one Celery beat, and the demo consumers. Ctrl-C (or SIGTERM) stops
+Celery worker, exactly one Celery beat, and the demo consumers. Every process writes its
+metrics to ``var/prometheus-multiproc`` (emptied at start), so either web pod's ``/metrics``
+shows the whole stack's lease metrics, the worker's sweeps and tasks included. Ctrl-C (or SIGTERM) stops
 everything, the database last.
 
 While it runs, the stack records where its server is in ``var/devstack.json`` (path
@@ -203,6 +205,43 @@ def _startup_problem() -> str | None:
     return None
 
 
+ProcessSpec = tuple[str, list[str], dict[str, str]]
+
+
+def stack_environment(var: Path = VAR) -> dict[str, str]:
+    """The environment every process of the stack starts with (``var``: the stack's state directory).
+
+    All processes of the stack share one host, so they share one Prometheus multiprocess
+    directory, emptied here (once per stack start, before any process writes to it): the
+    sweeps and ``@leased`` tasks run in Celery pool children, and only web pods serve
+    ``/metrics``, which adds up every process's files (:mod:`leases.multiprocess_metrics`).
+
+    Raises:
+        OSError: the metrics directory cannot be emptied or created.
+    """
+    from leases.multiprocess_metrics import ENV, prepare
+
+    metrics_dir = prepare(var / "prometheus-multiproc")
+    return dict(os.environ, DJANGO_SETTINGS_MODULE="config.settings", PYTHONUNBUFFERED="1", **{ENV: str(metrics_dir)})
+
+
+def process_specs(web_port: int, var: Path = VAR) -> list[ProcessSpec]:
+    """The stack's long-running processes: (name, command, environment on top of :func:`stack_environment`)."""
+    specs: list[ProcessSpec] = []
+    for index, port in enumerate((web_port, web_port + 1), start=1):
+        specs.append((f"web-{index}", [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
+                      {"POD_ID": f"web-{index}", "LEASES_POD_ENDPOINT": f"http://127.0.0.1:{port}"}))
+    specs.append(("worker", [sys.executable, "-m", "celery", "-A", "config", "worker", "-l", "info",
+                             "--pool", "prefork", "--concurrency", "2", "-n", "worker-1@%h"],
+                  {"POD_ID": "worker-1"}))
+    specs.append(("beat", [sys.executable, "-m", "celery", "-A", "config", "beat", "-l", "info",
+                           "--schedule", str(var / "celerybeat-schedule")], {"LEASES_POD_AUTOSTART": "0"}))
+    # The reference consumers loop in globex, so its admin sees live, pod-bound holders.
+    specs.append(("consumers", [sys.executable, "manage.py", "run_demo_consumers", "--tenant", "globex",
+                                "--project", "labs", "--user", "frank"], {"POD_ID": "consumers-1"}))
+    return specs
+
+
 def main() -> int:
     """Run the stack until interrupted; returns the exit code."""
     VAR.mkdir(exist_ok=True)
@@ -218,7 +257,7 @@ def main() -> int:
         server = start_server(str(VAR / "secantus-data"), log_path=str(VAR / "secantusd.log"))
         os.environ["MONGODB_URI"] = server.uri
         print(f"embedded MongoDB-compatible server: {server.uri} (data in var/secantus-data)", flush=True)
-    env = dict(os.environ, DJANGO_SETTINGS_MODULE="config.settings", PYTHONUNBUFFERED="1")
+    env = stack_environment()
     children: list[tuple[str, subprocess.Popen]] = []
     stopping = False
     record_file: Path | None = None
@@ -233,19 +272,7 @@ def main() -> int:
         _run(env, "migrate", "--noinput", "-v", "0")
         _run(env, "seed_demo")
         web_port = int(os.environ.get("DEV_WEB_PORT", "8000"))
-        specs = []
-        for index, port in enumerate((web_port, web_port + 1), start=1):
-            specs.append((f"web-{index}", [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
-                          {"POD_ID": f"web-{index}", "LEASES_POD_ENDPOINT": f"http://127.0.0.1:{port}"}))
-        specs.append(("worker", [sys.executable, "-m", "celery", "-A", "config", "worker", "-l", "info",
-                                 "--pool", "prefork", "--concurrency", "2", "-n", "worker-1@%h"],
-                      {"POD_ID": "worker-1"}))
-        specs.append(("beat", [sys.executable, "-m", "celery", "-A", "config", "beat", "-l", "info",
-                               "--schedule", str(VAR / "celerybeat-schedule")], {"LEASES_POD_AUTOSTART": "0"}))
-        # The reference consumers loop in globex, so its admin sees live, pod-bound holders.
-        specs.append(("consumers", [sys.executable, "manage.py", "run_demo_consumers", "--tenant", "globex",
-                                    "--project", "labs", "--user", "frank"], {"POD_ID": "consumers-1"}))
-        for name, cmd, extra in specs:
+        for name, cmd, extra in process_specs(web_port):
             children.append((name, subprocess.Popen(cmd, cwd=REPO, env={**env, **extra})))
         web_urls = tuple(f"http://127.0.0.1:{port}" for port in (web_port, web_port + 1))
         record_file = write_record(DevstackRecord(

@@ -41,6 +41,8 @@ Environment variables
 | LEASES_TICKET_POLL_SECONDS      | LEASES_TICKET_POLL_SECONDS      | 2                              | Poll interval issued with an HTTP wait ticket (202); kept 3x as long.   |
 | LEASES_HISTORY_HOURS            | LEASES_HISTORY_HOURS            | 24                             | Per-minute lease history (grants, busy, waits, reaps) is kept this long (TTL index). |
 | LEASES_HISTORY_FLUSH_SECONDS    | LEASES_HISTORY_FLUSH_SECONDS    | 5                              | Each process writes its buffered history this often, in one bulk write (0: only at exit). |
+| LEASES_METRICS_NAMESPACE        | LEASES_METRICS_NAMESPACE        | vance                          | Prefix of every lease metric (<namespace>_lease_*); read once per process start. |
+| PROMETHEUS_MULTIPROC_DIR        | (read by prometheus_client)     | (none: one registry a process) | Shared directory of this host's processes' metric files; /metrics adds them up. |
 | DJANGO_STATIC_ROOT              | STATIC_ROOT                     | <project>/staticfiles          | collectstatic target.                                                   |
 | DJANGO_LOG_LEVEL                | LOGGING root level              | INFO                           | Root log level.                                                         |
 """
@@ -258,6 +260,8 @@ LEASES_HISTORY_HOURS = _env_int("LEASES_HISTORY_HOURS", 24)
 if LEASES_HISTORY_HOURS < 1:
     raise ImproperlyConfigured(f"LEASES_HISTORY_HOURS must be at least 1, got {LEASES_HISTORY_HOURS}")
 LEASES_HISTORY_FLUSH_SECONDS = _env_int("LEASES_HISTORY_FLUSH_SECONDS", 5)
+# Lease metrics are named <namespace>_lease_*; the default keeps the platform's vance_lease_*.
+LEASES_METRICS_NAMESPACE = os.environ.get("LEASES_METRICS_NAMESPACE", "").strip() or "vance"
 
 CELERY_BEAT_SCHEDULE = {
     "lease-sweep": {

@@ -254,3 +254,22 @@ def check_sweep_scheduled(app_configs: Any = None, **kwargs: Any) -> list:
                          'float(LEASES_REAP_INTERVAL), "options": {"expires": LEASES_REAP_INTERVAL * 0.9}}} and run '
                          'one "celery -A <project> beat"; if the sweep is scheduled elsewhere, add "leases.W006" '
                          "to SILENCED_SYSTEM_CHECKS.", id="leases.W006")]
+
+
+@register(TAG)
+def check_metrics_directory(app_configs: Any = None, **kwargs: Any) -> list:
+    """``PROMETHEUS_MULTIPROC_DIR`` (when set) is a directory this process can write.
+
+    prometheus_client opens its files there on a metric's first use: a missing directory
+    would surface as an error inside an acquisition, after its slots were booked.
+    """
+    import os
+
+    from leases.multiprocess_metrics import ENV, directory
+
+    path = directory()
+    if path is None or (os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK)):
+        return []
+    return [Error(f"{ENV} is {path!r}, which is not a writable directory: this process could not record metrics",
+                  hint="Create (and empty) it in the start-up script before any process starts, the same path for "
+                       "every process of this host; or unset it for one registry per process.", id="leases.E013")]

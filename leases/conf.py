@@ -54,6 +54,8 @@ DEFAULTS: dict[str, Any] = {
     "TENANT_ACCESS": "insights.access.ModelTenantAccess",
     # Reference consumers
     "SESSION_TOOLS": {},
+    # Metrics: every series is <namespace>_lease_<name>; read once at import (leases.metrics)
+    "METRICS_NAMESPACE": "vance",
 }
 
 # The value a production deployment must not keep (checked by leases.checks).

@@ -367,6 +367,16 @@ class ProjectNotFound(LeaseError, LookupError):
     code = "PROJECT_NOT_FOUND"
 
 
+# --- Settings read at import ---------------------------------------------------------
+
+
+class InvalidSetting(LeaseError, ValueError):
+    """A ``LEASES_*`` setting read once at import (the metric namespace) has a value that
+    cannot be used; the module that reads it refuses to load."""
+
+    code = "INVALID_SETTING"
+
+
 # --- Embedded test server --------------------------------------------------------------
 
 

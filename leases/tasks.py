@@ -73,10 +73,13 @@ def start_pool_child(**_: Any) -> None:
     this process holds what the lease guards. In the main process (the solo pool sends
     this signal too) it is the same start as :func:`start_worker_pod` (idempotent).
     """
-    from . import identity
+    from . import identity, multiprocess_metrics
 
     if os.getpid() != _LOADED_IN_PID:
         identity.mark_pool_child()
+        # This child may replace one that was killed (no shutdown hook ran there): its
+        # live gauges must leave the host's scrape.
+        multiprocess_metrics.forget_dead_processes()
     _start()
 
 
@@ -90,10 +93,14 @@ def _start() -> None:
 
 
 def stop_worker_pod(**_: Any) -> None:
-    """``worker_shutdown`` / ``worker_process_shutdown``: mark this process's pod stopped."""
-    from . import process
+    """``worker_shutdown`` / ``worker_process_shutdown``: mark this process's pod stopped and
+    hand back its live gauges in the host's metrics directory (multiprocess mode)."""
+    from . import multiprocess_metrics, process
 
-    process.stop()
+    try:
+        process.stop()
+    finally:
+        multiprocess_metrics.mark_dead(os.getpid())
 
 
 celeryd_after_setup.connect(start_worker_pod, weak=False)

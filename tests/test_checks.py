@@ -179,3 +179,12 @@ def test_given_no_celery_beat_schedule_setting_at_all_then_w006():
     with override_settings():
         del settings.CELERY_BEAT_SCHEDULE
         assert "leases.W006" in ids()
+
+
+def test_given_a_metrics_directory_that_does_not_exist_when_checked_then_e013(monkeypatch, tmp_path):
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "missing"))
+    assert "leases.E013" in ids()
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    assert "leases.E013" not in ids()
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR")
+    assert "leases.E013" not in ids()

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
 import time
 
 import pytest
 from prometheus_client import REGISTRY
 
 import leases
-from leases import config
+from leases import config, metrics
 from leases.definitions import document_path
-from tests.helpers import quiet_handler_fixture
+from tests.helpers import PYTHON, REPO, child_env, quiet_handler_fixture
 
 handler = quiet_handler_fixture("test")
 
@@ -86,3 +88,41 @@ def test_given_a_kept_ticket_granted_on_a_later_poll_then_its_class_wait_is_reco
     assert isinstance(service.resume(ticket.id, scope=scope, keep_ms=30000), service.Lease)  # answered again
     assert sample("vance_lease_wait_by_class_seconds_count", **labels) == count + 1
     lease.release()
+
+
+LEASE_FAMILIES = """
+import json, django
+django.setup()
+from prometheus_client import REGISTRY
+print(json.dumps(sorted(m.name for m in REGISTRY.collect() if "_lease_" in m.name)))
+"""
+
+
+def run_child(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "-c", code], cwd=REPO, env=child_env(DJANGO_LOG_LEVEL="WARNING", **env),
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_given_no_namespace_setting_then_every_lease_series_keeps_the_platforms_vance_name():
+    assert metrics.NAMESPACE == "vance" and metrics.PREFIX == "vance_lease_"
+    assert {"vance_lease_acquire", "vance_lease_reap", "vance_lease_waiting", "vance_lease_wait_by_class_seconds"} \
+        <= {m.name for m in REGISTRY.collect()}
+
+
+def test_given_a_host_namespace_then_every_lease_series_is_named_by_it_and_none_by_vance():
+    child = run_child(LEASE_FAMILIES, LEASES_METRICS_NAMESPACE="acme_ops")
+    assert child.returncode == 0, child.stderr[-3000:]
+    names = json.loads(child.stdout.strip().splitlines()[-1])
+    assert "acme_ops_lease_acquire" in names and "acme_ops_lease_wait_by_class_seconds" in names
+    assert names == sorted(n.replace("vance_", "acme_ops_", 1) for n in _vance_lease_families())
+
+
+@pytest.mark.parametrize("bad", ["9lives", "acme-ops", "acme ops", "acme:ops"])
+def test_given_a_namespace_that_cannot_start_a_metric_name_then_the_process_refuses_to_start(bad):
+    child = run_child(LEASE_FAMILIES, LEASES_METRICS_NAMESPACE=bad)
+    assert child.returncode != 0
+    assert "InvalidSetting" in child.stderr and "LEASES_METRICS_NAMESPACE" in child.stderr, child.stderr[-3000:]
+
+
+def _vance_lease_families() -> list[str]:
+    return sorted(m.name for m in REGISTRY.collect() if m.name.startswith("vance_lease_"))
