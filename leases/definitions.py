@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import pymongo.errors
 import yaml
 
-from . import store
+from . import ids, store
 from .errors import InvalidDefinition, InvalidLeaseRequest, LeaseUnavailable, PriorityNotAllowed
 from .validation import ID_RE, LEASE_NAME_RE, PRIORITY_RE, RESOURCE_RE, entity_id, lease_name, priority_class
 
@@ -139,14 +139,11 @@ class LeaseDefinition:
 
     def level_specs(self, tenant_id: str, project_id: str, user_id: str) -> list[LevelSpec]:
         """The capped levels in check order (user → project → tenant → global)."""
-        scopes = {
-            "user": f"{tenant_id}/{user_id}",  # crosses projects on purpose
-            "project": f"{tenant_id}/{project_id}",
-            "tenant": tenant_id,
-            "global": "*",
-        }
+        # Ids are encoded into the scope (leases.ids): a user "a/b" or "x|y" must not read as
+        # another scope or key; every id valid before encodes to itself.
+        scopes = {level: ids.scope(level, tenant_id, project_id, user_id) for level in CHECK_ORDER}
         return [
-            LevelSpec(level, scopes[level], self.levels[level], f"{self.resource}|{level}|{scopes[level]}",
+            LevelSpec(level, scopes[level], self.levels[level], ids.counter_key(self.resource, level, scopes[level]),
                       None if level == "global" else tenant_id)
             for level in CHECK_ORDER
             if level in self.levels

@@ -92,7 +92,7 @@ class LeaseRequest:
         # request_id: the reserved layer ids (_vance, _tenant) are no request's tenant or project.
         validation.request_id(self.tenant_id, "tenant id")
         validation.request_id(self.project_id, "project id")
-        validation.entity_id(self.user_id, "user id")
+        validation.user_id(self.user_id)
         validation.holder_ref(self.holder_ref)
         if self.pod:
             validation.pod_id(self.pod)

@@ -22,7 +22,7 @@ from typing import Any
 import pymongo.errors
 from pymongo import ReturnDocument, UpdateOne
 
-from . import store
+from . import ids, store
 from .definitions import LevelSpec
 from .documents import CounterDoc, HolderDoc
 
@@ -32,8 +32,13 @@ SEPARATOR = "/"
 
 
 def entry(tenant_id: str, project_id: str, user_id: str, token: str) -> str:
-    """The booking entry of one holder (ids never contain the separator: validation)."""
-    return SEPARATOR.join((tenant_id, project_id, user_id, token))
+    """The booking entry of one holder.
+
+    Each id is encoded (:func:`leases.ids.encode`): a user id may contain the separator
+    (``a/b``), and two holders that differ only there must never share an entry. An id
+    without ``%``, ``/`` or ``|`` (every id valid before user ids widened) is itself.
+    """
+    return SEPARATOR.join((ids.encode(tenant_id), ids.encode(project_id), ids.encode(user_id), token))
 
 
 def token_of(value: str) -> str:
@@ -42,9 +47,9 @@ def token_of(value: str) -> str:
 
 
 def parts_of(value: str) -> tuple[str, str, str]:
-    """``(tenant, project, user)`` of a booking entry; empty strings for a malformed one."""
+    """``(tenant, project, user)`` of a booking entry, decoded; empty strings for a malformed one."""
     bits = value.split(SEPARATOR)
-    return (bits[0], bits[1], bits[2]) if len(bits) == 4 else ("", "", "")
+    return (ids.decode(bits[0]), ids.decode(bits[1]), ids.decode(bits[2])) if len(bits) == 4 else ("", "", "")
 
 
 def holder_entry(doc: HolderDoc) -> str:

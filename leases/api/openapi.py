@@ -12,13 +12,14 @@ from typing import Any
 from leases import handlers
 from leases.conf import lease_settings
 from leases.errors import LeaseBusy, LeaseExpired, StaleLease
-from leases.validation import HOLDER_REF_MAX, PAYLOAD_MAX_BYTES
+from leases.validation import HOLDER_REF_MAX, PAYLOAD_MAX_BYTES, USER_ID_CLASS, USER_ID_MAX
 
 from .bodies import MAX_BODY_BYTES, MAX_INTERVAL_SECONDS, MAX_WAIT_MS
 from .problems import BUSY_RETRY_AFTER_SECONDS
 
 NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
-ID_PATTERN = "^[A-Za-z0-9_][A-Za-z0-9_-]{0,63}$"
+# User ids: any Django username or email address (leases.validation.USER_ID_RE, same text).
+USER_ID_PATTERN = f"^{USER_ID_CLASS}{{1,{USER_ID_MAX}}}$"
 # Tenant and project ids of requests: a leading "_" marks the reserved config-layer ids.
 REQUEST_ID_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
 TOKEN_PATTERN = "^[A-Za-z0-9_-]{16,64}$"
@@ -134,7 +135,11 @@ _SCHEMAS: dict[str, Any] = {
             "projectId": {"type": "string", "pattern": REQUEST_ID_PATTERN,
                           "description": "The project; a project-bound key only accepts its own project (else 403). "
                                          "Ids starting with `_` are reserved for the config layers (400)."},
-            "userId": {"type": "string", "pattern": ID_PATTERN},
+            "userId": {"type": "string", "pattern": USER_ID_PATTERN,
+                       "description": f"The user: any Django username or email address (`alice.smith`, "
+                                      f"`bob@example.com`, `c+d`), 1 to {USER_ID_MAX} characters; no whitespace, "
+                                      "control or invisible format characters. Compared exactly (no case "
+                                      "folding or normalization): send the same spelling every time."},
             "holderRef": {"type": ["string", "null"], "maxLength": HOLDER_REF_MAX, "pattern": "^[^\\u0000]*$"},
             "podBound": {"type": "boolean", "default": False,
                          "description": "Stored as given. HTTP holders are detached (no pod), so no pod's death "

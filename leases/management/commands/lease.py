@@ -318,7 +318,7 @@ class Command(BaseCommand):
             if not rows:
                 return "No counters." if not o["drift_only"] else "No drift."
             body = table(["RESOURCE", "LEVEL", "SCOPE", "COUNT", "CAP", "BOOKED", "DRIFT"],
-                         [(r.resource, r.level, r.scope, r.count, r.cap, r.booked,
+                         [(r.resource, r.level, r.readable_scope, r.count, r.cap, r.booked,
                            f"DRIFT {r.count - r.booked:+d}" if r.drift else "") for r in rows],
                          numeric=["COUNT", "CAP", "BOOKED"])
             drifted = sum(1 for r in rows if r.drift)
