@@ -31,7 +31,7 @@ ID_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}", re.ASCII)
 USER_ID_MAX = 150
 USER_ID_CLASS = ("[^\\u0000-\\u0020\\u007f-\\u00a0\\u00ad\\u1680\\u180e\\u2000-\\u200f"
                  "\\u2028-\\u202f\\u205f-\\u206f\\u3000\\ud800-\\udfff\\ufeff\\ufff9-\\ufffb]")
-USER_ID_RE = re.compile(USER_ID_CLASS + "{1,%d}" % USER_ID_MAX)
+USER_ID_RE = re.compile(f"{USER_ID_CLASS}{{1,{USER_ID_MAX}}}")
 # Insights refuses tenant and project slugs with this prefix for the same reason.
 RESERVED_ID_PREFIX = "_"
 # Pod ids come from host names, so dots are allowed; they are only ever values.
