@@ -254,3 +254,18 @@ def check_sweep_scheduled(app_configs: Any = None, **kwargs: Any) -> list:
                          'float(LEASES_REAP_INTERVAL), "options": {"expires": LEASES_REAP_INTERVAL * 0.9}}} and run '
                          'one "celery -A <project> beat"; if the sweep is scheduled elsewhere, add "leases.W006" '
                          "to SILENCED_SYSTEM_CHECKS.", id="leases.W006")]
+
+
+UNDEFINED_LEASE_MODES = ("noop", "error")
+
+
+@register(TAG)
+def check_undefined_lease(app_configs: Any = None, **kwargs: Any) -> list:
+    """``LEASES_UNDEFINED_LEASE`` is ``"noop"`` or ``"error"`` (any other value acts as
+    ``"error"`` at run time: fail closed, but say so here)."""
+    value = lease_settings.UNDEFINED_LEASE
+    if value in UNDEFINED_LEASE_MODES:
+        return []
+    return [Error(f"LEASES_UNDEFINED_LEASE must be one of {list(UNDEFINED_LEASE_MODES)}, got {value!r}",
+                  hint='"noop": an undefined lease name acquires NOOP (unlimited); "error": it raises '
+                       "UnknownLease. Until fixed, undefined names raise.", id="leases.E020")]

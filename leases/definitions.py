@@ -14,7 +14,7 @@ import math
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any, NamedTuple
 
@@ -95,6 +95,9 @@ class LeaseDefinition:
     default_priority: str | None = None
     allowed_priorities: dict[str, tuple[str, ...]] = field(default_factory=dict)
     max_starvation_ms: int | None = None
+    # False when no layer (bundled, System, Tenant, Project) has a document for the name:
+    # a misspelt name, acquired NOOP or refused per LEASES_UNDEFINED_LEASE.
+    defined: bool = True
 
     def tenant_weight(self, tenant_id: str) -> float:
         """The tenant's share weight at this resource (default 1)."""
@@ -416,9 +419,11 @@ def load(name: str, tenant_id: str, project_id: str) -> LeaseDefinition:
         except InvalidDefinition as exc:
             raise LeaseUnavailable(str(exc)) from None
     if not texts:
-        log.warning("lease %s is not defined in any layer; acquisitions are NOOP", name)
+        log.warning("lease %s is not defined in any layer; acquisitions are NOOP (or UnknownLease with "
+                    "LEASES_UNDEFINED_LEASE = 'error')", name)
     try:
-        return merge(name, layer_fields)
+        merged = merge(name, layer_fields)
+        return merged if texts else replace(merged, defined=False)
     except InvalidDefinition as exc:
         # Layers that only together contradict each other (a default class another layer
         # does not define): fail closed like a broken layer.

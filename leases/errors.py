@@ -114,6 +114,13 @@ class UnknownLeaseType(InvalidLeaseRequest):
     code = "UNKNOWN_LEASE_TYPE"
 
 
+class UnknownLease(InvalidLeaseRequest):
+    """The request names a lease no layer defines, and ``LEASES_UNDEFINED_LEASE`` is
+    ``"error"`` (by default such a name acquires ``NOOP``). Over HTTP: 400."""
+
+    code = "UNKNOWN_LEASE"
+
+
 class PriorityNotAllowed(InvalidLeaseRequest):
     """The request names a priority class its tenant may not use (never silently downgraded)."""
 

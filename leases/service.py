@@ -41,13 +41,15 @@ from . import (
     shares,
     slots,
     store,
+    undefined,
     validation,
     waiting,
     wakeups,
 )
+from .conf import lease_settings
 from .definitions import LeaseDefinition, LevelSpec
 from .documents import CounterDoc, TicketDoc
-from .errors import InvalidLeaseRequest, LeaseBusy, LeaseLost, LeaseUnavailable
+from .errors import InvalidLeaseRequest, LeaseBusy, LeaseLost, LeaseUnavailable, UnknownLease
 from .identity import self_pod_id
 from .pausepoints import pause_point as _pause_point
 
@@ -516,6 +518,13 @@ def prepare(request: LeaseRequest) -> "tuple[_Attempt, int] | None":
         # must fail where it is written, not first on the day an operator adds a cap (no
         # command). A name no layer defines stays NOOP whatever the request says.
         definition.priority_of(request.tenant_id, request.priority)
+    if definition is not None and not definition.defined:
+        # A name no layer defines (a typo?): recorded for Insights and `lease undefined`
+        # (rate-limited; a defined lease never gets here), then NOOP or refused per setting.
+        undefined.record(definition.name, request.tenant_id, request.project_id)
+        if lease_settings.UNDEFINED_LEASE != "noop":  # "error", or any bad value: fail closed
+            raise UnknownLease(f"lease {definition.name!r} is not defined in any layer "
+                               f"(LEASES_UNDEFINED_LEASE = {lease_settings.UNDEFINED_LEASE!r})")
     if definition is None or definition.is_noop:
         metrics.ACQUIRE.labels(resource=metrics.definition_tag(definition), outcome="noop").inc()
         return None
