@@ -144,6 +144,12 @@ def test_given_an_email_or_django_username_as_user_id_when_acquiring_then_201(ap
     assert store.holders().find_one({"_id": response.json()["token"]})["userId"] == user
 
 
+def test_given_undefined_leases_refused_when_acquiring_an_undefined_name_then_400_unknown_lease(api, key, settings):
+    settings.LEASES_UNDEFINED_LEASE = "error"
+    assert_problem(acquire(api, key, lease="undefined-lease"), 400, "UNKNOWN_LEASE")
+    assert store.holders().count_documents({}) == 0
+
+
 def test_given_a_full_user_level_when_acquiring_then_429_with_retry_after_and_the_user_diagnosis(api, key):
     assert acquire(api, key).status_code == 201
     before = state_snapshot()

@@ -7,6 +7,7 @@ A misspelt ``lease="txe"`` is silently unlimited by the spec; ``LEASES_UNDEFINED
 
 from __future__ import annotations
 
+import asyncio
 import json
 from io import StringIO
 
@@ -131,3 +132,13 @@ def test_given_a_tenant_admin_then_the_definition_page_lists_own_undefined_names
     page = client.get("/t/acme/insights/leases/definition").content.decode()
     assert 'id="undefined-names"' in page and ">txe</span>" in page and "brwoser" not in page
     assert "ran as NOOP leases" in page
+
+
+def test_given_error_mode_when_acquiring_an_undefined_name_async_then_the_same_unknown_lease(settings):
+    settings.LEASES_UNDEFINED_LEASE = "error"
+    async def acquire():
+        return await leases.aacquire(_req("txe"))
+
+    with pytest.raises(UnknownLease):
+        asyncio.run(acquire())
+    assert [r.name for r in undefined.recent("acme")] == ["txe"]
