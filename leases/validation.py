@@ -26,11 +26,13 @@ ID_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}", re.ASCII)
 # User ids: whatever a Django username (letters, digits, ``@.+-_``, Unicode letters too with
 # Django's default validator) or an email address can be, up to Django's 150 characters.
 # Refused: C0/C1 controls, space and every other Unicode space, the invisible format and
-# bidi characters (they make one name look like another), lone surrogates (not encodable).
+# bidi characters (they make one name look like another); and lone surrogates (no valid
+# text has one, so the check is apart: Rust and ECMA regex engines cannot name them).
 # Written with ``\u`` escapes so the same text is the OpenAPI pattern (ECMA-262 reads it alike).
 USER_ID_MAX = 150
 USER_ID_CLASS = ("[^\\u0000-\\u0020\\u007f-\\u00a0\\u00ad\\u1680\\u180e\\u2000-\\u200f"
-                 "\\u2028-\\u202f\\u205f-\\u206f\\u3000\\ud800-\\udfff\\ufeff\\ufff9-\\ufffb]")
+                 "\\u2028-\\u202f\\u205f-\\u206f\\u3000\\ufeff\\ufff9-\\ufffb]")
+_SURROGATE_RE = re.compile(r"[\ud800-\udfff]")
 USER_ID_RE = re.compile(f"{USER_ID_CLASS}{{1,{USER_ID_MAX}}}")
 # Insights refuses tenant and project slugs with this prefix for the same reason.
 RESERVED_ID_PREFIX = "_"
@@ -86,7 +88,7 @@ def user_id(value: Any) -> str:
         InvalidLeaseRequest: not a string, empty, longer than 150 characters, or containing a
             control character, whitespace, an invisible format character or a lone surrogate.
     """
-    if not isinstance(value, str) or USER_ID_RE.fullmatch(value) is None:
+    if not isinstance(value, str) or USER_ID_RE.fullmatch(value) is None or _SURROGATE_RE.search(value):
         shown = repr(value) if not isinstance(value, str) or len(value) <= 40 else repr(value[:40] + "…")
         raise InvalidLeaseRequest(
             f"invalid user id: {shown} (1 to {USER_ID_MAX} characters without whitespace or control characters)")

@@ -135,7 +135,7 @@ _SCHEMAS: dict[str, Any] = {
             "projectId": {"type": "string", "pattern": REQUEST_ID_PATTERN,
                           "description": "The project; a project-bound key only accepts its own project (else 403). "
                                          "Ids starting with `_` are reserved for the config layers (400)."},
-            "userId": {"type": "string", "pattern": USER_ID_PATTERN,
+            "userId": {"type": "string", "minLength": 1, "maxLength": USER_ID_MAX, "pattern": USER_ID_PATTERN,
                        "description": f"The user: any Django username or email address (`alice.smith`, "
                                       f"`bob@example.com`, `c+d`), 1 to {USER_ID_MAX} characters; no whitespace, "
                                       "control or invisible format characters. Compared exactly (no case "
