@@ -64,6 +64,7 @@ def test_given_error_mode_when_acquiring_an_undefined_name_then_unknown_lease_an
         leases.acquire(_req("txe"))
     assert caught.value.code == "UNKNOWN_LEASE" and "txe" in str(caught.value)
     assert isinstance(caught.value, InvalidLeaseRequest) and by_code("UNKNOWN_LEASE") is UnknownLease
+    assert leases.UnknownLease is UnknownLease
     assert store.holders().count_documents({}) == 0 and store.counters().count_documents({}) == 0
     assert [r.name for r in undefined.recent("acme")] == ["txe"]  # refused names are listed too
     # Defined names are untouched by the setting: a capped one is held, an uncapped one is NOOP.
