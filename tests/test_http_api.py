@@ -144,6 +144,14 @@ def test_given_an_email_or_django_username_as_user_id_when_acquiring_then_201(ap
     assert store.holders().find_one({"_id": response.json()["token"]})["userId"] == user
 
 
+@pytest.mark.parametrize("levels", [{"user": 1}, {}])
+def test_given_an_inline_definition_with_a_priority_class_then_400_whether_or_not_it_has_caps(api, key, levels):
+    """Inline definitions name no classes; the document says inline + priority is no valid request."""
+    response = acquire(api, key, inline={"name": "x", "levels": levels}, priority="high")
+    assert_problem(response, 400, "INVALID_REQUEST")
+    assert store.holders().count_documents({}) == 0 and store.counters().count_documents({}) == 0
+
+
 def test_given_undefined_leases_refused_when_acquiring_an_undefined_name_then_400_unknown_lease(api, key, settings):
     settings.LEASES_UNDEFINED_LEASE = "error"
     assert_problem(acquire(api, key, lease="undefined-lease"), 400, "UNKNOWN_LEASE")
