@@ -108,3 +108,30 @@ def test_given_an_encoded_user_scope_then_counter_key_accepts_it(key):
 def test_given_a_scope_that_is_no_encoding_then_counter_key_refuses_it(key):
     with pytest.raises(InvalidLeaseRequest):
         validation.counter_key(key)
+
+
+def test_given_a_user_with_separators_then_the_order_rule_counts_its_slots_as_its_own():
+    from leases import order
+
+    held = order.Occupancy.of([slots.entry("acme", "p1", "a/b", "t1"), slots.entry("acme", "p1", "a|b%", "t2")])
+    assert held.user[("acme", "a/b")] == 1 and held.user[("acme", "a|b%")] == 1
+    assert held.user[("acme", "a")] == 0 and held.project[("acme", "p1")] == 2
+    assert not held.fits({"t": "acme", "p": "p1", "u": "a/b", "caps": {"user": 1}})
+    assert held.fits({"t": "acme", "p": "p1", "u": "a", "caps": {"user": 1}})
+
+
+def test_given_an_expired_holder_with_an_email_id_when_swept_then_its_slots_are_returned_and_reconcile_agrees():
+    from leases import reaper, sweeps
+
+    _put("swept", "levels: {project: 5, user: 1}\nttlSeconds: 30")
+    user = "o'brien+tag/x|y%z@example.com"
+    lease = leases.acquire(_req(user, lease="swept"))
+    keep = leases.acquire(_req("bob@example.com", lease="swept"))
+    store.holders().update_one({"_id": lease.token}, [{"$set": {"expiresAt": {"$subtract": ["$$NOW", 1000]}}}])
+    assert reaper.reap_idle(dispatch=False)[0] == 1
+    counts = {d["_id"]: d["count"] for d in store.counters().find()}
+    assert counts[lease.levels[0]] == 0 and counts[keep.levels[0]] == 1 and counts["swept|project|acme/p1"] == 1
+    sweeps.reconcile(safety_ms=0)
+    assert {d["_id"]: d["count"] for d in store.counters().find() if d["count"]} == {
+        keep.levels[0]: 1, "swept|project|acme/p1": 1}
+    assert leases.acquire(_req(user, lease="swept")).levels[0] == lease.levels[0]  # its slot is free again
