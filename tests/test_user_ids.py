@@ -135,3 +135,23 @@ def test_given_an_expired_holder_with_an_email_id_when_swept_then_its_slots_are_
     assert {d["_id"]: d["count"] for d in store.counters().find() if d["count"]} == {
         keep.levels[0]: 1, "swept|project|acme/p1": 1}
     assert leases.acquire(_req(user, lease="swept")).levels[0] == lease.levels[0]  # its slot is free again
+
+
+def test_given_a_holder_with_a_separator_in_its_user_then_cli_and_insights_show_the_real_name():
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from insights.templatetags.insights_tags import readable_key
+
+    _put("per-user", "levels: {user: 1}\nttlSeconds: 30")
+    lease = leases.acquire(_req("ann/x|y%"))
+    [key] = lease.levels
+    assert key == "per-user|user|acme/ann%2Fx%7Cy%25"
+    assert readable_key(key) == "per-user|user|acme/ann/x|y%"
+    out = StringIO()
+    call_command("lease", "show", lease.token, stdout=out)
+    assert "per-user|user|acme/ann/x|y%" in out.getvalue()
+    out = StringIO()
+    call_command("lease", "counters", stdout=out)
+    assert "acme/ann/x|y%" in out.getvalue()

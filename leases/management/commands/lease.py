@@ -27,7 +27,7 @@ from typing import Any
 import pymongo.errors
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from leases import actions, http_client, reads, shares, undefined as undefined_names, validation
+from leases import actions, http_client, ids, reads, shares, undefined as undefined_names, validation
 from leases.conf import lease_settings
 from leases.dispatch import SECRET_HEADER
 from leases.errors import (
@@ -309,7 +309,7 @@ class Command(BaseCommand):
                 value = data[key]
                 lines.append(f"{key:<16} {_when(value) if isinstance(value, datetime) else value}")
             lines.append(f"{'ttl_left':<16} {_seconds(holder.ttl_remaining_seconds)}")
-            lines.append(f"{'levels':<16} {', '.join(holder.levels) or '-'}")
+            lines.append(f"{'levels':<16} {', '.join(ids.readable_key(k) for k in holder.levels) or '-'}")
             lines.append(f"{'payload':<16} {json.dumps(holder.payload, sort_keys=True, default=str)}")
             return "\n".join(lines)
 
