@@ -78,6 +78,14 @@ def entity_id(value: Any, what: str) -> str:
     return _check(ID_RE, value, what)
 
 
+def _is_entity_id(value: str) -> bool:
+    return ID_RE.fullmatch(value) is not None
+
+
+def _is_user_id(value: Any) -> bool:
+    return isinstance(value, str) and USER_ID_RE.fullmatch(value) is not None and not _SURROGATE_RE.search(value)
+
+
 def user_id(value: Any) -> str:
     """Return ``value`` if it is a valid user id: any Django username or email address.
 
@@ -88,7 +96,7 @@ def user_id(value: Any) -> str:
         InvalidLeaseRequest: not a string, empty, longer than 150 characters, or containing a
             control character, whitespace, an invisible format character or a lone surrogate.
     """
-    if not isinstance(value, str) or USER_ID_RE.fullmatch(value) is None or _SURROGATE_RE.search(value):
+    if not _is_user_id(value):
         shown = repr(value) if not isinstance(value, str) or len(value) <= 40 else repr(value[:40] + "…")
         raise InvalidLeaseRequest(
             f"invalid user id: {shown} (1 to {USER_ID_MAX} characters without whitespace or control characters)")
@@ -152,9 +160,9 @@ def counter_key(value: Any) -> str:
     shape_ok = ((level == "global" and scope == "*") or (level == "tenant" and len(ids) == 1)
                 or (level in ("project", "user") and len(ids) == 2))
     # Each id is encoded (leases.ids); the last one of a user scope is a user id.
-    patterns = [ID_RE] * len(ids) if level != "user" else [ID_RE, USER_ID_RE]
+    checks = [_is_entity_id] * len(ids) if level != "user" else [_is_entity_id, _is_user_id]
     if not shape_ok or (scope != "*" and not all(
-            ids_.is_encoded(i) and p.fullmatch(ids_.decode(i)) for i, p in zip(ids, patterns))):
+            ids_.is_encoded(i) and check(ids_.decode(i)) for i, check in zip(ids, checks))):
         raise InvalidLeaseRequest(f"invalid counter key: level {level!r} does not fit scope {scope!r}"
                                   if len(level) <= 16 and len(scope) <= 140 else "invalid counter key")
     return value
