@@ -30,6 +30,7 @@ Environment variables
 | LEASES_POD_EXPIRY_FACTOR        | LEASES_POD_EXPIRY_FACTOR        | 3                              | Pod expires after interval * factor without a heartbeat.                |
 | LEASES_DEFINITION_CACHE_SECONDS | LEASES_DEFINITION_CACHE_SECONDS | 300                            | Max age of the in-process lease-definition cache (s).                   |
 | LEASES_INVALIDATION_LIVENESS_MS | LEASES_INVALIDATION_LIVENESS_MS | 2000                           | Cache hits need a Redis ping answered this recently (100-2000 ms).      |
+| LEASES_UNDEFINED_LEASE          | LEASES_UNDEFINED_LEASE          | noop                           | A lease name no layer defines: "noop" (NOOP, unlimited) or "error" (UNKNOWN_LEASE). |
 | LEASES_POD_AUTOSTART            | LEASES_POD_AUTOSTART            | 1                              | Web processes register as pods on their first request (tests: off).    |
 | LEASES_WORKER_INTERNAL_BIND     | LEASES_WORKER_INTERNAL_BIND     | 127.0.0.1:0                    | host:port a Celery worker serves /internal/lease/ on (0 = free port).  |
 | LEASES_SESSION_TOOLS            | LEASES_SESSION_TOOLS            | {}                             | JSON {tool: {endpoint, auth}} for leases.contrib.sessions.             |
@@ -228,6 +229,9 @@ LEASES_POD_INTERVAL_SECONDS = _env_int("LEASES_POD_INTERVAL_SECONDS", 10)
 LEASES_POD_INTERVAL_MIN = _env_int("LEASES_POD_INTERVAL_MIN", 2)
 LEASES_POD_INTERVAL_MAX = _env_int("LEASES_POD_INTERVAL_MAX", 60)
 LEASES_POD_EXPIRY_FACTOR = _env_int("LEASES_POD_EXPIRY_FACTOR", 3)
+# A lease name no layer defines (a typo?): "noop" acquires NOOP (the spec), "error" raises
+# UnknownLease (UNKNOWN_LEASE); `manage.py check` refuses other values (leases.E020).
+LEASES_UNDEFINED_LEASE = os.environ.get("LEASES_UNDEFINED_LEASE", "").strip() or "noop"
 LEASES_DEFINITION_CACHE_SECONDS = _env_int("LEASES_DEFINITION_CACHE_SECONDS", 300)
 LEASES_INVALIDATION_LIVENESS_MS = _env_int("LEASES_INVALIDATION_LIVENESS_MS", 2000)
 if not 100 <= LEASES_INVALIDATION_LIVENESS_MS <= 2000:

@@ -49,9 +49,9 @@ class HolderFilterForm(forms.Form):
     type = _filter_field("Type", validation.lease_name, max_length=64)
     pod = _filter_field("Pod", validation.pod_id, max_length=128)
     project = _filter_field("Project", validation.entity_id, "project id", max_length=64)
-    user = _filter_field("User", validation.entity_id, "user id", max_length=64)
+    user = _filter_field("User", validation.user_id, max_length=validation.USER_ID_MAX)
     # A counter key: the holders that book a slot of it (the Counters page links here).
-    counter = _filter_field("Books counter", validation.counter_key, max_length=300)
+    counter = _filter_field("Books counter", validation.counter_key, max_length=validation.COUNTER_KEY_MAX)
     page = forms.IntegerField(
         label="Page", required=False, min_value=1, max_value=1_000_000, widget=forms.HiddenInput,
         error_messages=dict.fromkeys(("invalid", "min_value", "max_value"), "Page must be a whole number from 1 to 1000000."),

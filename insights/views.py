@@ -16,7 +16,8 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
-from leases import actions, audit, reads
+from leases import actions, audit, reads, undefined
+from leases.conf import lease_settings
 from leases.errors import AuditEntryNotFound, HolderNotFound, InvalidLeaseRequest, LeaseUnavailable
 from leases.tenancy import TenantGrant, tenant_access
 
@@ -151,9 +152,15 @@ def definition(request: HttpRequest, tenant: TenantGrant) -> HttpResponse:
                 status = 400
         else:
             status = 400
+    try:
+        # Names this tenant acquired in the last hour that no layer defines (typos, usually).
+        undefined_names = undefined.recent(tenant.slug)
+    except pymongo.errors.PyMongoError:
+        undefined_names = None  # the page still shows; the card says the list is unavailable
     context = {
         "tenant": tenant, "form": form, "view": view, "error": error, "section": "definition",
-        "lease_names": reads.known_lease_names(tenant.slug),
+        "lease_names": reads.known_lease_names(tenant.slug), "undefined_names": undefined_names,
+        "undefined_mode": lease_settings.UNDEFINED_LEASE,
     }
     return render(request, "insights/definition.html", context, status=status)
 

@@ -23,6 +23,7 @@ from .errors import (
     LeaseLost,
     LeaseUnavailable,
     PriorityNotAllowed,
+    UnknownLease,
     UnknownLeaseType,
 )
 from .service import NOOP, Lease, LeaseRequest, acquire
@@ -41,6 +42,7 @@ __all__ = [
     "LeaseLost",
     "InvalidLeaseRequest",
     "UnknownLeaseType",
+    "UnknownLease",
     "InvalidDefinition",
     "PriorityNotAllowed",
 ]

@@ -273,3 +273,18 @@ def check_metrics_directory(app_configs: Any = None, **kwargs: Any) -> list:
     return [Error(f"{ENV} is {path!r}, which is not a writable directory: this process could not record metrics",
                   hint="Create (and empty) it in the start-up script before any process starts, the same path for "
                        "every process of this host; or unset it for one registry per process.", id="leases.E013")]
+
+
+UNDEFINED_LEASE_MODES = ("noop", "error")
+
+
+@register(TAG)
+def check_undefined_lease(app_configs: Any = None, **kwargs: Any) -> list:
+    """``LEASES_UNDEFINED_LEASE`` is ``"noop"`` or ``"error"`` (any other value acts as
+    ``"error"`` at run time: fail closed, but say so here)."""
+    value = lease_settings.UNDEFINED_LEASE
+    if value in UNDEFINED_LEASE_MODES:
+        return []
+    return [Error(f"LEASES_UNDEFINED_LEASE must be one of {list(UNDEFINED_LEASE_MODES)}, got {value!r}",
+                  hint='"noop": an undefined lease name acquires NOOP (unlimited); "error": it raises '
+                       "UnknownLease. Until fixed, undefined names raise.", id="leases.E020")]

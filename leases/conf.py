@@ -41,6 +41,9 @@ DEFAULTS: dict[str, Any] = {
     # Definitions cache
     "DEFINITION_CACHE_SECONDS": 300,
     "INVALIDATION_LIVENESS_MS": 2000,
+    # A lease name no layer defines: "noop" (the spec's default: acquire NOOP, unlimited) or
+    # "error" (raise UnknownLease, code UNKNOWN_LEASE). Either way the name is recorded.
+    "UNDEFINED_LEASE": "noop",
     # Waiting
     "HTTP_MAX_WAIT_MS": 5000,
     "TICKET_TTL_MS": 3000,

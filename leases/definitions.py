@@ -14,14 +14,14 @@ import math
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any, NamedTuple
 
 import pymongo.errors
 import yaml
 
-from . import store
+from . import ids, store
 from .errors import InvalidDefinition, InvalidLeaseRequest, LeaseUnavailable, PriorityNotAllowed
 from .validation import ID_RE, LEASE_NAME_RE, PRIORITY_RE, RESOURCE_RE, entity_id, lease_name, priority_class
 
@@ -95,6 +95,9 @@ class LeaseDefinition:
     default_priority: str | None = None
     allowed_priorities: dict[str, tuple[str, ...]] = field(default_factory=dict)
     max_starvation_ms: int | None = None
+    # False when no layer (bundled, System, Tenant, Project) has a document for the name:
+    # a misspelt name, acquired NOOP or refused per LEASES_UNDEFINED_LEASE.
+    defined: bool = True
 
     def tenant_weight(self, tenant_id: str) -> float:
         """The tenant's share weight at this resource (default 1)."""
@@ -139,14 +142,11 @@ class LeaseDefinition:
 
     def level_specs(self, tenant_id: str, project_id: str, user_id: str) -> list[LevelSpec]:
         """The capped levels in check order (user → project → tenant → global)."""
-        scopes = {
-            "user": f"{tenant_id}/{user_id}",  # crosses projects on purpose
-            "project": f"{tenant_id}/{project_id}",
-            "tenant": tenant_id,
-            "global": "*",
-        }
+        # Ids are encoded into the scope (leases.ids): a user "a/b" or "x|y" must not read as
+        # another scope or key; every id valid before encodes to itself.
+        scopes = {level: ids.scope(level, tenant_id, project_id, user_id) for level in CHECK_ORDER}
         return [
-            LevelSpec(level, scopes[level], self.levels[level], f"{self.resource}|{level}|{scopes[level]}",
+            LevelSpec(level, scopes[level], self.levels[level], ids.counter_key(self.resource, level, scopes[level]),
                       None if level == "global" else tenant_id)
             for level in CHECK_ORDER
             if level in self.levels
@@ -419,9 +419,11 @@ def load(name: str, tenant_id: str, project_id: str) -> LeaseDefinition:
         except InvalidDefinition as exc:
             raise LeaseUnavailable(str(exc)) from None
     if not texts:
-        log.warning("lease %s is not defined in any layer; acquisitions are NOOP", name)
+        log.warning("lease %s is not defined in any layer; acquisitions are NOOP (or UnknownLease with "
+                    "LEASES_UNDEFINED_LEASE = 'error')", name)
     try:
-        return merge(name, layer_fields)
+        merged = merge(name, layer_fields)
+        return merged if texts else replace(merged, defined=False)
     except InvalidDefinition as exc:
         # Layers that only together contradict each other (a default class another layer
         # does not define): fail closed like a broken layer.

@@ -26,7 +26,9 @@ class LeaseBusy(LeaseError):
     (None when it did not queue); ``retry_after`` a suggested delay in seconds before
     trying again, never None: the engine sets the queue's estimate of the request's turn
     (else the gate's typical hold, else :attr:`DEFAULT_RETRY_AFTER_S`), the HTTP client
-    the server's ``Retry-After``; without one it is :attr:`DEFAULT_RETRY_AFTER_S`.
+    the server's ``Retry-After``; without one it is :attr:`DEFAULT_RETRY_AFTER_S`. It says when
+    to try next, not how long this call waited: that was at most ``min(request wait_ms,
+    definition waitMs)``, 0 for a lease without ``waitMs``.
     """
 
     code = "LEASE_BUSY"
@@ -112,6 +114,13 @@ class UnknownLeaseType(InvalidLeaseRequest):
     """The request names a ``type`` without a registered handler."""
 
     code = "UNKNOWN_LEASE_TYPE"
+
+
+class UnknownLease(InvalidLeaseRequest):
+    """The request names a lease no layer defines, and ``LEASES_UNDEFINED_LEASE`` is
+    ``"error"`` (by default such a name acquires ``NOOP``). Over HTTP: 400."""
+
+    code = "UNKNOWN_LEASE"
 
 
 class PriorityNotAllowed(InvalidLeaseRequest):

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from . import definitions, estimates, order, store, validation
+from . import definitions, estimates, ids, order, store, validation
 from .errors import HolderNotFound
 from .pod_liveness import liveness, pod_view
 
@@ -94,6 +94,11 @@ class CounterView:
     cap: int | None
     booked: int
     updated_at: datetime | None
+
+    @property
+    def readable_scope(self) -> str:
+        """The scope with its ids decoded, as people read it (``acme/alice/x``; display only)."""
+        return ids.readable_scope(self.scope)
 
     @property
     def drift(self) -> bool:
@@ -214,7 +219,7 @@ def list_holders(tenant_id: str | None = None, resource: str | None = None, pod:
         query["type"] = ty
     if (pr := validation.optional(project_id, validation.entity_id, "project id")) is not None:
         query["projectId"] = pr
-    if (u := validation.optional(user_id, validation.entity_id, "user id")) is not None:
+    if (u := validation.optional(user_id, validation.user_id)) is not None:
         query["userId"] = u
     if (k := validation.optional(books, validation.counter_key)) is not None:
         query["levels"] = k
@@ -406,8 +411,9 @@ class WaiterList:
 
 def _level_key(resource: str, level: str, ticket: dict[str, Any]) -> str | None:
     t, p, u = ticket.get("t", ""), ticket.get("p", ""), ticket.get("u", "")
-    scope = {"global": "*", "tenant": t, "project": f"{t}/{p}", "user": f"{t}/{u}"}.get(level)
-    return None if scope is None else f"{resource}|{level}|{scope}"
+    if level not in ("global", "tenant", "project", "user"):
+        return None
+    return ids.counter_key(resource, level, ids.scope(level, t, p, u))
 
 
 def list_waiters(tenant_id: str | None = None, resource: str | None = None) -> WaiterList:

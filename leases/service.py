@@ -41,13 +41,15 @@ from . import (
     shares,
     slots,
     store,
+    undefined,
     validation,
     waiting,
     wakeups,
 )
+from .conf import lease_settings
 from .definitions import LeaseDefinition, LevelSpec
 from .documents import CounterDoc, TicketDoc
-from .errors import InvalidLeaseRequest, LeaseBusy, LeaseLost, LeaseUnavailable
+from .errors import InvalidLeaseRequest, LeaseBusy, LeaseLost, LeaseUnavailable, UnknownLease
 from .identity import self_pod_id
 from .pausepoints import pause_point as _pause_point
 
@@ -66,7 +68,23 @@ def _bound() -> Any:
 
 @dataclass(frozen=True)
 class LeaseRequest:
-    """What a consumer asks for; ``lease`` (a name) or ``inline`` (a definition), not both."""
+    """What a consumer asks for; ``lease`` (a name) or ``inline`` (a definition), not both.
+
+    Attributes:
+        type: the handler type (registered with :func:`leases.handlers.register_handler`).
+        tenant_id, project_id: ``[A-Za-z0-9_][A-Za-z0-9_-]{0,63}``, not starting with ``_``.
+        user_id: any Django username or email address (``alice.smith``, ``bob@example.com``),
+            1 to 150 characters without whitespace or control characters; compared exactly.
+        lease: the name of a defined lease. A name no layer defines acquires ``NOOP``, or
+            raises :class:`~leases.errors.UnknownLease` with ``LEASES_UNDEFINED_LEASE = "error"``.
+        wait_ms: can only *shorten* the wait: the request waits at most
+            ``min(wait_ms, definition waitMs)`` (the definition's default is 0, no wait), so
+            ``wait_ms=3000`` on a lease without ``waitMs`` answers :class:`LeaseBusy` at
+            once. The operator's ``waitMs`` is the ceiling: a caller cannot hold workers or
+            queue places longer than the lease allows. None: the definition's ``waitMs``.
+        priority: a class of the definition's ``priorities``; None: its default class.
+        interval_seconds: a proposed renewal interval; the server clamps it (HTTP).
+    """
 
     type: str
     tenant_id: str
@@ -77,7 +95,7 @@ class LeaseRequest:
     holder_ref: str = ""
     pod: str | None = None  # None: this process's pod; "": detached (HTTP clients), idle reap only
     pod_bound: bool = False
-    wait_ms: int | None = None  # override the definition's waitMs (e.g. the HTTP request bound)
+    wait_ms: int | None = None  # shortens the definition's waitMs, never lengthens it (docstring)
     priority: str | None = None  # a class of the definition's ``priorities``; None: its default
     interval_seconds: int | None = None  # proposed renewal interval; the server clamps it (HTTP)
 
@@ -92,7 +110,7 @@ class LeaseRequest:
         # request_id: the reserved layer ids (_vance, _tenant) are no request's tenant or project.
         validation.request_id(self.tenant_id, "tenant id")
         validation.request_id(self.project_id, "project id")
-        validation.entity_id(self.user_id, "user id")
+        validation.user_id(self.user_id)
         validation.holder_ref(self.holder_ref)
         if self.pod:
             validation.pod_id(self.pod)
@@ -108,6 +126,10 @@ class LeaseRequest:
             raise InvalidLeaseRequest("wait_ms must be a non-negative int")
         if self.priority is not None:
             validation.priority_class(self.priority)
+            if self.inline is not None:
+                # An inline definition names no classes: refused whether or not it has caps
+                # (an uncapped one would otherwise answer NOOP, a capped one this error).
+                raise InvalidLeaseRequest(f"inline lease definitions define no priority classes; got {self.priority!r}")
         if self.interval_seconds is not None and (isinstance(self.interval_seconds, bool) or not isinstance(
                 self.interval_seconds, int) or self.interval_seconds < 1):
             raise InvalidLeaseRequest("interval_seconds must be a positive int")
@@ -544,6 +566,13 @@ def prepare(request: LeaseRequest) -> "tuple[_Attempt, int] | None":
         # must fail where it is written, not first on the day an operator adds a cap (no
         # command). A name no layer defines stays NOOP whatever the request says.
         definition.priority_of(request.tenant_id, request.priority)
+    if definition is not None and not definition.defined:
+        # A name no layer defines (a typo?): recorded for Insights and `lease undefined`
+        # (rate-limited; a defined lease never gets here), then NOOP or refused per setting.
+        undefined.record(definition.name, request.tenant_id, request.project_id)
+        if lease_settings.UNDEFINED_LEASE != "noop":  # "error", or any bad value: fail closed
+            raise UnknownLease(f"lease {definition.name!r} is not defined in any layer "
+                               f"(LEASES_UNDEFINED_LEASE = {lease_settings.UNDEFINED_LEASE!r})")
     if definition is None or definition.is_noop:
         metrics.ACQUIRE.labels(resource=metrics.definition_tag(definition), outcome="noop").inc()
         return None

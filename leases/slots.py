@@ -31,7 +31,7 @@ from typing import Any
 import pymongo.errors
 from pymongo import ReturnDocument, UpdateOne
 
-from . import store
+from . import ids, store
 from .definitions import LevelSpec
 from .documents import CounterDoc, HolderDoc
 
@@ -41,10 +41,15 @@ SEPARATOR = "/"
 
 
 def entry(tenant_id: str, project_id: str, user_id: str, token: str, attempt: str | None = None) -> str:
-    """The booking entry of one holder written as ``attempt`` (ids never contain the
-    separator: validation); without ``attempt``, the entry of a holder written before
-    attempts existed."""
-    return SEPARATOR.join((tenant_id, project_id, user_id, *((attempt,) if attempt else ()), token))
+    """The booking entry of one holder written as ``attempt``; without ``attempt``, the
+    entry of a holder written before attempts existed.
+
+    Each id is encoded (:func:`leases.ids.encode`): a user id may contain the separator
+    (``a/b``), and two holders that differ only there must never share an entry. An id
+    without ``%``, ``/`` or ``|`` (every id valid before user ids widened) is itself.
+    """
+    ids_part = (ids.encode(tenant_id), ids.encode(project_id), ids.encode(user_id))
+    return SEPARATOR.join((*ids_part, *((attempt,) if attempt else ()), token))
 
 
 def new_attempt_id() -> str:
@@ -64,9 +69,11 @@ def attempt_of(value: str) -> str | None:
 
 
 def parts_of(value: str) -> tuple[str, str, str]:
-    """``(tenant, project, user)`` of a booking entry; empty strings for a malformed one."""
+    """``(tenant, project, user)`` of a booking entry, decoded; empty strings for a malformed one."""
     bits = value.split(SEPARATOR)
-    return (bits[0], bits[1], bits[2]) if len(bits) in (4, 5) else ("", "", "")
+    if len(bits) not in (4, 5):
+        return ("", "", "")
+    return (ids.decode(bits[0]), ids.decode(bits[1]), ids.decode(bits[2]))
 
 
 def holder_entry(doc: HolderDoc) -> str:

@@ -210,9 +210,10 @@ def ensure_indexes(database: Database | None = None) -> None:
     )
     database[TOMBSTONES].create_index([("at", 1)], name="at_ttl", expireAfterSeconds=TOMBSTONE_SECONDS)
     database[AUDIT].create_index([("tenantId", 1), ("at", -1)], name="tenant_at")
-    from . import history  # its TTL follows LEASES_HISTORY_HOURS
+    from . import history, undefined  # history's TTL follows LEASES_HISTORY_HOURS
 
     history.ensure_index(database)
+    undefined.ensure_index(database)
     _indexed.add(database.name)
 
 

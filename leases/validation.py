@@ -1,7 +1,10 @@
 """Input validation: every user-supplied value is checked here before it nears a query.
 
-Ids are matched against strict ASCII patterns, so ``$``-operators, dots, slashes, NUL and
-unicode look-alikes never reach a MongoDB filter or a counter key.
+Tenant and project ids, lease names and tokens are matched against strict ASCII patterns.
+User ids are wider (any Django username or email address, up to 150 characters): they are
+only ever values (``$literal`` in pipelines) and are encoded (:mod:`leases.ids`) where they
+are joined into counter keys, scopes and booking entries; control characters, whitespace,
+invisible format characters and lone surrogates are refused.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from typing import Any
 
 import bson
 
+from . import ids as ids_
 from .errors import InvalidApiKeyRequest, InvalidLeaseRequest, PodLeaseError
 
 LEASE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", re.ASCII)
@@ -19,11 +23,24 @@ LEASE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", re.ASCII)
 # ``resource|level|tenant/user``), no ``$``; a leading underscore marks the reserved
 # ``_vance`` / ``_tenant`` ids of the config layers.
 ID_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}", re.ASCII)
+# User ids: whatever a Django username (letters, digits, ``@.+-_``, Unicode letters too with
+# Django's default validator) or an email address can be, up to Django's 150 characters.
+# Refused: C0/C1 controls, space and every other Unicode space, the invisible format and
+# bidi characters (they make one name look like another); and lone surrogates (no valid
+# text has one, so the check is apart: Rust and ECMA regex engines cannot name them).
+# Written with ``\u`` escapes so the same text is the OpenAPI pattern (ECMA-262 reads it alike).
+USER_ID_MAX = 150
+USER_ID_CLASS = ("[^\\u0000-\\u0020\\u007f-\\u00a0\\u00ad\\u1680\\u180e\\u2000-\\u200f"
+                 "\\u2028-\\u202f\\u205f-\\u206f\\u3000\\ufeff\\ufff9-\\ufffb]")
+_SURROGATE_RE = re.compile(r"[\ud800-\udfff]")
+USER_ID_RE = re.compile(f"{USER_ID_CLASS}{{1,{USER_ID_MAX}}}")
 # Insights refuses tenant and project slugs with this prefix for the same reason.
 RESERVED_ID_PREFIX = "_"
 # Pod ids come from host names, so dots are allowed; they are only ever values.
 POD_ID_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}", re.ASCII)
 RESOURCE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}", re.ASCII)
+# resource (128) + level + tenant (64) + a user id encoded (150 characters, 3 each at worst).
+COUNTER_KEY_MAX = 128 + 10 + 64 + 1 + 3 * 150
 TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{16,64}", re.ASCII)
 PAYLOAD_MAX_BYTES = 16 * 1024
 HOLDER_REF_MAX = 256
@@ -59,6 +76,31 @@ def entity_id(value: Any, what: str) -> str:
         InvalidLeaseRequest: empty, too long, or containing characters outside ``[A-Za-z0-9_-]``.
     """
     return _check(ID_RE, value, what)
+
+
+def _is_entity_id(value: str) -> bool:
+    return ID_RE.fullmatch(value) is not None
+
+
+def _is_user_id(value: Any) -> bool:
+    return isinstance(value, str) and USER_ID_RE.fullmatch(value) is not None and not _SURROGATE_RE.search(value)
+
+
+def user_id(value: Any) -> str:
+    """Return ``value`` if it is a valid user id: any Django username or email address.
+
+    1 to :data:`USER_ID_MAX` characters; ``.``, ``@``, ``+``, ``$``, ``/``, ``|``, ``%`` and
+    non-ASCII letters are all fine (they are encoded where keys are built).
+
+    Raises:
+        InvalidLeaseRequest: not a string, empty, longer than 150 characters, or containing a
+            control character, whitespace, an invisible format character or a lone surrogate.
+    """
+    if not _is_user_id(value):
+        shown = repr(value) if not isinstance(value, str) or len(value) <= 40 else repr(value[:40] + "…")
+        raise InvalidLeaseRequest(
+            f"invalid user id: {shown} (1 to {USER_ID_MAX} characters without whitespace or control characters)")
+    return value
 
 
 def request_id(value: Any, what: str) -> str:
@@ -101,12 +143,13 @@ def resource_name(value: Any) -> str:
 def counter_key(value: Any) -> str:
     """Return ``value`` if it has the shape of a counter key ``<resource>|<level>|<scope>``.
 
-    The scope is ``*`` (global), a tenant id, or ``tenant/project`` / ``tenant/user``.
+    The scope is ``*`` (global), a tenant id, or ``tenant/project`` / ``tenant/user``, each
+    id encoded as :func:`leases.ids.encode` does (``acme/alice%2Fx``).
 
     Raises:
         InvalidLeaseRequest: not a counter key of that shape.
     """
-    if not isinstance(value, str) or len(value) > 300:
+    if not isinstance(value, str) or len(value) > COUNTER_KEY_MAX:
         raise InvalidLeaseRequest("invalid counter key: must be <resource>|<level>|<scope>")
     parts = value.split("|")
     if len(parts) != 3:
@@ -116,7 +159,10 @@ def counter_key(value: Any) -> str:
     ids = scope.split("/")
     shape_ok = ((level == "global" and scope == "*") or (level == "tenant" and len(ids) == 1)
                 or (level in ("project", "user") and len(ids) == 2))
-    if not shape_ok or (scope != "*" and not all(ID_RE.fullmatch(i) for i in ids)):
+    # Each id is encoded (leases.ids); the last one of a user scope is a user id.
+    checks = [_is_entity_id] * len(ids) if level != "user" else [_is_entity_id, _is_user_id]
+    if not shape_ok or (scope != "*" and not all(
+            ids_.is_encoded(i) and check(ids_.decode(i)) for i, check in zip(ids, checks))):
         raise InvalidLeaseRequest(f"invalid counter key: level {level!r} does not fit scope {scope!r}"
                                   if len(level) <= 16 and len(scope) <= 140 else "invalid counter key")
     return value

@@ -153,8 +153,12 @@ def test_bad_lease_names_are_refused(name):
     assert store.counters().count_documents({}) == 0
 
 
-@pytest.mark.parametrize("field", ["tenant_id", "project_id", "user_id"])
-@pytest.mark.parametrize("bad", ["$gt", "a.b", "a\x00b", "", "a/b", "a|b", "ü", "x" * 65, {"$gt": ""}, None, 7])
+@pytest.mark.parametrize("field, bad", [
+    *((field, bad) for field in ("tenant_id", "project_id")
+      for bad in ["$gt", "a.b", "a\x00b", "", "a/b", "a|b", "ü", "x" * 65, {"$gt": ""}, None, 7]),
+    # User ids are Django usernames or emails (tests/test_user_ids.py): only these are no user id.
+    *(("user_id", bad) for bad in ["a\x00b", "", "a b", "x" * 151, {"$gt": ""}, None, 7]),
+])
 def test_bad_ids_are_refused_and_nothing_is_written(field, bad):
     values = {"tenant_id": "acme", "project_id": "p1", "user_id": "u1", field: bad}
     with pytest.raises(leases.InvalidLeaseRequest):

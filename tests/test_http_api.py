@@ -137,6 +137,27 @@ def test_given_a_lease_without_caps_when_acquiring_then_200_noop_and_nothing_wri
     assert store.holders().count_documents({}) == 0
 
 
+@pytest.mark.parametrize("user", ["alice.smith", "bob@example.com", "c+d", "e" * 150])
+def test_given_an_email_or_django_username_as_user_id_when_acquiring_then_201(api, key, user):
+    response = acquire(api, key, user=user)
+    assert response.status_code == 201, response.content
+    assert store.holders().find_one({"_id": response.json()["token"]})["userId"] == user
+
+
+@pytest.mark.parametrize("levels", [{"user": 1}, {}])
+def test_given_an_inline_definition_with_a_priority_class_then_400_whether_or_not_it_has_caps(api, key, levels):
+    """Inline definitions name no classes; the document says inline + priority is no valid request."""
+    response = acquire(api, key, inline={"name": "x", "levels": levels}, priority="high")
+    assert_problem(response, 400, "INVALID_REQUEST")
+    assert store.holders().count_documents({}) == 0 and store.counters().count_documents({}) == 0
+
+
+def test_given_undefined_leases_refused_when_acquiring_an_undefined_name_then_400_unknown_lease(api, key, settings):
+    settings.LEASES_UNDEFINED_LEASE = "error"
+    assert_problem(acquire(api, key, lease="undefined-lease"), 400, "UNKNOWN_LEASE")
+    assert store.holders().count_documents({}) == 0
+
+
 def test_given_a_full_user_level_when_acquiring_then_429_with_retry_after_and_the_user_diagnosis(api, key):
     assert acquire(api, key).status_code == 201
     before = state_snapshot()
@@ -393,7 +414,8 @@ BASE = {"type": TYPE, "projectId": "p1", "userId": "u1", "inline": {"name": "x",
     (json.dumps({**BASE, "tenantId": "globex"}), "INVALID_BODY"),   # unknown field: the key decides
     (json.dumps({**BASE, "projectId": {"$ne": None}}), "INVALID_BODY"),
     (json.dumps({**BASE, "projectId": "$ne"}), "INVALID_REQUEST"),
-    (json.dumps({**BASE, "userId": "a.b"}), "INVALID_REQUEST"),
+    (json.dumps({**BASE, "userId": "a b"}), "INVALID_REQUEST"),
+    (json.dumps({**BASE, "userId": "u" * 151}), "INVALID_REQUEST"),
     (json.dumps({**BASE, "inline": {"name": "x", "levels": {"global": 1}}}), "INVALID_DEFINITION"),
     (json.dumps({k: v for k, v in BASE.items() if k != "userId"}), "INVALID_BODY"),
     (json.dumps({**BASE, "inline": {"name": "x", "levels": {"user": None}}}), "INVALID_BODY"),

@@ -154,3 +154,51 @@ def test_given_a_ticket_lifecycle_when_validated_then_every_answer_conforms(serv
     send(ticket_ops["DELETE"], 204, path_parameters={"ticket": other})
     send(ticket_ops["GET"], 410, path_parameters={"ticket": other})
     assert store.holders().count_documents({}) == 0
+
+
+def _acquire_body_validator():
+    import jsonschema_rs
+
+    doc = openapi.document()
+    return jsonschema_rs.Draft202012Validator({**doc, "$ref": "#/components/schemas/AcquireRequest"})
+
+
+@pytest.mark.parametrize("user", ["alice.smith", "bob@example.com", "c+d", "e" * 150, "ünï", "a/b", "x|y", "100%",
+                                  "", " ", "a b", "e" * 151, "tab\there", "zw\u200bsp", "nb\u00a0sp"])
+def test_given_a_user_id_then_the_document_and_the_server_agree_on_it(user):
+    from leases import validation
+    from leases.errors import InvalidLeaseRequest
+
+    try:
+        validation.user_id(user)
+        accepted = True
+    except InvalidLeaseRequest:
+        accepted = False
+    body = {"type": "tex", "projectId": "p1", "userId": user}
+    assert _acquire_body_validator().is_valid(body) is accepted
+
+
+@pytest.mark.parametrize("body, valid", [
+    ({"inline": {"name": "x", "levels": {"user": 1}}, "priority": "high"}, False),
+    ({"inline": {"name": "x"}, "priority": "high"}, False),
+    ({"inline": {"name": "x"}, "priority": None}, True),
+    ({"inline": None, "lease": "tex", "priority": "high"}, True),
+    ({"lease": "tex", "priority": "high"}, True),
+])
+def test_given_an_inline_definition_with_a_priority_then_the_document_refuses_it_like_the_server(body, valid):
+    assert _acquire_body_validator().is_valid({"type": "tex", "projectId": "p1", "userId": "u1", **body}) is valid
+
+
+def test_given_the_document_then_every_problem_answer_lists_its_codes_and_unknown_lease_is_one():
+    doc = openapi.document()
+    for path, item in doc["paths"].items():
+        for method, operation in item.items():
+            if method == "parameters" or path.endswith("openapi.json"):
+                continue
+            for status, response in operation["responses"].items():
+                if status in ("400", "401", "403", "503"):
+                    schema = response["content"]["application/problem+json"]["schema"]
+                    assert schema["allOf"][1]["properties"]["code"]["enum"], (path, method, status)
+    acquire_400 = doc["paths"]["/api/v1/leases"]["post"]["responses"]["400"]
+    assert "UNKNOWN_LEASE" in acquire_400["content"]["application/problem+json"]["schema"]["allOf"][1][
+        "properties"]["code"]["enum"]

@@ -230,7 +230,8 @@ def test_given_a_counter_key_then_holders_are_those_booking_it_and_a_bad_key_is_
     hold(project="web", user="bob")
     page = reads.list_holders(tenant_id="acme", books="opres|project|acme/docs")
     assert [h.token for h in page.items] == [a.token]
-    for bad in ({"$ne": ""}, "opres|project|acme", "opres|global|acme", "a|b", "opres|user|acme/$x"):
+    for bad in ({"$ne": ""}, "opres|project|acme", "opres|global|acme", "a|b", "opres|project|acme/$x", "opres|user|acme/a b",
+                "opres|user|acme/a%2x"):
         with pytest.raises(InvalidLeaseRequest):
             reads.list_holders(tenant_id="acme", books=bad)
 

@@ -182,6 +182,21 @@ def test_given_a_wait_when_it_stays_full_then_busy_after_wait_and_not_forever():
     assert 0.35 < time.monotonic() - started < 2.0
 
 
+@pytest.mark.parametrize("wait_yaml, asked_ms, low, high", [
+    ("", 3000, 0.0, 0.3),            # no waitMs (default 0): a longer request wait does not add one
+    ("waitMs: 300\n", 3000, 0.25, 1.5),  # the definition's waitMs is the ceiling
+    ("waitMs: 3000\n", 0, 0.0, 0.3),     # a request may shorten it
+])
+def test_given_a_request_wait_then_it_only_shortens_the_definitions_wait(wait_yaml, asked_ms, low, high):
+    """LeaseRequest.wait_ms is min()-ed with the definition's waitMs (README: Waiting)."""
+    put("res", "levels: {project: 1}\n" + wait_yaml)
+    leases.acquire(req())
+    started = time.monotonic()
+    with pytest.raises(leases.LeaseBusy):
+        leases.acquire(req(user="u2", wait_ms=asked_ms))
+    assert low <= time.monotonic() - started < high
+
+
 def test_given_store_error_mid_funnel_then_rollback_leaves_no_residue(monkeypatch):
     from leases import slots
 

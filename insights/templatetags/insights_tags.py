@@ -61,3 +61,12 @@ def compact_json(value) -> str:
 @register.filter
 def pretty_json(value) -> str:
     return json.dumps(value or {}, sort_keys=True, indent=2, default=str)
+
+
+@register.filter
+def readable_key(value: str | None) -> str:
+    """A counter key with its scope's ids decoded (``r|user|acme/a%2Fb`` → ``r|user|acme/a/b``);
+    display only, links keep the stored key."""
+    from leases import ids
+
+    return "" if not value else ids.readable_key(value)

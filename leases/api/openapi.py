@@ -11,14 +11,30 @@ from typing import Any
 
 from leases import handlers
 from leases.conf import lease_settings
-from leases.errors import LeaseBusy, LeaseExpired, StaleLease
-from leases.validation import HOLDER_REF_MAX, PAYLOAD_MAX_BYTES
+from leases.errors import (
+    ApiKeyScopeGone,
+    BodyTooLarge,
+    InvalidBody,
+    InvalidDefinition,
+    InvalidLeaseRequest,
+    LeaseBusy,
+    LeaseExpired,
+    LeaseUnavailable,
+    PriorityNotAllowed,
+    ProjectForbidden,
+    StaleLease,
+    Unauthenticated,
+    UnknownLease,
+    UnknownLeaseType,
+)
+from leases.validation import HOLDER_REF_MAX, PAYLOAD_MAX_BYTES, USER_ID_CLASS, USER_ID_MAX
 
 from .bodies import MAX_BODY_BYTES, MAX_INTERVAL_SECONDS, MAX_WAIT_MS
 from .problems import BUSY_RETRY_AFTER_SECONDS
 
 NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
-ID_PATTERN = "^[A-Za-z0-9_][A-Za-z0-9_-]{0,63}$"
+# User ids: any Django username or email address (leases.validation.USER_ID_RE, same text).
+USER_ID_PATTERN = f"^{USER_ID_CLASS}{{1,{USER_ID_MAX}}}$"
 # Tenant and project ids of requests: a leading "_" marks the reserved config-layer ids.
 REQUEST_ID_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
 TOKEN_PATTERN = "^[A-Za-z0-9_-]{16,64}$"
@@ -63,6 +79,14 @@ bounded by your own deadline. `503 LEASE_UNAVAILABLE` means the lease
 cannot be decided (store unreachable, broken configuration): fail closed, do not use the
 resource unprotected, retry later.
 
+**Ids and tokens.** `userId`: any Django username or email address (`alice.smith`,
+`bob@example.com`, `c+d`), 1 to {USER_ID_MAX} characters without whitespace, control or invisible
+format characters; compared exactly. `projectId`: `{REQUEST_ID_PATTERN}`. Tokens and ticket ids:
+`{TOKEN_PATTERN}`; any other value in the path answers `400 INVALID_REQUEST`, a well-formed one the
+server does not know (made up, expired past its tombstone, or another tenant's) `410 STALE_LEASE`.
+A lease name no layer defines answers `200` NOOP, or `400 UNKNOWN_LEASE` where the server sets
+`LEASES_UNDEFINED_LEASE = "error"`.
+
 **Limits.** Request bodies at most {MAX_BODY_BYTES} bytes; payloads at most
 {PAYLOAD_MAX_BYTES} bytes once BSON-encoded, keys without a leading `$`, `.` or NUL.
 Unknown fields, wrong types and oversize bodies answer `400` and write nothing.
@@ -89,10 +113,15 @@ def _problem_schema(code_enum: list[str] | None = None) -> dict[str, Any]:
     }
 
 
-def _problem(description: str, schema_ref: str = "Problem", headers: dict[str, Any] | None = None) -> dict[str, Any]:
+def _problem(description: str, schema_ref: str = "Problem", headers: dict[str, Any] | None = None,
+             codes: list[str] | None = None) -> dict[str, Any]:
+    """A problem answer; ``codes``: the only ``code`` values the operation answers with it."""
+    schema: dict[str, Any] = {"$ref": f"#/components/schemas/{schema_ref}"}
+    if codes:
+        schema = {"allOf": [schema, {"type": "object", "properties": {"code": {"enum": codes}}}]}
     response: dict[str, Any] = {
         "description": description,
-        "content": {"application/problem+json": {"schema": {"$ref": f"#/components/schemas/{schema_ref}"}}},
+        "content": {"application/problem+json": {"schema": schema}},
     }
     if headers:
         response["headers"] = headers
@@ -125,6 +154,9 @@ _SCHEMAS: dict[str, Any] = {
         # A name reference or an inline definition, not both (neither: a NOOP lease).
         "not": {"required": ["lease", "inline"],
                 "properties": {"lease": {"type": "string"}, "inline": {"type": "object"}}},
+        # An inline definition names no priority classes (400 INVALID_REQUEST).
+        "allOf": [{"not": {"required": ["inline", "priority"],
+                           "properties": {"inline": {"type": "object"}, "priority": {"type": "string"}}}}],
         "properties": {
             "type": {"type": "string", "pattern": NAME_PATTERN,
                      "description": "Handler type; must be registered on the server (the enum lists them)."},
@@ -134,7 +166,11 @@ _SCHEMAS: dict[str, Any] = {
             "projectId": {"type": "string", "pattern": REQUEST_ID_PATTERN,
                           "description": "The project; a project-bound key only accepts its own project (else 403). "
                                          "Ids starting with `_` are reserved for the config layers (400)."},
-            "userId": {"type": "string", "pattern": ID_PATTERN},
+            "userId": {"type": "string", "minLength": 1, "maxLength": USER_ID_MAX, "pattern": USER_ID_PATTERN,
+                       "description": f"The user: any Django username or email address (`alice.smith`, "
+                                      f"`bob@example.com`, `c+d`), 1 to {USER_ID_MAX} characters; no whitespace, "
+                                      "control or invisible format characters. Compared exactly (no case "
+                                      "folding or normalization): send the same spelling every time."},
             "holderRef": {"type": ["string", "null"], "maxLength": HOLDER_REF_MAX, "pattern": "^[^\\u0000]*$"},
             "podBound": {"type": "boolean", "default": False,
                          "description": "Stored as given. HTTP holders are detached (no pod), so no pod's death "
@@ -145,7 +181,8 @@ _SCHEMAS: dict[str, Any] = {
                        "description": "Shortens the server's bounded wait for a slot."},
             "priority": {"type": ["string", "null"], "pattern": "^[a-z][a-z0-9_-]{0,31}$",
                          "description": "A priority class of the lease definition (`priorities`, highest first); "
-                                        "absent or null: its `defaultPriority`. A class the definition does not "
+                                        "absent or null: its `defaultPriority`. Not with `inline` (inline "
+                                        "definitions name no classes). A class the definition does not "
                                         "name answers 400 INVALID_REQUEST; one the operator does not let this "
                                         "tenant use answers 403 PRIORITY_NOT_ALLOWED (never a silent downgrade). "
                                         "A waiting request of a higher class goes before lower ones; one that "
@@ -265,7 +302,9 @@ _SCHEMAS: dict[str, Any] = {
                     "code": {"const": LeaseBusy.code},
                     "resource": {"type": "string"},
                     "level": {"type": "string", "enum": ["user", "project", "tenant", "global"]},
-                    "scope": {"type": "string"},
+                    "scope": {"type": "string", "description": "The full level's scope: `*`, `tenant`, "
+                              "`tenant/project` or `tenant/user`, each id with `%`, `/` and `|` "
+                              "percent-encoded (`acme/a%2Fb` is user `a/b`)."},
                     "count": {"type": ["integer", "null"]},
                     "cap": {"type": "integer"},
                     "retryAfterSeconds": {"type": "integer"},
@@ -304,13 +343,29 @@ _POLL_HEADER = {"Retry-After": {"schema": {"type": "integer", "minimum": 1},
                                 "description": "Seconds until the next poll (pollIntervalSeconds)."}}
 
 _COMMON = {
-    "400": _problem("Bad input (body, token or ids); nothing was written."),
     "401": _problem("UNAUTHENTICATED (missing, wrong or revoked API key) or API_KEY_SCOPE_GONE "
                     "(the key's tenant or project was deleted).", headers={
-        "WWW-Authenticate": {"schema": {"type": "string"}}}),
-    "503": _problem("LEASE_UNAVAILABLE: the lease store is unreachable or the configuration is broken."),
+        "WWW-Authenticate": {"schema": {"type": "string"}}}, codes=[Unauthenticated.code, ApiKeyScopeGone.code]),
+    "503": _problem("LEASE_UNAVAILABLE: the lease store is unreachable or the configuration is broken.",
+                    codes=[LeaseUnavailable.code]),
 }
-_GONE = {"410": _problem("STALE_LEASE (unknown token) or EXPIRED (ended); terminal, nothing refreshed.", "GoneProblem")}
+# The 400 answers of each kind of operation, by code; nothing was written.
+_BAD_TOKEN = {"400": _problem("INVALID_REQUEST: the token or ticket id does not match its pattern.",
+                              codes=[InvalidLeaseRequest.code])}
+_BAD_BODY = {"400": _problem("INVALID_BODY (not a JSON object, unknown field, wrong type, out of range), "
+                             "BODY_TOO_LARGE, or INVALID_REQUEST (a token that does not match its pattern, "
+                             "a payload key or value the store refuses).",
+                             codes=[InvalidBody.code, BodyTooLarge.code, InvalidLeaseRequest.code])}
+_BAD_ACQUIRE = {"400": _problem(
+    "INVALID_BODY / BODY_TOO_LARGE (as for any body); INVALID_REQUEST (an id that does not fit, a reserved "
+    "project id, a priority class the lease does not define, a priority with an inline definition); "
+    "UNKNOWN_LEASE_TYPE (no handler registered for `type`); INVALID_DEFINITION (a refused inline "
+    "definition); UNKNOWN_LEASE (a name no layer defines, when the server sets "
+    "LEASES_UNDEFINED_LEASE = \"error\"; by default such a name answers 200 NOOP).",
+    codes=[InvalidBody.code, BodyTooLarge.code, InvalidLeaseRequest.code, UnknownLeaseType.code,
+           InvalidDefinition.code, UnknownLease.code])}
+_GONE = {"410": _problem("STALE_LEASE (unknown token, or another tenant's) or EXPIRED (ended: released, reaped "
+                         "idle, its pod died, revoked); terminal, nothing refreshed.", "GoneProblem")}
 
 
 def _json(schema: str, description: str) -> dict[str, Any]:
@@ -333,9 +388,10 @@ def _paths() -> dict[str, Any]:
                                               "Poll the ticket (Location) every pollIntervalSeconds."),
                             "headers": {**_POLL_HEADER, "Location": {
                                 "schema": {"type": "string"}, "description": "/api/v1/tickets/{ticket}"}}},
-                    **_COMMON,
+                    **_COMMON, **_BAD_ACQUIRE,
                     "403": _problem("PROJECT_FORBIDDEN: the key is bound to another project; "
-                                    "PRIORITY_NOT_ALLOWED: the tenant may not use that priority class."),
+                                    "PRIORITY_NOT_ALLOWED: the tenant may not use that priority class.",
+                                    codes=[ProjectForbidden.code, PriorityNotAllowed.code]),
                     "429": _problem("LEASE_BUSY: a level stayed full for the bounded wait.", "BusyProblem", headers={
                         "Retry-After": {"schema": {"type": "integer", "minimum": 1},
                                         "description": "Seconds to wait before retrying (add jitter)."}}),
@@ -349,7 +405,7 @@ def _paths() -> dict[str, Any]:
                 "summary": "Release a lease (idempotent)",
                 "responses": {
                     "200": _json("ReleaseResult", "Released now, or already released/ended before."),
-                    **_COMMON,
+                    **_COMMON, **_BAD_TOKEN,
                     "410": _problem("STALE_LEASE: unknown token (or its tombstone expired).", "GoneProblem"),
                 },
             },
@@ -361,7 +417,7 @@ def _paths() -> dict[str, Any]:
                 "summary": "Check-at-use and renew (idempotent)",
                 "requestBody": {"required": False, "content": {"application/json": {
                     "schema": {"$ref": "#/components/schemas/RenewRequest"}}}},
-                "responses": {"200": _json("Grant", "Renewed: the new deadline."), **_COMMON, **_GONE},
+                "responses": {"200": _json("Grant", "Renewed: the new deadline."), **_COMMON, **_BAD_BODY, **_GONE},
             },
         },
         "/api/v1/leases/{token}/payload": {
@@ -371,7 +427,8 @@ def _paths() -> dict[str, Any]:
                 "summary": "Replace the payload the revocation handler gets (also renews)",
                 "requestBody": {"required": True, "content": {"application/json": {
                     "schema": {"$ref": "#/components/schemas/PayloadRequest"}}}},
-                "responses": {"200": _json("Grant", "Payload stored and lease renewed."), **_COMMON, **_GONE},
+                "responses": {"200": _json("Grant", "Payload stored and lease renewed."), **_COMMON, **_BAD_BODY,
+                              **_GONE},
             },
         },
         "/api/v1/tickets/{ticket}": {
@@ -383,7 +440,7 @@ def _paths() -> dict[str, Any]:
                     "200": {**_json("Ticket", "Still waiting: the current place and the next deadline."),
                             "headers": _POLL_HEADER},
                     "201": _json("Grant", "Granted (now or by an earlier poll): the acquire's lease body."),
-                    **_COMMON,
+                    **_COMMON, **_BAD_TOKEN,
                     "410": _problem("STALE_LEASE (unknown ticket, or another tenant's) or EXPIRED (not polled "
                                     "by its deadline, abandoned, or its lease ended); terminal.", "GoneProblem"),
                 },
@@ -394,7 +451,7 @@ def _paths() -> dict[str, Any]:
                 "responses": {
                     "204": {"description": "Abandoned (or its lease released) by this call."},
                     "200": _json("ReleaseResult", "It had ended before (alreadyReleased, with the reason)."),
-                    **_COMMON,
+                    **_COMMON, **_BAD_TOKEN,
                     "410": _problem("STALE_LEASE: unknown ticket (or its tombstone expired).", "GoneProblem"),
                 },
             },

@@ -27,7 +27,7 @@ from typing import Any
 import pymongo.errors
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from leases import actions, http_client, reads, shares, validation
+from leases import actions, http_client, ids, reads, shares, undefined as undefined_names, validation
 from leases.conf import lease_settings
 from leases.dispatch import SECRET_HEADER
 from leases.errors import (
@@ -135,8 +135,8 @@ def _require_pod(pod: str) -> None:
 
 
 class Command(BaseCommand):
-    help = ("Operate resource leases across all tenants: list, show, counters, waiters, definition, revoke, "
-            "revoke-pod, sweep, reconcile, stats.")
+    help = ("Operate resource leases across all tenants: list, show, counters, waiters, definition, undefined, "
+            "revoke, revoke-pod, sweep, reconcile, stats.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -170,6 +170,12 @@ class Command(BaseCommand):
         p.add_argument("name")
         p.add_argument("--tenant", required=True)
         p.add_argument("--project", default="_tenant", help="Default: _tenant (no project layer).")
+        p.add_argument("--json", action="store_true")
+
+        p = sub.add_parser("undefined", help="Lease names acquired in the last hour that no layer defines "
+                                             "(typos: NOOP by default, UNKNOWN_LEASE with "
+                                             "LEASES_UNDEFINED_LEASE = 'error').")
+        p.add_argument("--tenant", help="Only this tenant's names.")
         p.add_argument("--json", action="store_true")
 
         for name, what in (("revoke", "token"), ("revoke-pod", "pod")):
@@ -303,7 +309,7 @@ class Command(BaseCommand):
                 value = data[key]
                 lines.append(f"{key:<16} {_when(value) if isinstance(value, datetime) else value}")
             lines.append(f"{'ttl_left':<16} {_seconds(holder.ttl_remaining_seconds)}")
-            lines.append(f"{'levels':<16} {', '.join(holder.levels) or '-'}")
+            lines.append(f"{'levels':<16} {', '.join(ids.readable_key(k) for k in holder.levels) or '-'}")
             lines.append(f"{'payload':<16} {json.dumps(holder.payload, sort_keys=True, default=str)}")
             return "\n".join(lines)
 
@@ -318,7 +324,7 @@ class Command(BaseCommand):
             if not rows:
                 return "No counters." if not o["drift_only"] else "No drift."
             body = table(["RESOURCE", "LEVEL", "SCOPE", "COUNT", "CAP", "BOOKED", "DRIFT"],
-                         [(r.resource, r.level, r.scope, r.count, r.cap, r.booked,
+                         [(r.resource, r.level, r.readable_scope, r.count, r.cap, r.booked,
                            f"DRIFT {r.count - r.booked:+d}" if r.drift else "") for r in rows],
                          numeric=["COUNT", "CAP", "BOOKED"])
             drifted = sum(1 for r in rows if r.drift)
@@ -393,6 +399,21 @@ class Command(BaseCommand):
         shown = "1 (default)" if weight is None else f"{weight:g}"
         self.emit(o, {"lease": o["name"], "tenant": o["tenant"], "weight": weight, "tenantWeights": after},
                   lambda: f"Tenant {o['tenant']} now weighs {shown} on lease {o['name']} (System layer; audited).")
+
+    def do_undefined(self, o: dict[str, Any]) -> None:
+        rows = undefined_names.recent(o["tenant"])
+        mode = lease_settings.UNDEFINED_LEASE
+
+        def text() -> str:
+            if not rows:
+                return "No undefined lease names acquired in the last hour."
+            body = table(["NAME", "TENANT", "PROJECT", "LAST-ACQUIRED", "FIRST-SEEN"],
+                         [(r.name, r.tenant_id, r.project_id, _when(r.last_at), _when(r.first_at)) for r in rows])
+            then = "acquired NOOP (unlimited)" if mode == "noop" else "refused (UNKNOWN_LEASE)"
+            return (f"{body}\n\n{len(rows)} undefined name(s) in the last hour, {then}: define them "
+                    f"(lease_config put) or fix the caller's spelling.")
+
+        self.emit(o, [r.to_dict() for r in rows], text)
 
     def do_definition(self, o: dict[str, Any]) -> None:
         validation.lease_name(o["name"])
