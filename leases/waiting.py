@@ -170,8 +170,9 @@ def prune(gate: CounterDoc, ids: list[str] | None = None, *, reason: str = "tick
 
 
 def wake(gate: CounterDoc, ids: list[str]) -> list[str]:
-    """Wake the waiters of ``ids``; returns those whose process is gone (nobody got the
-    message). Never raises."""
+    """Wake the waiters of ``ids``; returns those whose wake-up nobody received (no
+    subscriber of their process: it is gone — or Redis restarted, or its subscriber is
+    reconnecting: the two look alike). Never raises."""
     by_id = {t["id"]: t for t in gate.get("queue") or ()}
     return [tid for tid in ids if tid in by_id and wakeups.wake(tid, by_id[tid].get("w")) == wakeups.DEAD]
 
@@ -179,23 +180,24 @@ def wake(gate: CounterDoc, ids: list[str]) -> list[str]:
 def hand_off(gate: CounterDoc | None, *, skip: str | None = None) -> list[str]:
     """Wake the tickets the order rule picks for the gate's free slots. Never raises.
 
-    A picked ticket whose process is gone is dropped and the next one is picked, so a
-    freed slot does not idle until a dead waiter's ticket goes stale.
+    A picked ticket whose wake-up nobody received keeps its ticket and its turn: "nobody
+    received the PUBLISH" is also what a live waiter looks like during a Redis restart or
+    its subscriber's reconnect, so only its keep-alive says its waiter is gone. A waiter
+    that is really gone (``kill -9``) holds the turn until its ticket misses its keep-alive
+    (half its TTL: the order rule then puts it after every fresh ticket, and the next poll
+    of one takes the slot); the ticket is pruned once stale, like any other.
 
     Returns:
-        The ids picked and woken (``skip``, the caller's own ticket, is not woken).
+        The ids picked (``skip``, the caller's own ticket, is not woken).
     """
     if not gate or not gate.get("queue") or gate.get("clock") is None:
         return []
     try:
-        for _ in range(MAX_DEAD_ROUNDS):
-            picked = order.next_grants(gate, gate["clock"])
-            dead = wake(gate, [t for t in picked if t != skip])
-            if not dead:
-                break
-            gate = {**prune(gate, dead, reason="waiter-gone"), "clock": gate["clock"]}
-        else:
-            return picked
+        picked = order.next_grants(gate, gate["clock"])
+        unheard = wake(gate, [t for t in picked if t != skip])
+        if unheard:
+            log.debug("hand-off on %s: nobody received the wake-up of %s; they find their turn by polling",
+                      gate["_id"], unheard)
         if not picked and not is_full(gate) and not order.stale_ids(gate, gate["clock"]):
             # Free slots, live tickets, yet nobody fits: the entries say a tenant holds what
             # maybe nobody holds any more. Check them (throttled); a repair hands off itself.
@@ -204,9 +206,6 @@ def hand_off(gate: CounterDoc | None, *, skip: str | None = None) -> list[str]:
         log.info("hand-off on %s failed (%s); waiters find their turn by polling", gate["_id"], exc)
         return []
     return picked
-
-
-MAX_DEAD_ROUNDS = 3
 
 
 def give_back(keys: list[str], booking: str, *, hold_ms: float | None = None) -> CounterDoc | None:
