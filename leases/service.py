@@ -425,18 +425,25 @@ def _busy(attempt: _Attempt, blocked: _Blocked, *, position: int | None = None,
 
 def _retry_after_s(attempt: _Attempt, gate: CounterDoc | None, *, placed: bool = True) -> float:
     """Suggested seconds before ``attempt`` asks again (``LeaseBusy.retry_after``), from
-    the gate document in hand (no command of its own).
+    the gate document in hand (no command of its own); never below
+    ``LEASES_RETRY_AFTER_MIN_MS`` (100 ms), so a caller that sleeps it does not spin.
 
     The queue's estimate of the attempt's turn (:mod:`leases.estimates`): its own ticket's
     when it is queued and live (and ``placed``: it has not lost its place), else that of a
-    newcomer at the back of the queue (a request that did not wait, or whose kept ticket
-    was lost). When the walk does not reach it, the gate's typical hold. Without a gate
-    document (a narrower level blocked: its counter keeps no holds) or any hold on record
-    at the gate, the floor ``LeaseBusy.DEFAULT_RETRY_AFTER_S`` (1 s, as HTTP's ``Retry-After``).
+    newcomer of its class at the back of the queue (a request that did not wait, or whose
+    kept ticket was lost). When the walk does not reach it, the gate's typical hold. The
+    walk assumes the holders release within the typical hold; once every current holder
+    has held longer than that, their remaining expected hold
+    (:func:`leases.estimates.overdue_hold_ms`) is the least wait. Without a gate document (a
+    narrower level blocked: its counter keeps no holds) or any hold on record at the gate,
+    ``LeaseBusy.DEFAULT_RETRY_AFTER_S`` (1 s, as HTTP's ``Retry-After``).
     """
-    floor = LeaseBusy.DEFAULT_RETRY_AFTER_S
+    from leases.conf import lease_settings
+
+    floor = int(lease_settings.RETRY_AFTER_MIN_MS) / 1000.0
+    unknown = max(LeaseBusy.DEFAULT_RETRY_AFTER_S, floor)
     if gate is None or gate.get("_id") != attempt.gate.key or gate.get("clock") is None:
-        return floor
+        return unknown
     now = gate["clock"]
     ms = estimates.wait_ms(gate, attempt.token, now) if placed else None
     if ms is None:
@@ -445,7 +452,10 @@ def _retry_after_s(attempt: _Attempt, gate: CounterDoc | None, *, placed: bool =
         ms = estimates.wait_ms({**gate, "queue": [*queue, newcomer]}, attempt.token, now)
     if ms is None:
         ms = estimates.mean_hold_ms(gate)
-    return floor if ms is None else round(ms / 1000.0, 3)
+    if ms is None:
+        return unknown
+    ms = max(ms, estimates.overdue_hold_ms(gate, now) or 0.0)
+    return round(max(ms / 1000.0, floor), 3)
 
 
 def resolve_definition(request: LeaseRequest) -> LeaseDefinition | None:
