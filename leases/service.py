@@ -304,6 +304,7 @@ class _Attempt:
         self.gate = specs[-1]
         self.acquired_at: datetime | None = None
         self.created_at = 0.0  # monotonic, when the holder document was (re)written
+        self.written_at: datetime | None = None  # MongoDB's clock then: a (re)queued ticket is seen then
         # (rank, class): resolved once from the definition, carried in the ticket.
         self.priority: tuple[int, str | None] = definition.priority_of(request.tenant_id, request.priority)
 
@@ -319,6 +320,7 @@ class _Attempt:
         )
         assert doc is not None  # an upsert returning the document after always has one
         self.acquired_at = self.acquired_at or doc["acquiredAt"]
+        self.written_at = doc["acquiredAt"]
         self.created_at = time.monotonic()
 
     def book(self, *, privileged: bool, allow_queue: bool, charge: dict[str, Any] | None = None) -> Lease:
@@ -376,14 +378,16 @@ class _Attempt:
                      expires_at=held.get("expiresAt"), acquired_at=held.get("acquiredAt"),
                      last_seen_at=held.get("lastSeenAt"), interval_seconds=held.get("intervalSeconds"))
 
-    def ticket(self, level: str, arrived: datetime | None, *, waker: str | None = None) -> TicketDoc:
-        """This attempt's ticket in the gate's queue, arrived (and last kept alive) at
-        ``arrived``, blocked last at ``level``; ``waker`` is its process's wake-up channel."""
+    def ticket(self, level: str, arrived: datetime | None, *, waker: str | None = None,
+               seen: datetime | None = None) -> TicketDoc:
+        """This attempt's ticket in the gate's queue, arrived at ``arrived`` and last kept
+        alive at ``seen`` (default: ``arrived``), blocked last at ``level``; ``waker`` is its
+        process's wake-up channel."""
         request = self.request
         caps = {spec.level: spec.cap for spec in self.specs if spec is not self.gate}
         ticket: TicketDoc = {"id": self.token, "t": request.tenant_id, "p": request.project_id, "u": request.user_id,
-                  "at": arrived, "seen": arrived, "ttl": waiting.ticket_ttl_ms(), "caps": caps, "lvl": level,
-                  "w": waker}
+                  "at": arrived, "seen": seen or arrived, "ttl": waiting.ticket_ttl_ms(), "caps": caps,
+                  "lvl": level, "w": waker}
         # Weights and class resolved now, so the order rule needs nothing but the gate.
         ticket.update(shares.ticket_fields(self.definition, request, self.priority))
         return ticket
@@ -657,8 +661,14 @@ class _Waiter:
         self.queued_at = 0.0  # monotonic
 
     def _ticket(self) -> TicketDoc:
+        # Arrived when the request first asked (its place among its tenant's tickets), but
+        # alive as of the holder document's last write (MongoDB's clock): a ticket queued
+        # again after a stall past the ticket TTL must not be born stale, or the next reader
+        # (the waiter itself) prunes it at once, again and again — the waiter would never
+        # be seen in the queue while the others take every slot.
         return self.attempt.ticket(self.blocked.spec.level if self.blocked else self.attempt.gate.level,
-                                   self.attempt.acquired_at, waker=wakeups.process_id())
+                                   self.attempt.acquired_at, waker=wakeups.process_id(),
+                                   seen=self.attempt.written_at)
 
     def wait(self, blocked: _Blocked) -> "Lease | Ticket":
         """Wait in the queue until granted, out of time (Busy) or kept as a ticket.
