@@ -53,7 +53,10 @@ from .pausepoints import pause_point as _pause_point
 
 log = logging.getLogger(__name__)
 
-NARROW_RETRY_S = 0.0
+# A waiter whose turn it is but whose narrower level is full tries once more after this
+# long: a newcomer of its tenant that booked that level on its way to the queue gives it
+# back with its next command.
+NARROW_RETRY_S = 0.02
 
 
 def _bound() -> Any:
@@ -659,6 +662,7 @@ class _Waiter:
         self.estimate_s: float | None = None
         self.raw_estimate_ms: float | None = None  # uncalibrated, for the gate's record
         self.queued_at = 0.0  # monotonic
+        self.sat_out = False  # our last turn found a narrower level full (see order.sits_out)
 
     def _ticket(self) -> TicketDoc:
         # Arrived when the request first asked (its place among its tenant's tickets), but
@@ -728,6 +732,11 @@ class _Waiter:
                     outcome = "timeout"
                     raise self._give_up()
                 period = waiting.poll_ms() / 1000.0 * random.uniform(1.0, 1.25)
+                if self.sat_out:
+                    # Sitting out passes the turn only for a moment (the younger tickets of
+                    # our tenant wait behind us meanwhile): look again as soon as it ends.
+                    period = min(period, order.BLOCKED_PAUSE.total_seconds() * random.uniform(1.05, 1.2))
+                    self.sat_out = False
                 try:
                     woken = yield event, min(remaining, period)
                 except GeneratorExit:
@@ -848,6 +857,7 @@ class _Waiter:
                         time.sleep(NARROW_RETRY_S)
                         continue
                     waiting.mark_blocked(self.gate_key, attempt.token, blocked.spec.level)
+                    self.sat_out = True
                     return None
             return None
 

@@ -10,6 +10,12 @@ stale after ``ttl`` and is ignored, then pruned by whoever reads the gate next.
 Reading the gate, keeping a ticket alive and returning a gate slot are each one command
 that returns the gate document, so the order rule (``leases.order``) always runs on what
 that command saw — no extra read per decision.
+
+The bound: a live waiter blocked at any level is granted within one turnover of that level
+after a slot there frees (its current holders' hold), in arrival order within its tenant,
+project and user as at the gate — plus at most one ``order.BLOCKED_PAUSE`` when a newcomer
+of its tenant had booked the narrower level on its way to the queue. A ticket queued again
+(its waiter stalled past the TTL) keeps its arrival and is alive as of its return.
 """
 
 from __future__ import annotations
