@@ -40,6 +40,7 @@ Environment variables
 | LEASES_WAIT_POLL_MS             | LEASES_WAIT_POLL_MS             | 1000                           | A waiter's keep-alive and safety poll when no wake-up comes (ms).      |
 | LEASES_REPAIR_INTERVAL_MS       | LEASES_REPAIR_INTERVAL_MS       | 500                            | How often one full counter is checked for slots no holder books (ms).  |
 | LEASES_TICKET_POLL_SECONDS      | LEASES_TICKET_POLL_SECONDS      | 2                              | Poll interval issued with an HTTP wait ticket (202); kept 3x as long.   |
+| LEASES_RETRY_AFTER_MIN_MS       | LEASES_RETRY_AFTER_MIN_MS       | 100                            | The least LeaseBusy.retry_after the engine suggests (ms): no spinning. |
 | LEASES_HISTORY_HOURS            | LEASES_HISTORY_HOURS            | 24                             | Per-minute lease history (grants, busy, waits, reaps) is kept this long (TTL index). |
 | LEASES_HISTORY_FLUSH_SECONDS    | LEASES_HISTORY_FLUSH_SECONDS    | 5                              | Each process writes its buffered history this often, in one bulk write (0: only at exit). |
 | LEASES_METRICS_NAMESPACE        | LEASES_METRICS_NAMESPACE        | vance                          | Prefix of every lease metric (<namespace>_lease_*); read once per process start. |
@@ -256,6 +257,7 @@ LEASES_REPAIR_INTERVAL_MS = _env_int("LEASES_REPAIR_INTERVAL_MS", 500)
 # An HTTP acquire that outwaits that bound answers 202 with a ticket: the client polls it
 # every this many seconds, and a ticket not polled for three intervals is dropped.
 LEASES_TICKET_POLL_SECONDS = _env_int("LEASES_TICKET_POLL_SECONDS", 2)
+LEASES_RETRY_AFTER_MIN_MS = _env_int("LEASES_RETRY_AFTER_MIN_MS", 100)
 if not 1 <= LEASES_TICKET_POLL_SECONDS <= 60:
     raise ImproperlyConfigured(f"LEASES_TICKET_POLL_SECONDS must be between 1 and 60, got {LEASES_TICKET_POLL_SECONDS}")
 # History documents expire through a TTL index on the server's clock; a changed value is

@@ -287,6 +287,7 @@ async def _uncontended(attempt: Any, *, queues: bool) -> service.Lease | None:
                     upsert=True, projection={"acquiredAt": 1}, return_document=ReturnDocument.AFTER)
                 assert doc is not None  # an upsert returning the document after always has one
                 attempt.acquired_at = attempt.acquired_at or doc["acquiredAt"]
+                attempt.written_at = doc["acquiredAt"]
                 attempt.created_at = time.monotonic()
                 if queues and waiting.queue_likely(attempt.gate.key):
                     return None  # tickets wait at the gate: the push would be refused

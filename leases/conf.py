@@ -50,6 +50,9 @@ DEFAULTS: dict[str, Any] = {
     "WAIT_POLL_MS": 1000,
     "REPAIR_INTERVAL_MS": 500,
     "TICKET_POLL_SECONDS": 2,
+    # The least LeaseBusy.retry_after the engine suggests (ms): a caller that sleeps it
+    # must not spin, however short the recorded holds.
+    "RETRY_AFTER_MIN_MS": 100,
     # History
     "HISTORY_HOURS": 24,
     "HISTORY_FLUSH_SECONDS": 5,

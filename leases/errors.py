@@ -25,8 +25,11 @@ class LeaseBusy(LeaseError):
     ``position`` is the place the request had in the resource's queue when it gave up
     (None when it did not queue); ``retry_after`` a suggested delay in seconds before
     trying again, never None: the engine sets the queue's estimate of the request's turn
-    (else the gate's typical hold, else :attr:`DEFAULT_RETRY_AFTER_S`), the HTTP client
-    the server's ``Retry-After``; without one it is :attr:`DEFAULT_RETRY_AFTER_S`. It says when
+    (else the gate's typical hold, else :attr:`DEFAULT_RETRY_AFTER_S`), counting the
+    current holders' remaining expected hold (holders past the typical hold are expected to
+    hold about as long again) and never below the floor ``LEASES_RETRY_AFTER_MIN_MS``
+    (default 100 ms), so a caller that sleeps it does not spin; the HTTP client sets the
+    server's ``Retry-After``; without one it is :attr:`DEFAULT_RETRY_AFTER_S`. It says when
     to try next, not how long this call waited: that was at most ``min(request wait_ms,
     definition waitMs)``, 0 for a lease without ``waitMs``.
     """

@@ -37,6 +37,29 @@ def mean_hold_ms(gate: CounterDoc) -> float | None:
     return order.typical_hold_ms(gate)
 
 
+def held_at_least_ms(gate: CounterDoc, now: datetime) -> float | None:
+    """How long every current holder of the gate has held at least (ms, on MongoDB's
+    clock ``now``): since the gate's last booking change (``updatedAt``, stamped by every
+    grant and every return), which is no earlier than the latest grant. None when the gate
+    lists no holder or has no stamp."""
+    changed = gate.get("updatedAt")
+    if not gate.get("holders") or changed is None:
+        return None
+    return max(0.0, (now - changed).total_seconds() * 1000)
+
+
+def overdue_hold_ms(gate: CounterDoc, now: datetime) -> float | None:
+    """The current holders' remaining expected hold once every one of them has held longer
+    than the gate's typical hold: about as long again as they have held (a hold that outlived
+    the typical one says nothing better of its end). None while any of them may still be
+    within the typical hold — the turnover walk's estimate stands then — or when the gate
+    has no hold on record."""
+    typical, held = mean_hold_ms(gate), held_at_least_ms(gate, now)
+    if typical is None or held is None or held < typical:
+        return None
+    return held
+
+
 def wait_ms(gate: CounterDoc, ticket_id: str, now: datetime) -> float | None:
     """Estimated milliseconds from ``now`` until ``ticket_id`` is granted; None when the
     gate has no hold history yet or the ticket is not queued (live).

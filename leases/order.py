@@ -27,7 +27,10 @@ smooth form of the same ratio (stride scheduling). The grant that takes a slot a
 charges the pass (:func:`charge`, in the same update), so no command is added per grant.
 
 A ticket that its own tenant, project or user cap blocks is skipped, so it never holds
-back tickets that could run (no head-of-line blocking). A ticket not kept alive within
+back tickets that could run (no head-of-line blocking). One that found such a level full
+although the entries said it fits sits out briefly (``BLOCKED_PAUSE``), and the younger
+tickets of its own tenant (project, user) wait behind it meanwhile: they share that level,
+and arrival order within it holds as at the gate. A ticket not kept alive within
 its TTL is stale: its waiter is gone and it is ignored until somebody prunes it; one not
 seen for half its TTL goes after the fresh ones (its waiter is probably gone).
 """
@@ -146,6 +149,32 @@ def sits_out(ticket: TicketDoc, now: datetime) -> bool:
             and blocked_at + BLOCKED_PAUSE > now)
 
 
+def _scope_at(ticket: TicketDoc, level: str) -> tuple[str, ...]:
+    """Who shares ``ticket``'s counter at a narrower ``level``: its tenant, (tenant,
+    project) or (tenant, user)."""
+    t = ticket.get("t", "")
+    if level == "project":
+        return (t, ticket.get("p", ""))
+    if level == "user":
+        return (t, ticket.get("u", ""))
+    return (t,)
+
+
+def waits_behind(ticket: TicketDoc, sitting: list[TicketDoc]) -> bool:
+    """Whether an older ticket of ``ticket``'s own tenant (project, user) sits out at that
+    level (:func:`sits_out`): the younger one would find the same level full, and must not
+    take the older one's turn meanwhile — arrival order within the tenant, project and user
+    holds as it does at the gate."""
+    caps = ticket.get("caps") or {}
+    mine = (ticket.get("at"), ticket.get("id", ""))
+    for other in sitting:
+        level = str(other.get("lvl"))
+        if (level in caps and other.get("id") != ticket.get("id") and _scope_at(other, level) == _scope_at(ticket, level)
+                and (other.get("at"), other.get("id", "")) < mine):
+            return True
+    return False
+
+
 def is_suspect(ticket: TicketDoc, now: datetime) -> bool:
     """A ticket that missed its keep-alive (not seen for half its TTL): its waiter is
     probably dead. It goes after every fresh ticket, so a killed waiter picked for a free
@@ -222,7 +251,9 @@ def pick(tickets: list[TicketDoc], held: Occupancy, passes: Passes, now: datetim
     """The one ticket of ``tickets`` (live ones) the rule grants next, given what is held,
     the passes and the starvation ``lead`` (:func:`starvation_lead` of the gate); None when
     every one is blocked by its own caps or sits out."""
-    eligible = [t for t in tickets if held.fits(t) and not sits_out(t, now)]
+    sitting = [t for t in tickets if sits_out(t, now)]
+    eligible = [t for t in tickets if held.fits(t) and not sits_out(t, now)
+                and not (sitting and waits_behind(t, sitting))]
     if not eligible:
         return None
     eligible = [t for t in eligible if not is_suspect(t, now)] or eligible

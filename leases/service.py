@@ -55,7 +55,10 @@ from .pausepoints import pause_point as _pause_point
 
 log = logging.getLogger(__name__)
 
-NARROW_RETRY_S = 0.0
+# A waiter whose turn it is but whose narrower level is full tries once more after this
+# long: a newcomer of its tenant that booked that level on its way to the queue gives it
+# back with its next command.
+NARROW_RETRY_S = 0.02
 
 
 def _bound() -> Any:
@@ -330,6 +333,7 @@ class _Attempt:
         self.gate = specs[-1]
         self.acquired_at: datetime | None = None
         self.created_at = 0.0  # monotonic, when the holder document was (re)written
+        self.written_at: datetime | None = None  # MongoDB's clock then: a (re)queued ticket is seen then
         # (rank, class): resolved once from the definition, carried in the ticket.
         self.priority: tuple[int, str | None] = definition.priority_of(request.tenant_id, request.priority)
 
@@ -359,6 +363,7 @@ class _Attempt:
         )
         assert doc is not None  # an upsert returning the document after always has one
         self.acquired_at = self.acquired_at or doc["acquiredAt"]
+        self.written_at = doc["acquiredAt"]
         self.created_at = time.monotonic()
 
     def book(self, *, privileged: bool, allow_queue: bool, charge: dict[str, Any] | None = None) -> Lease:
@@ -421,14 +426,16 @@ class _Attempt:
                      last_seen_at=held.get("lastSeenAt"), interval_seconds=held.get("intervalSeconds"),
                      attempt_id=self.attempt_id)
 
-    def ticket(self, level: str, arrived: datetime | None, *, waker: str | None = None) -> TicketDoc:
-        """This attempt's ticket in the gate's queue, arrived (and last kept alive) at
-        ``arrived``, blocked last at ``level``; ``waker`` is its process's wake-up channel."""
+    def ticket(self, level: str, arrived: datetime | None, *, waker: str | None = None,
+               seen: datetime | None = None) -> TicketDoc:
+        """This attempt's ticket in the gate's queue, arrived at ``arrived`` and last kept
+        alive at ``seen`` (default: ``arrived``), blocked last at ``level``; ``waker`` is its
+        process's wake-up channel."""
         request = self.request
         caps = {spec.level: spec.cap for spec in self.specs if spec is not self.gate}
         ticket: TicketDoc = {"id": self.token, "t": request.tenant_id, "p": request.project_id, "u": request.user_id,
-                  "at": arrived, "seen": arrived, "ttl": waiting.ticket_ttl_ms(), "caps": caps, "lvl": level,
-                  "w": waker}
+                  "at": arrived, "seen": seen or arrived, "ttl": waiting.ticket_ttl_ms(), "caps": caps,
+                  "lvl": level, "w": waker}
         # Weights and class resolved now, so the order rule needs nothing but the gate.
         ticket.update(shares.ticket_fields(self.definition, request, self.priority))
         return ticket
@@ -475,18 +482,25 @@ def _busy(attempt: _Attempt, blocked: _Blocked, *, position: int | None = None,
 
 def _retry_after_s(attempt: _Attempt, gate: CounterDoc | None, *, placed: bool = True) -> float:
     """Suggested seconds before ``attempt`` asks again (``LeaseBusy.retry_after``), from
-    the gate document in hand (no command of its own).
+    the gate document in hand (no command of its own); never below
+    ``LEASES_RETRY_AFTER_MIN_MS`` (100 ms), so a caller that sleeps it does not spin.
 
     The queue's estimate of the attempt's turn (:mod:`leases.estimates`): its own ticket's
     when it is queued and live (and ``placed``: it has not lost its place), else that of a
-    newcomer at the back of the queue (a request that did not wait, or whose kept ticket
-    was lost). When the walk does not reach it, the gate's typical hold. Without a gate
-    document (a narrower level blocked: its counter keeps no holds) or any hold on record
-    at the gate, the floor ``LeaseBusy.DEFAULT_RETRY_AFTER_S`` (1 s, as HTTP's ``Retry-After``).
+    newcomer of its class at the back of the queue (a request that did not wait, or whose
+    kept ticket was lost). When the walk does not reach it, the gate's typical hold. The
+    walk assumes the holders release within the typical hold; once every current holder
+    has held longer than that, their remaining expected hold
+    (:func:`leases.estimates.overdue_hold_ms`) is the least wait. Without a gate document (a
+    narrower level blocked: its counter keeps no holds) or any hold on record at the gate,
+    ``LeaseBusy.DEFAULT_RETRY_AFTER_S`` (1 s, as HTTP's ``Retry-After``).
     """
-    floor = LeaseBusy.DEFAULT_RETRY_AFTER_S
+    from leases.conf import lease_settings
+
+    floor = int(lease_settings.RETRY_AFTER_MIN_MS) / 1000.0
+    unknown = max(LeaseBusy.DEFAULT_RETRY_AFTER_S, floor)
     if gate is None or gate.get("_id") != attempt.gate.key or gate.get("clock") is None:
-        return floor
+        return unknown
     now = gate["clock"]
     ms = estimates.wait_ms(gate, attempt.token, now) if placed else None
     if ms is None:
@@ -495,7 +509,10 @@ def _retry_after_s(attempt: _Attempt, gate: CounterDoc | None, *, placed: bool =
         ms = estimates.wait_ms({**gate, "queue": [*queue, newcomer]}, attempt.token, now)
     if ms is None:
         ms = estimates.mean_hold_ms(gate)
-    return floor if ms is None else round(ms / 1000.0, 3)
+    if ms is None:
+        return unknown
+    ms = max(ms, estimates.overdue_hold_ms(gate, now) or 0.0)
+    return round(max(ms / 1000.0, floor), 3)
 
 
 def resolve_definition(request: LeaseRequest) -> LeaseDefinition | None:
@@ -702,10 +719,17 @@ class _Waiter:
         self.estimate_s: float | None = None
         self.raw_estimate_ms: float | None = None  # uncalibrated, for the gate's record
         self.queued_at = 0.0  # monotonic
+        self.sat_out = False  # our last turn found a narrower level full (see order.sits_out)
 
     def _ticket(self) -> TicketDoc:
+        # Arrived when the request first asked (its place among its tenant's tickets), but
+        # alive as of the holder document's last write (MongoDB's clock): a ticket queued
+        # again after a stall past the ticket TTL must not be born stale, or the next reader
+        # (the waiter itself) prunes it at once, again and again — the waiter would never
+        # be seen in the queue while the others take every slot.
         return self.attempt.ticket(self.blocked.spec.level if self.blocked else self.attempt.gate.level,
-                                   self.attempt.acquired_at, waker=wakeups.process_id())
+                                   self.attempt.acquired_at, waker=wakeups.process_id(),
+                                   seen=self.attempt.written_at)
 
     def wait(self, blocked: _Blocked) -> "Lease | Ticket":
         """Wait in the queue until granted, out of time (Busy) or kept as a ticket.
@@ -765,6 +789,11 @@ class _Waiter:
                     outcome = "timeout"
                     raise self._give_up()
                 period = waiting.poll_ms() / 1000.0 * random.uniform(1.0, 1.25)
+                if self.sat_out:
+                    # Sitting out passes the turn only for a moment (the younger tickets of
+                    # our tenant wait behind us meanwhile): look again as soon as it ends.
+                    period = min(period, order.BLOCKED_PAUSE.total_seconds() * random.uniform(1.05, 1.2))
+                    self.sat_out = False
                 try:
                     woken = yield event, min(remaining, period)
                 except GeneratorExit:
@@ -885,6 +914,7 @@ class _Waiter:
                         time.sleep(NARROW_RETRY_S)
                         continue
                     waiting.mark_blocked(self.gate_key, attempt.token, blocked.spec.level)
+                    self.sat_out = True
                     return None
             return None
 

@@ -10,6 +10,12 @@ stale after ``ttl`` and is ignored, then pruned by whoever reads the gate next.
 Reading the gate, keeping a ticket alive and returning a gate slot are each one command
 that returns the gate document, so the order rule (``leases.order``) always runs on what
 that command saw — no extra read per decision.
+
+The bound: a live waiter blocked at any level is granted within one turnover of that level
+after a slot there frees (its current holders' hold), in arrival order within its tenant,
+project and user as at the gate — plus at most one ``order.BLOCKED_PAUSE`` when a newcomer
+of its tenant had booked the narrower level on its way to the queue. A ticket queued again
+(its waiter stalled past the TTL) keeps its arrival and is alive as of its return.
 """
 
 from __future__ import annotations
@@ -170,8 +176,9 @@ def prune(gate: CounterDoc, ids: list[str] | None = None, *, reason: str = "tick
 
 
 def wake(gate: CounterDoc, ids: list[str]) -> list[str]:
-    """Wake the waiters of ``ids``; returns those whose process is gone (nobody got the
-    message). Never raises."""
+    """Wake the waiters of ``ids``; returns those whose wake-up nobody received (no
+    subscriber of their process: it is gone — or Redis restarted, or its subscriber is
+    reconnecting: the two look alike). Never raises."""
     by_id = {t["id"]: t for t in gate.get("queue") or ()}
     return [tid for tid in ids if tid in by_id and wakeups.wake(tid, by_id[tid].get("w")) == wakeups.DEAD]
 
@@ -179,23 +186,24 @@ def wake(gate: CounterDoc, ids: list[str]) -> list[str]:
 def hand_off(gate: CounterDoc | None, *, skip: str | None = None) -> list[str]:
     """Wake the tickets the order rule picks for the gate's free slots. Never raises.
 
-    A picked ticket whose process is gone is dropped and the next one is picked, so a
-    freed slot does not idle until a dead waiter's ticket goes stale.
+    A picked ticket whose wake-up nobody received keeps its ticket and its turn: "nobody
+    received the PUBLISH" is also what a live waiter looks like during a Redis restart or
+    its subscriber's reconnect, so only its keep-alive says its waiter is gone. A waiter
+    that is really gone (``kill -9``) holds the turn until its ticket misses its keep-alive
+    (half its TTL: the order rule then puts it after every fresh ticket, and the next poll
+    of one takes the slot); the ticket is pruned once stale, like any other.
 
     Returns:
-        The ids picked and woken (``skip``, the caller's own ticket, is not woken).
+        The ids picked (``skip``, the caller's own ticket, is not woken).
     """
     if not gate or not gate.get("queue") or gate.get("clock") is None:
         return []
     try:
-        for _ in range(MAX_DEAD_ROUNDS):
-            picked = order.next_grants(gate, gate["clock"])
-            dead = wake(gate, [t for t in picked if t != skip])
-            if not dead:
-                break
-            gate = {**prune(gate, dead, reason="waiter-gone"), "clock": gate["clock"]}
-        else:
-            return picked
+        picked = order.next_grants(gate, gate["clock"])
+        unheard = wake(gate, [t for t in picked if t != skip])
+        if unheard:
+            log.debug("hand-off on %s: nobody received the wake-up of %s; they find their turn by polling",
+                      gate["_id"], unheard)
         if not picked and not is_full(gate) and not order.stale_ids(gate, gate["clock"]):
             # Free slots, live tickets, yet nobody fits: the entries say a tenant holds what
             # maybe nobody holds any more. Check them (throttled); a repair hands off itself.
@@ -204,9 +212,6 @@ def hand_off(gate: CounterDoc | None, *, skip: str | None = None) -> list[str]:
         log.info("hand-off on %s failed (%s); waiters find their turn by polling", gate["_id"], exc)
         return []
     return picked
-
-
-MAX_DEAD_ROUNDS = 3
 
 
 def give_back(keys: list[str], booking: str, *, hold_ms: float | None = None) -> CounterDoc | None:

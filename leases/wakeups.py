@@ -4,8 +4,9 @@ Each process subscribes to a channel of its own (``leases:wake:<db>:<process id>
 tickets carry that id (``w``). Whoever frees a gate slot publishes the picked ticket ids to
 their processes' channels; the subscriber sets the events of those waiters only, so only
 the waiters that may run do any work. ``PUBLISH`` answers how many subscribers got the
-message: none means the waiter's process is gone (``kill -9`` closes its connection at
-once), so the slot goes to the next ticket instead of idling until the dead ticket's TTL.
+message; none is no proof that the waiter is gone (a Redis restart or a subscriber's
+reconnect looks the same), so it costs no waiter its ticket: only the ticket's keep-alive
+says whether its waiter lives (``leases.waiting.hand_off``).
 
 A lost or late message costs time, never safety: every waiter also polls on its own,
 slowly, and the store decides. With Redis down nothing is known about liveness and the

@@ -75,6 +75,23 @@ def test_given_a_ticket_that_just_found_its_narrower_level_full_then_it_sits_out
     assert order.next_grants(g, NOW + timedelta(seconds=2)) == ["a1"]
 
 
+def test_given_a_ticket_sitting_out_at_its_tenant_level_then_younger_ones_of_its_tenant_wait_behind_it():
+    # a1 found its tenant level full a moment ago (a newcomer of its tenant booked it on its
+    # way to the queue). The younger a2 of the same tenant would find that same level full:
+    # it must not take a1's turn meanwhile (arrival order within the tenant, as at the gate);
+    # another tenant is not held back.
+    blocked = ticket("a1", "a", 9, caps={"tenant": 1}, lvl="tenant", bat=NOW - timedelta(milliseconds=100))
+    g = gate(2, [], [blocked, ticket("a2", "a", 1, caps={"tenant": 1}), ticket("b1", "b", 2, caps={"tenant": 1})])
+    assert order.next_grants(g, NOW) == ["b1"]
+    assert order.next_grants(g, NOW + timedelta(seconds=2)) == ["a1", "b1"]
+    # The same per project and per user: a ticket of another project (user) goes on.
+    for level, other in (("project", {"project": "q"}), ("user", {"user": "v"})):
+        blocked = ticket("a1", "a", 9, caps={level: 1}, lvl=level, bat=NOW - timedelta(milliseconds=100))
+        g = gate(3, [], [blocked, ticket("a2", "a", 1, caps={level: 1}, user="a1"),
+                         ticket("a3", "a", 2, caps={level: 1}, **other)])
+        assert order.next_grants(g, NOW) == ["a3"], level
+
+
 tenants = st.sampled_from(["a", "b", "c"])
 
 

@@ -125,6 +125,36 @@ def test_given_no_wait_and_a_hold_history_then_busy_suggests_a_newcomers_turn_be
     waiter.lease.release()
 
 
+def test_given_short_holds_on_record_and_a_holder_far_past_them_then_busy_suggests_its_remaining_hold():
+    # Given: the gate's recent holds were 3 ms, but the current holder has held 800 ms.
+    put("res", "levels: {global: 1}\nwaitMs: 0")
+    held = leases.acquire(req(user="h"))
+    typical_hold(3)
+    time.sleep(0.8)
+    # When: a new user asks. Then: the holder is expected to hold about as long again as
+    # it has (it is far past the typical hold), not to release within a millisecond.
+    with pytest.raises(leases.LeaseBusy) as busy:
+        leases.acquire(req(user="new"))
+    assert 0.75 <= busy.value.retry_after <= 5.0
+    held.release()
+
+
+def test_given_short_holds_on_record_then_busy_never_suggests_less_than_the_floor(settings):
+    # Given: 3 ms holds and a holder that just began: the turnover alone says 1.5 ms.
+    put("res", "levels: {global: 1}\nwaitMs: 0")
+    held = leases.acquire(req(user="h"))
+    typical_hold(3)
+    with pytest.raises(leases.LeaseBusy) as busy:
+        leases.acquire(req(user="new"))
+    # Then: never below the stated floor (a caller that sleeps retry_after must not spin).
+    assert busy.value.retry_after == 0.1  # LEASES_RETRY_AFTER_MIN_MS, 100 by default
+    settings.LEASES_RETRY_AFTER_MIN_MS = 400
+    with pytest.raises(leases.LeaseBusy) as busy:
+        leases.acquire(req(user="new"))
+    assert busy.value.retry_after == 0.4
+    held.release()
+
+
 def test_given_no_wait_and_a_narrower_level_full_then_busy_suggests_the_floor():
     put("res", "levels: {global: 9, user: 1}\nwaitMs: 0")
     held = leases.acquire(req())
