@@ -241,9 +241,9 @@ def _raw_cycle(db, levels: Sequence[str], i: int, *, recorder: CommandRecorder |
                                      "$setOnInsert": {"resource": "raw", "level": key.split("|")[1], "scope": "x",
                                                       "tenantId": None if key.startswith("raw|global")
                                                       else "acme", "cap": RAW_CAP}}, upsert=True))
-    ops.extend(UpdateOne({"_id": key, **fresh}, {"$set": {"cap": RAW_CAP}}) for key in keys)
+    ops.extend(UpdateOne({"_id": key, "cap": {"$ne": RAW_CAP}, **fresh}, {"$set": {"cap": RAW_CAP}}) for key in keys)
     result = c.bulk_write(ops, ordered=True)
-    if result.matched_count + result.upserted_count != 2 * len(keys):
+    if result.matched_count + result.upserted_count != len(keys):
         raise RuntimeError("raw floor: a level was not booked")
     # ... then HELD.
     held = h.find_one_and_update(

@@ -66,7 +66,8 @@ def refresh_op(spec: LevelSpec) -> UpdateOne | None:
     unknown age. Never upserts, so it never fails the ordered bulk it is part of."""
     if not spec.lease or spec.loaded_at is None:
         return None
-    return UpdateOne({"_id": spec.key, **_stamp_at(spec)}, {"$set": {"cap": spec.cap}})
+    # "$ne": the common case (the cap is already this view's) writes nothing.
+    return UpdateOne({"_id": spec.key, "cap": {"$ne": spec.cap}, **_stamp_at(spec)}, {"$set": {"cap": spec.cap}})
 
 
 class _Views:
