@@ -113,6 +113,23 @@ def test_given_a_view_from_before_a_tenant_write_then_it_obeys_the_lowered_cap_t
     assert "capStamps" not in stored("res|tenant|globex")
 
 
+def test_given_a_view_from_before_a_lowering_when_acquiring_async_then_it_obeys_the_stamp_too():
+    from tests.test_aio import run
+
+    put("levels: {global: 2}")
+    leases.acquire(req())
+    stale = definitions.load("res", "acme", "p1")
+    put("levels: {global: 1}")
+    original = definitions.resolve
+    definitions.resolve = lambda name, tenant, project: stale
+    try:
+        with pytest.raises(leases.LeaseBusy):
+            run(leases.aacquire(req(user="u2")))
+    finally:
+        definitions.resolve = original
+    assert (stored("res|global|*")["count"], stored("res|global|*")["cap"]) == (1, 1)
+
+
 def test_given_a_raised_cap_then_old_views_keep_their_own_and_new_views_book_up_to_it_and_set_it(monkeypatch):
     from leases import caps
 
