@@ -15,6 +15,7 @@ import statistics
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pymongo import ReturnDocument, UpdateOne, monitoring
@@ -224,16 +225,23 @@ def _raw_cycle(db, levels: Sequence[str], i: int, *, recorder: CommandRecorder |
         upsert=True, projection={"acquiredAt": 1}, return_document=ReturnDocument.AFTER)
     # ... every level's conditional push, narrow → wide, in one ordered bulk of upserts (the
     # gate: only while nobody queues) ...
+    # (Each push also fits under the lease's cap stamp unless its view is newer; then each
+    # level's cap is set by that view, leases.caps.)
     ops = []
+    newer_than = datetime.now(UTC).replace(tzinfo=None) - timedelta(seconds=61)
+    stamp = f"capStamps.cmd{len(keys)}"  # the stamp field of the engine's lease of as many levels
+    fresh = {f"{stamp}.at": {"$not": {"$gte": newer_than}}}
     for n, key in enumerate(keys):
         query: dict[str, Any] = {"_id": key, "count": {"$lt": RAW_CAP}, "holders": {"$ne": booking, "$exists": True}}
         if n == len(keys) - 1:
             query["queue.0"] = {"$exists": False}
+        query["$and"] = [{"$or": [fresh, {"$expr": {"$lt": ["$count", f"${stamp}.cap"]}}]}]
         ops.append(UpdateOne(query, {"$push": {"holders": booking}, "$inc": {"count": 1},
-                                     "$currentDate": {"updatedAt": True}, "$set": {"cap": RAW_CAP},
+                                     "$currentDate": {"updatedAt": True},
                                      "$setOnInsert": {"resource": "raw", "level": key.split("|")[1], "scope": "x",
                                                       "tenantId": None if key.startswith("raw|global")
-                                                      else "acme"}}, upsert=True))
+                                                      else "acme", "cap": RAW_CAP}}, upsert=True))
+    ops.extend(UpdateOne({"_id": key, "cap": {"$ne": RAW_CAP}, **fresh}, {"$set": {"cap": RAW_CAP}}) for key in keys)
     result = c.bulk_write(ops, ordered=True)
     if result.matched_count + result.upserted_count != len(keys):
         raise RuntimeError("raw floor: a level was not booked")

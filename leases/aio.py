@@ -295,10 +295,10 @@ async def _uncontended(attempt: Any, *, queues: bool) -> service.Lease | None:
                                      gate_key=attempt.gate.key)
                 try:
                     await db[store.COUNTERS].bulk_write(ops, ordered=True)
-                    booked = len(ops)
+                    booked = len(attempt.specs)
                 except pymongo.errors.BulkWriteError as exc:
                     booked = slots.booked_before(exc)
-                if booked < len(ops):
+                if booked < len(attempt.specs):
                     if booked:
                         await _give_back(attempt.keys[:booked], attempt.booking)
                     return None

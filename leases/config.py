@@ -6,15 +6,18 @@ saves call the same change event), so every process drops the affected cache ent
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
 import pymongo.errors
 
-from . import definitions, invalidation, store
+from . import caps, definitions, invalidation, store
 from .definitions import LAYERS, SYSTEM_TENANT, TENANT_PROJECT, parse_layer
 from .errors import InvalidDefinition, LeaseUnavailable
 from .validation import entity_id
+
+log = logging.getLogger(__name__)
 
 LEASE_PATH_RE = re.compile(r"_vance/config/lease/([A-Za-z0-9][A-Za-z0-9_-]{0,63})\.yaml", re.ASCII)
 MAX_DOCUMENT_BYTES = 64 * 1024
@@ -79,9 +82,23 @@ def ignored_note(tenant_id: str, project_id: str, path: str, text: str) -> str:
 
 
 def changed(tenant_id: str, project_id: str, path: str) -> None:
-    """The document change event: drop cached definitions here and in every other process."""
+    """The document change event, after every write of a stored layer (this module's, the
+    admin's): stamp the caps now in force onto the counters the layer governs, so a lowered
+    cap binds every process at once (:mod:`leases.caps`), then drop cached definitions here
+    and in every other process.
+
+    Like the change event, a stamp that fails is logged, not raised: the document is stored,
+    and the processes' caches still retire within the liveness bound.
+    """
     match = LEASE_PATH_RE.fullmatch(path or "")
-    invalidation.publish(tenant_id, project_id, match.group(1) if match else None)
+    name = match.group(1) if match else None
+    if name is not None:
+        try:
+            caps.stamp(tenant_id, project_id, name)
+        except (LeaseUnavailable, pymongo.errors.PyMongoError) as exc:
+            log.error("could not stamp the caps of lease %s after a change at %s/%s: %s", name, tenant_id,
+                      project_id, exc)
+    invalidation.publish(tenant_id, project_id, name)
 
 
 def put_document(tenant_id: str, project_id: str, path: str, text: str) -> list[str]:

@@ -15,13 +15,14 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from importlib import resources
 from typing import Any, NamedTuple
 
 import pymongo.errors
 import yaml
 
-from . import ids, store
+from . import ids, server_clock, store
 from .errors import InvalidDefinition, InvalidLeaseRequest, LeaseUnavailable, PriorityNotAllowed
 from .validation import ID_RE, LEASE_NAME_RE, PRIORITY_RE, RESOURCE_RE, entity_id, lease_name, priority_class
 
@@ -69,13 +70,16 @@ def document_path(name: str) -> str:
 
 @dataclass(frozen=True)
 class LevelSpec:
-    """One booked level of an acquisition: its counter key and cap."""
+    """One booked level of an acquisition: its counter key and cap, and the view it comes
+    from (``lease`` and ``loaded_at``: which cap stamps it obeys, :mod:`leases.caps`)."""
 
     level: str
     scope: str
     cap: int
     key: str
     tenant_id: str | None
+    lease: str = field(default="", compare=False)
+    loaded_at: datetime | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,9 @@ class LeaseDefinition:
     # False when no layer (bundled, System, Tenant, Project) has a document for the name:
     # a misspelt name, acquired NOOP or refused per LEASES_UNDEFINED_LEASE.
     defined: bool = True
+    # When its load began, on MongoDB's clock (None: unknown, the oldest view there is). A
+    # counter's cap stamp binds the views loaded before it (leases.caps).
+    loaded_at: datetime | None = field(default=None, compare=False)
 
     def tenant_weight(self, tenant_id: str) -> float:
         """The tenant's share weight at this resource (default 1)."""
@@ -147,7 +154,7 @@ class LeaseDefinition:
         scopes = {level: ids.scope(level, tenant_id, project_id, user_id) for level in CHECK_ORDER}
         return [
             LevelSpec(level, scopes[level], self.levels[level], ids.counter_key(self.resource, level, scopes[level]),
-                      None if level == "global" else tenant_id)
+                      None if level == "global" else tenant_id, self.name, self.loaded_at)
             for level in CHECK_ORDER
             if level in self.levels
         ]
@@ -406,6 +413,7 @@ def load(name: str, tenant_id: str, project_id: str) -> LeaseDefinition:
     lease_name(name)
     entity_id(tenant_id, "tenant id")
     entity_id(project_id, "project id")
+    began = time.monotonic()  # before the read: a stamp written during it binds this view
     try:
         texts = _read_layers(name, tenant_id, project_id)
     except pymongo.errors.PyMongoError as exc:
@@ -422,12 +430,15 @@ def load(name: str, tenant_id: str, project_id: str) -> LeaseDefinition:
         log.warning("lease %s is not defined in any layer; acquisitions are NOOP (or UnknownLease with "
                     "LEASES_UNDEFINED_LEASE = 'error')", name)
     try:
-        merged = merge(name, layer_fields)
-        return merged if texts else replace(merged, defined=False)
+        definition = merge(name, layer_fields)
     except InvalidDefinition as exc:
         # Layers that only together contradict each other (a default class another layer
         # does not define): fail closed like a broken layer.
         raise LeaseUnavailable(str(exc)) from None
+    if not texts:
+        definition = replace(definition, defined=False)
+    # A NOOP definition books nothing, so it needs no clock (and costs no command).
+    return replace(definition, loaded_at=server_clock.at(began)) if definition.levels else definition
 
 
 def inline_definition(spec: Any, tenant_id: str, project_id: str) -> LeaseDefinition:
@@ -466,6 +477,7 @@ def inline_definition(spec: Any, tenant_id: str, project_id: str) -> LeaseDefini
         wait_ms=definition.wait_ms,
         sources=dict.fromkeys(definition.sources, "inline"),
         inline=True,
+        loaded_at=server_clock.at(time.monotonic()) if definition.levels else None,
     )
 
 

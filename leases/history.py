@@ -44,6 +44,9 @@ TTL_INDEX = "updatedAt_ttl"
 # Upper bounds (ms) of the wait buckets; one more bucket holds everything above the last.
 BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 120000)
 REAP_REASONS = frozenset({"idle", "pod", "revoke"})
+# The flush at exit waits at most this long for the store (a CLI run, a test process or a
+# worker whose store already went must not hang on the store timeout to say so).
+EXIT_FLUSH_SECONDS = 1.0
 # A buffer the store cannot take (outage) is kept for the next flush, up to this many
 # (resource, tenant, minute) cells; beyond that the oldest minutes are dropped.
 MAX_CELLS = 20000
@@ -196,6 +199,11 @@ class Aggregator:
             return len(self._cells)
 
 
+def events_of(cells: dict[Key, Cell]) -> int:
+    """How many recorded events (grants, busy answers, waits, reaps) ``cells`` hold."""
+    return sum(c.grants + c.busy + c.waits + sum(c.reaps.values()) for c in cells.values())
+
+
 def _naive_utc(epoch: float) -> datetime:
     # Stored times are naive UTC, like MongoDB's clock as the engine reads it.
     return datetime.fromtimestamp(epoch, UTC).replace(tzinfo=None)
@@ -289,6 +297,38 @@ class Recorder:
                 return 0
             return len(cells)
 
+    def flush_at_exit(self, bound: float = EXIT_FLUSH_SECONDS) -> int:
+        """The last flush of a process: everything buffered, in at most ``bound`` seconds.
+
+        Nothing is kept for later (there is no later): what the store does not take in
+        time is dropped and said in one INFO line with the number of events, since a store
+        that went before the process (the dev stack stopped, a test server shut down) is
+        no fault of it. Never raises.
+
+        Returns:
+            The cells written.
+        """
+        deadline = time.monotonic() + bound
+        # A periodic flush blocked on a dead store holds the lock: do not wait it out.
+        locked = self._flush_lock.acquire(timeout=bound)
+        try:
+            cells = self.aggregator.drain()
+            if not cells:
+                return 0
+            try:
+                if not locked:
+                    raise TimeoutError("a flush in progress did not finish")
+                with pymongo.timeout(max(0.05, deadline - time.monotonic())):
+                    collection().bulk_write(updates(cells), ordered=False)
+                return len(cells)
+            except Exception as exc:  # noqa: BLE001 - at exit, whatever failed, drop and say so
+                log.info("lease history: %d events dropped at exit (not written within %.1f s: %s)",
+                         events_of(cells), bound, exc.__class__.__name__)
+                return 0
+        finally:
+            if locked:
+                self._flush_lock.release()
+
     def stop(self) -> None:
         self._stop.set()
 
@@ -340,7 +380,7 @@ def _flush_at_exit() -> None:
     # to at exit, and a store already gone would hold the exit for the operation timeout.
     if recorder._thread is not None and recorder._pid == os.getpid():
         recorder.stop()
-        recorder.flush()
+        recorder.flush_at_exit()
 
 
 atexit.register(_flush_at_exit)

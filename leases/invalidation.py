@@ -284,7 +284,8 @@ def publish(tenant_id: str | None, project_id: str | None, name: str | None) -> 
     is frozen or cut off for every process makes each of them stop serving cached entries
     within the bound anyway, so waiting longer would only stall the writer. (A writer cut
     off from a Redis that the others still reach cannot tell them; they keep their entries
-    up to ``LEASES_DEFINITION_CACHE_SECONDS``.)
+    up to ``LEASES_DEFINITION_CACHE_SECONDS``. A lowered cap binds them at once all the
+    same: the writer stamps it onto the counters first, :mod:`leases.caps`.)
     """
     _apply({"tenantId": tenant_id, "projectId": project_id, "name": name})
     try:

@@ -320,7 +320,8 @@ class _Blocked(Exception):
 class _Attempt:
     """One acquisition: its holder document, its booking entry and its funnel."""
 
-    def __init__(self, request: LeaseRequest, definition: LeaseDefinition, specs: list[LevelSpec], pod: str):
+    def __init__(self, request: LeaseRequest, definition: LeaseDefinition, specs: list[LevelSpec], pod: str,
+                 *, priority: tuple[int, str | None] | None = None):
         self.request = request
         self.definition = definition
         self.specs = specs
@@ -334,8 +335,10 @@ class _Attempt:
         self.acquired_at: datetime | None = None
         self.created_at = 0.0  # monotonic, when the holder document was (re)written
         self.written_at: datetime | None = None  # MongoDB's clock then: a (re)queued ticket is seen then
-        # (rank, class): resolved once from the definition, carried in the ticket.
-        self.priority: tuple[int, str | None] = definition.priority_of(request.tenant_id, request.priority)
+        # (rank, class): resolved once from the definition, carried in the ticket; a resumed
+        # ticket brings the one it queued with (``priority``).
+        self.priority: tuple[int, str | None] = (
+            priority if priority is not None else definition.priority_of(request.tenant_id, request.priority))
 
     def named(self, attempt_id: str | None) -> None:
         """Book from now on as the holder written with ``attempt_id`` (its entries name it)."""
@@ -1036,7 +1039,12 @@ def resume(ticket_id: str, *, scope: holders.Scope, keep_ms: int) -> "Lease | Ti
                      last_seen_at=holder.get("lastSeenAt"), interval_seconds=holder.get("intervalSeconds"),
                      attempt_id=holder.get("attemptId"))
     specs = definition.level_specs(request.tenant_id, request.project_id, request.user_id)
-    attempt = _Attempt(request, definition, specs, request.pod or "")
+    # The class a ticket queued with stands: it was checked when the request queued, and a
+    # System-layer change of the tenant's allowed classes since must not strand a ticket that
+    # is already waiting (it ranks by today's list; a class no longer defined ranks last).
+    kept = request.priority
+    rank = definition.priorities.index(kept) if kept in definition.priorities else len(definition.priorities)
+    attempt = _Attempt(request, definition, specs, request.pod or "", priority=(rank, kept))
     attempt.token = ticket_id
     attempt.named(holder.get("attemptId"))  # the ticket's holder as written: its entries name it
     attempt.acquired_at = holder.get("acquiredAt")

@@ -31,7 +31,7 @@ from typing import Any
 import pymongo.errors
 from pymongo import ReturnDocument, UpdateOne
 
-from . import ids, store
+from . import caps, ids, store
 from .definitions import LevelSpec
 from .documents import CounterDoc, HolderDoc
 
@@ -129,13 +129,16 @@ def take(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_key: s
         store.counters().bulk_write(ops, ordered=True)
     except pymongo.errors.BulkWriteError as exc:
         return booked_before(exc)
-    return len(ops)
+    return len(specs)
 
 
 def take_ops(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_key: str,
              privileged: bool = False, ticket: str | None = None,
              charge: dict[str, dict[str, Any]] | None = None) -> list[UpdateOne]:
-    """The ordered bulk of :func:`take` (the async executor sends the same one)."""
+    """The ordered bulk of :func:`take` (the async executor sends the same one): one
+    conditional push per level, then (never failing) the ``cap`` refresh of each level whose
+    view is newer than its cap stamp (:mod:`leases.caps`), run only when every level booked.
+    """
     ops = []
     for spec in specs:
         is_gate = spec.key == gate_key
@@ -151,16 +154,21 @@ def take_ops(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_ke
             # $elemMatch, not "queue.id": an equality would seed the upsert's document, whose
             # insert must only collide on _id (as on a full level).
             query["queue"] = {"$elemMatch": {"id": ticket}}
+        if stamp := caps.obeyed(spec):
+            # A view loaded before a definition write lowered this cap fits under it too; and
+            # the booking never sets ``cap`` itself (only a view newer than the stamp does).
+            query["$and"] = [stamp]
         update: dict[str, Any] = {
             "$push": {"holders": booking}, "$inc": {"count": 1}, "$currentDate": {"updatedAt": True},
-            "$set": {"cap": spec.cap},
-            "$setOnInsert": {"resource": resource, "level": spec.level, "scope": spec.scope, "tenantId": spec.tenant_id},
+            "$setOnInsert": {"resource": resource, "level": spec.level, "scope": spec.scope, "tenantId": spec.tenant_id,
+                             "cap": spec.cap},
         }
         if is_gate and privileged and ticket is not None:
             update["$pull"] = {"queue": {"id": ticket}}
             for op, values in (charge or {}).items():
                 update[op] = {**update.get(op, {}), **values}
         ops.append(UpdateOne(query, update, upsert=True))
+    ops.extend(op for op in map(caps.refresh_op, specs) if op is not None)
     return ops
 
 

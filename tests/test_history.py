@@ -430,3 +430,50 @@ def test_given_an_unreachable_store_when_flushing_then_nothing_is_lost_and_the_n
     rec.aggregator.grant("outage", "acme")
     assert rec.flush() == 1
     assert store.db()[history.COLLECTION].find_one({"resource": "outage"})["grants"] == 2
+
+
+# --- the flush at exit ----------------------------------------------------------------------
+
+EXITING_CHILD = """
+import sys, time
+import django
+django.setup()
+from leases import history
+for _ in range(3):
+    history.grant("res", "acme")
+history.busy("res", "acme")  # 4 events buffered; the periodic flush is a minute away
+while not history.recorder._synced_at:  # the flusher has started (read the store's clock)
+    time.sleep(0.01)
+print("recorded", flush=True)
+sys.stdin.readline()  # the store goes away meanwhile
+"""
+
+
+def test_given_the_store_gone_before_the_process_exits_then_the_exit_flush_is_bounded_and_says_quietly_what_it_dropped():
+    import subprocess
+    import time
+
+    from leases.embedded import start_server
+    from tests.helpers import PYTHON, REPO, child_env
+
+    server = start_server(":memory:")
+    try:
+        child = subprocess.Popen([PYTHON, "-c", EXITING_CHILD], cwd=REPO, stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env=child_env(MONGODB_URI=server.uri, LEASES_HISTORY_FLUSH_SECONDS="60",
+                                               LEASES_MONGO_TIMEOUT_MS="5000"))
+        assert child.stdout.readline().strip() == "recorded"
+    finally:
+        server.stop()
+    # when: the process exits after its store went (a CLI run after the dev stack stopped)
+    asked = time.monotonic()
+    _, stderr = child.communicate("\n", timeout=60)
+    took = time.monotonic() - asked
+    # then: it exits within the exit flush's bound (1 s) and pymongo's own shut-down, not after
+    # the store timeout (5 s here; the unbounded flush took 11 s), with no
+    # warning, and one quiet line says how many events it dropped
+    assert child.returncode == 0, stderr
+    assert took < 3.0, (took, stderr)
+    assert "WARNING" not in stderr and "ERROR" not in stderr, stderr
+    lines = [line for line in stderr.splitlines() if "lease history" in line]
+    assert len(lines) == 1 and " INFO " in lines[0] and "4 events" in lines[0], stderr

@@ -183,6 +183,25 @@ def test_given_a_kept_ticket_lost_then_busy_suggests_a_newcomers_turn(monkeypatc
     held.release()
 
 
+def test_given_a_kept_ticket_when_the_system_layer_withdraws_its_class_then_it_keeps_its_class_and_is_granted():
+    put("res", "levels: {global: 1}\nwaitMs: 10000\npriorities: [interactive, batch]")
+    held = leases.acquire(req(user="h"))
+    ticket = service.acquire_or_ticket(req(user="w", wait_ms=0, priority="interactive"), keep_ms=10000)
+    assert isinstance(ticket, service.Ticket)
+    # when: the System layer no longer lets acme use "interactive" (a new request would be refused)
+    put("res", "levels: {global: 1}\nwaitMs: 10000\npriorities: [interactive, batch]\n"
+               "allowedPriorities: {acme: [batch]}")
+    with pytest.raises(leases.PriorityNotAllowed):
+        leases.acquire(req(user="x", wait_ms=0, priority="interactive"))
+    # then: the ticket already waiting is not stranded: a poll keeps it, with its class
+    assert isinstance(service.resume(ticket.id, scope={"tenantId": "acme"}, keep_ms=10000), service.Ticket)
+    held.release()
+    lease = service.resume(ticket.id, scope={"tenantId": "acme"}, keep_ms=10000)
+    assert isinstance(lease, service.Lease)
+    assert store.holders().find_one({"_id": lease.token})["priority"] == "interactive"
+    lease.release()
+
+
 def test_given_cap_one_then_the_lease_is_exclusive_until_released():
     put("res", "levels: {project: 1}\nwaitMs: 0")
     with leases.acquire(req()) as lease:
