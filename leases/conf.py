@@ -54,6 +54,8 @@ DEFAULTS: dict[str, Any] = {
     "TENANT_ACCESS": "insights.access.ModelTenantAccess",
     # Reference consumers
     "SESSION_TOOLS": {},
+    # Crash-window tests only (leases.pausepoints): off, so LEASES_TEST_PAUSE alone is inert.
+    "TEST_PAUSE_POINTS": False,
 }
 
 # The value a production deployment must not keep (checked by leases.checks).
