@@ -54,6 +54,9 @@ DEFAULTS: dict[str, Any] = {
     "TENANT_ACCESS": "insights.access.ModelTenantAccess",
     # Reference consumers
     "SESSION_TOOLS": {},
+    # The name the Insights pages carry ("<brand> Insights", "<page> · <brand>"): the seed's
+    # platform name unless the host sets its own.
+    "BRAND": "Vance",
     # Crash-window tests only (leases.pausepoints): off, so LEASES_TEST_PAUSE alone is inert.
     "TEST_PAUSE_POINTS": False,
 }
