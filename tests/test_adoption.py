@@ -31,6 +31,7 @@ embedded server.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import secrets
@@ -109,11 +110,19 @@ _IGNORE = shutil.ignore_patterns(".git", ".venv", "var", "build", "*.egg-info", 
                                  "staticfiles")
 
 
+@functools.cache
 def _python312() -> str | None:
-    """An interpreter for the Django 6.1 run (6.x needs Python 3.12+), or None where there is none."""
-    for candidate in (os.environ.get("LEASES_PY312"), shutil.which("python3.12"),
-                      "/root/.pyenv/versions/3.12.1/bin/python3"):
-        if candidate and os.access(candidate, os.X_OK):
+    """An interpreter for the Django 6.1 run (6.x needs Python 3.12+), or None where there is none.
+
+    Each candidate is asked for its version: a pyenv shim on the PATH exists but may not run.
+    """
+    for candidate in (os.environ.get("LEASES_PY312"), "/root/.pyenv/versions/3.12.1/bin/python3",
+                      shutil.which("python3.12")):
+        if not candidate or not os.access(candidate, os.X_OK):
+            continue
+        probe = subprocess.run([candidate, "-c", "import sys, venv; sys.exit(sys.version_info < (3, 12))"],
+                               capture_output=True, timeout=60, check=False)
+        if probe.returncode == 0:
             return candidate
     return None
 
@@ -249,6 +258,7 @@ def test_given_a_fresh_clone_when_a_new_postgresql_project_adopts_the_wheel_then
     located = _run([python, "-c", "import django, leases; print(leases.__file__); print(django.get_version())"],
                    cwd=tmp, env=env).split()
     assert str(venv) in located[0]  # the installed wheel, not this checkout
+    print(f"Django {located[1]} on {interpreter}")
     assert located[1].startswith(series + "."), f"Django {located[1]} installed for the {series} run"
     # The README starts the embedded server from the installed package (the test's server stands in).
     assert os.access(_host(EMBEDDED_SERVER, tmp).split()[0], os.X_OK)
