@@ -54,7 +54,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import django_mongodb_backend
 from django.core.exceptions import ImproperlyConfigured
 
 
@@ -165,25 +164,21 @@ if not MONGODB_URI:
     MONGODB_DB = MONGODB_DB or _devstack.mongodb_db
 MONGODB_DB = MONGODB_DB or "leases"
 
-# parse_uri is deprecated in django-mongodb-backend 5.2 (Django 6 moves to HOST=<uri>),
-# but it is what the 5.2.x docs/template use; silence its warning here only.
-import warnings  # noqa: E402
-
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    DATABASES = {
-        "default": django_mongodb_backend.parse_uri(
-            MONGODB_URI,
-            db_name=MONGODB_DB,
-            options={
-                # A down MongoDB answers within LEASES_MONGO_TIMEOUT_MS instead of 30 s.
-                "serverSelectionTimeoutMS": LEASES_MONGO_TIMEOUT_MS,
-                "connectTimeoutMS": LEASES_MONGO_TIMEOUT_MS,
-                "socketTimeoutMS": LEASES_MONGO_TIMEOUT_MS,
-            },
-            test={"NAME": f"test_{MONGODB_DB}"},
-        )
+# HOST=<uri>: the one form both django-mongodb-backend 5.2 and 6.1 take (6.x removed parse_uri).
+DATABASES = {
+    "default": {
+        "ENGINE": "django_mongodb_backend",
+        "HOST": MONGODB_URI,
+        "NAME": MONGODB_DB,
+        "OPTIONS": {
+            # A down MongoDB answers within LEASES_MONGO_TIMEOUT_MS instead of 30 s.
+            "serverSelectionTimeoutMS": LEASES_MONGO_TIMEOUT_MS,
+            "connectTimeoutMS": LEASES_MONGO_TIMEOUT_MS,
+            "socketTimeoutMS": LEASES_MONGO_TIMEOUT_MS,
+        },
+        "TEST": {"NAME": f"test_{MONGODB_DB}"},
     }
+}
 
 # Sessions live in MongoDB too (django_session collection).
 SESSION_ENGINE = "django.contrib.sessions.backends.db"

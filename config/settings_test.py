@@ -35,6 +35,9 @@ STORAGES = {
 
 LOGGING["root"]["level"] = "WARNING"  # noqa: F405
 
+# The crash-window tests stop the engine inside a window (leases.pausepoints); off elsewhere.
+LEASES_TEST_PAUSE_POINTS = True
+
 # Pods: tests start the pod lease renewal explicitly (no thread on the first test request).
 LEASES_POD_AUTOSTART = False
 

@@ -86,7 +86,9 @@ class DefinitionForm(forms.Form):
         label="Lease", max_length=64, validators=[_engine_validator(validation.lease_name)],
         widget=forms.TextInput(attrs={"list": "lease-names", "autocomplete": "off", "placeholder": "e.g. tex"}),
     )
-    project = forms.ChoiceField(label="As seen from project")
+    # Optional: a link or URL with just ?name= shows the tenant-wide view (no project layer),
+    # the one that needs no project to be chosen first.
+    project = forms.ChoiceField(label="As seen from project", required=False)
 
     def __init__(self, *args: Any, projects: list[str], **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -94,6 +96,10 @@ class DefinitionForm(forms.Form):
         # view never merges another tenant's project layer.
         choices = [(TENANT_PROJECT, "(tenant-wide: no project layer)")] + [(p, p) for p in projects]
         self.fields["project"].choices = choices
+
+    def clean_project(self) -> str:
+        """The chosen project, or the tenant-wide layer when none is given."""
+        return self.cleaned_data.get("project") or TENANT_PROJECT
 
 
 class RevokeForm(forms.Form):

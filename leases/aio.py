@@ -101,7 +101,7 @@ class AsyncLease:
                     await db[store.HOLDERS].update_one(*holders.keep_later(self.token, doc["priorExpiresAt"]))
                     doc["expiresAt"] = doc["priorExpiresAt"]
         except pymongo.errors.PyMongoError as exc:
-            raise LeaseUnavailable(f"lease store unreachable during renewal: {exc.__class__.__name__}") from None
+            raise LeaseUnavailable(store.unreachable("lease store", exc, " during renewal")) from None
         holders.count_check(doc, error is None)
         if error is not None:
             raise error
@@ -163,7 +163,7 @@ class AsyncLease:
         except pymongo.errors.PyMongoError as exc:
             self._release_failed = True
             metrics.RELEASE.labels(resource=tag, outcome="error").inc()
-            raise LeaseUnavailable(f"lease store unreachable during release: {exc.__class__.__name__}") from None
+            raise LeaseUnavailable(store.unreachable("lease store", exc, " during release")) from None
         self._released = True
         if doc is None:
             metrics.RELEASE.labels(resource=tag, outcome="already-released").inc()
@@ -319,7 +319,7 @@ async def _uncontended(attempt: Any, *, queues: bool) -> service.Lease | None:
                 raise
     except pymongo.errors.PyMongoError as exc:
         log.warning("store step failed: %r", exc)
-        raise LeaseUnavailable(f"lease store error mid-acquire: {exc.__class__.__name__}") from None
+        raise LeaseUnavailable(f"lease store error at {store.where()} mid-acquire: {exc.__class__.__name__}") from None
     return service.Lease(attempt.token, attempt.definition, attempt.request, list(attempt.keys),
                          expires_at=held.get("expiresAt"), acquired_at=held.get("acquiredAt"),
                          last_seen_at=held.get("lastSeenAt"), interval_seconds=held.get("intervalSeconds"),

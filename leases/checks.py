@@ -53,7 +53,10 @@ def _uri_options(uri: str) -> dict[str, str]:
     return {key.lower(): value for key, value in parse_qsl(urlsplit(uri).query, keep_blank_values=True)}
 
 
-@register(TAG, Tags.database)
+# Not tagged Tags.database: these checks read settings only (no server is contacted), and
+# Django 6 runs database-tagged checks only under `check --database`, so with that tag an
+# unset MONGODB_URI would pass a plain `manage.py check` unnoticed.
+@register(TAG)
 def check_mongodb_uri(app_configs: Any = None, **kwargs: Any) -> list:
     """``MONGODB_URI`` is set, parses, and asks for nothing the engine cannot live with."""
     uri = lease_settings.MONGODB_URI
@@ -98,7 +101,7 @@ def _replica_set_warnings(options: dict[str, str]) -> list:
     return warnings
 
 
-@register(TAG, Tags.database, deploy=True)
+@register(TAG, deploy=True)
 def check_mongodb_deploy(app_configs: Any = None, **kwargs: Any) -> list:
     """``check --deploy``: a production URI should reach a replica set, not one member."""
     uri = lease_settings.MONGODB_URI
@@ -167,7 +170,7 @@ def check_intervals(app_configs: Any = None, **kwargs: Any) -> list:
     return errors
 
 
-@register(TAG, Tags.database)
+@register(TAG)
 def check_database_alias(app_configs: Any = None, **kwargs: Any) -> list:
     """``LEASES_DATABASE`` names a django-mongodb-backend alias, routed when it is not ``default``."""
     alias = lease_settings.DATABASE
@@ -179,7 +182,7 @@ def check_database_alias(app_configs: Any = None, **kwargs: Any) -> list:
     if engine != "django_mongodb_backend":
         return [Error(f"LEASES_DATABASE {alias!r} uses {engine!r}; the lease apps' models need "
                       "django_mongodb_backend",
-                      hint="Add a MongoDB alias (django_mongodb_backend.parse_uri(MONGODB_URI, db_name=...)) and "
+                      hint="Add a MongoDB alias ({'ENGINE': 'django_mongodb_backend', 'HOST': MONGODB_URI, 'NAME': ...}) and "
                            "point LEASES_DATABASE at it.", id="leases.E008")]
     if alias != "default":
         routers = [r if isinstance(r, str) else f"{type(r).__module__}.{type(r).__qualname__}"

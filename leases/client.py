@@ -23,6 +23,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+import urllib.parse
 from datetime import UTC, datetime
 from typing import Any
 
@@ -157,7 +158,9 @@ class HttpLeaseClient:
                                               timeout=self.timeout)
         except requests.RequestException as exc:
             # Fail closed: an unreachable lease server means the resource is not protected.
-            raise LeaseUnavailable(f"lease server unreachable: {exc.__class__.__name__}") from None
+            # Its netloc without user info: which server, never a credential in the URL.
+            where = urllib.parse.urlsplit(self.base_url).netloc.rpartition("@")[2]
+            raise LeaseUnavailable(f"lease server unreachable at {where}: {exc.__class__.__name__}") from None
         if response.status_code >= 400:
             raise _error_from(response)
         if response.status_code == 204:

@@ -62,6 +62,11 @@ DEFAULTS: dict[str, Any] = {
     "SESSION_TOOLS": {},
     # Metrics: every series is <namespace>_lease_<name>; read once at import (leases.metrics)
     "METRICS_NAMESPACE": "vance",
+    # The name the Insights pages carry ("<brand> Insights", "<page> · <brand>"): the seed's
+    # platform name unless the host sets its own.
+    "BRAND": "Vance",
+    # Crash-window tests only (leases.pausepoints): off, so LEASES_TEST_PAUSE alone is inert.
+    "TEST_PAUSE_POINTS": False,
 }
 
 # The value a production deployment must not keep (checked by leases.checks).

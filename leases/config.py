@@ -121,7 +121,7 @@ def put_document(tenant_id: str, project_id: str, path: str, text: str) -> list[
             upsert=True,
         )
     except pymongo.errors.PyMongoError as exc:
-        raise LeaseUnavailable(f"config store unreachable: {exc.__class__.__name__}") from None
+        raise LeaseUnavailable(store.unreachable("config store", exc)) from None
     changed(tenant_id, project_id, path)
     return ignored_fields(tenant_id, project_id, path, text)
 
@@ -140,7 +140,7 @@ def delete_document(tenant_id: str, project_id: str, path: str) -> bool:
     try:
         result = store.config_documents().delete_one({"tenantId": tenant_id, "projectId": project_id, "path": path})
     except pymongo.errors.PyMongoError as exc:
-        raise LeaseUnavailable(f"config store unreachable: {exc.__class__.__name__}") from None
+        raise LeaseUnavailable(store.unreachable("config store", exc)) from None
     changed(tenant_id, project_id, path)
     return result.deleted_count == 1
 

@@ -417,7 +417,7 @@ def load(name: str, tenant_id: str, project_id: str) -> LeaseDefinition:
     try:
         texts = _read_layers(name, tenant_id, project_id)
     except pymongo.errors.PyMongoError as exc:
-        raise LeaseUnavailable(f"lease {name}: config store unreachable: {exc.__class__.__name__}") from None
+        raise LeaseUnavailable(store.unreachable(f"lease {name}: config store", exc)) from None
     except _BrokenLayer as exc:
         raise LeaseUnavailable(f"lease {name}: {exc}") from None
     layer_fields: dict[str, dict[str, Any]] = {}

@@ -222,7 +222,7 @@ def renew(token: str, *, bound: Scope | None = None, payload: dict[str, Any] | N
                 store.holders().update_one(*keep_later(token, doc["priorExpiresAt"]))
                 doc["expiresAt"] = doc["priorExpiresAt"]
     except pymongo.errors.PyMongoError as exc:
-        raise LeaseUnavailable(f"lease store unreachable during renewal: {exc.__class__.__name__}") from None
+        raise LeaseUnavailable(store.unreachable("lease store", exc, " during renewal")) from None
     count_check(doc, error is None)
     if error is not None:
         raise error

@@ -5,7 +5,7 @@ django-mongodb-backend alias for the lease apps and this router::
 
     DATABASES = {
         "default": {"ENGINE": "django.db.backends.postgresql", ...},
-        "leases": django_mongodb_backend.parse_uri(MONGODB_URI, db_name="leases"),
+        "leases": {"ENGINE": "django_mongodb_backend", "HOST": MONGODB_URI, "NAME": "leases"},
     }
     DATABASE_ROUTERS = ["leases.routers.LeasesRouter"]
     LEASES_DATABASE = "leases"

@@ -246,7 +246,7 @@ class Lease:
         except pymongo.errors.PyMongoError as exc:
             self._release_failed = True
             metrics.RELEASE.labels(resource=tag, outcome="error").inc()
-            raise LeaseUnavailable(f"lease store unreachable during release: {exc.__class__.__name__}") from None
+            raise LeaseUnavailable(store.unreachable("lease store", exc, " during release")) from None
         self._released = True
         if doc is None:
             metrics.RELEASE.labels(resource=tag, outcome="already-released").inc()
@@ -302,7 +302,7 @@ def release_token(token: str, *, resource: str | None = None) -> bool:
         doc = holders.release(token)
     except pymongo.errors.PyMongoError as exc:
         metrics.RELEASE.labels(resource=metrics.resource_tag(resource or "unknown"), outcome="error").inc()
-        raise LeaseUnavailable(f"lease store unreachable during release: {exc.__class__.__name__}") from None
+        raise LeaseUnavailable(store.unreachable("lease store", exc, " during release")) from None
     if doc is None:
         metrics.RELEASE.labels(resource=metrics.resource_tag(resource or "unknown"), outcome="already-released").inc()
         return False
@@ -643,7 +643,7 @@ def _step(attempt: _Attempt, fn: Any) -> Any:
                 raise
     except pymongo.errors.PyMongoError as exc:
         log.warning("store step failed: %r", exc)
-        raise LeaseUnavailable(f"lease store error mid-acquire: {exc.__class__.__name__}") from None
+        raise LeaseUnavailable(f"lease store error at {store.where()} mid-acquire: {exc.__class__.__name__}") from None
 
 
 def _acquire(attempt: _Attempt, wait_ms: int, started: float, keep_ms: int | None) -> "Lease | Ticket":
@@ -1022,7 +1022,7 @@ def resume(ticket_id: str, *, scope: holders.Scope, keep_ms: int) -> "Lease | Ti
                 holder = store.holders().find_one({**mine, "state": "HELD"})
             gone = None if holder is not None else holders.ended(ticket_id, scope, noun="ticket")
     except pymongo.errors.PyMongoError as exc:
-        raise LeaseUnavailable(f"lease store unreachable: {exc.__class__.__name__}") from None
+        raise LeaseUnavailable(store.unreachable("lease store", exc)) from None
     if gone is not None:
         raise gone
     assert holder is not None  # no answer from the tombstone means the ticket's holder was found
@@ -1100,9 +1100,9 @@ def abandon(ticket_id: str, *, scope: holders.Scope) -> bool:
             if holders.drop_ticket(holders.scoped(ticket_id, scope), "abandoned", dequeue=True) is not None:
                 return True
     except pymongo.errors.PyMongoError as exc:
-        raise LeaseUnavailable(f"lease store unreachable: {exc.__class__.__name__}") from None
+        raise LeaseUnavailable(store.unreachable("lease store", exc)) from None
     try:
         # Tombstoned: a later poll of the ticket answers EXPIRED (release), not "unknown".
         return holders.release(ticket_id, bound=scope) is not None
     except pymongo.errors.PyMongoError as exc:
-        raise LeaseUnavailable(f"lease store unreachable during release: {exc.__class__.__name__}") from None
+        raise LeaseUnavailable(store.unreachable("lease store", exc, " during release")) from None

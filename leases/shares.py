@@ -57,7 +57,7 @@ def _layer_text(tenant_id: str, project_id: str, name: str) -> dict[str, Any]:
         doc = store.config_documents().find_one(
             {"tenantId": tenant_id, "projectId": project_id, "path": document_path(name)}, {"text": 1})
     except pymongo.errors.PyMongoError as exc:
-        raise LeaseUnavailable(f"config store unreachable: {exc.__class__.__name__}") from None
+        raise LeaseUnavailable(store.unreachable("config store", exc)) from None
     if doc is None:
         return {}
     parsed = yaml.safe_load(doc.get("text") or "") or {}
@@ -93,7 +93,7 @@ def _set_weight(tenant_id: str, name: str, part: str, key: str, weight: float | 
         audit.record(action, actor=actor, tenantId=key if part == "tenants" else tenant_id, lease=name, key=key,
                      before=before, after=weight)
     except pymongo.errors.PyMongoError as exc:
-        raise LeaseUnavailable(f"audit store unreachable: {exc.__class__.__name__}") from None
+        raise LeaseUnavailable(store.unreachable("audit store", exc)) from None
     return weights
 
 
@@ -142,7 +142,7 @@ def tenant_weights() -> list[dict[str, Any]]:
         docs = list(store.config_documents().find({"tenantId": SYSTEM_TENANT, "projectId": TENANT_PROJECT},
                                                   {"path": 1, "text": 1}))
     except pymongo.errors.PyMongoError as exc:
-        raise LeaseUnavailable(f"config store unreachable: {exc.__class__.__name__}") from None
+        raise LeaseUnavailable(store.unreachable("config store", exc)) from None
     for doc in sorted(docs, key=lambda d: d.get("path", "")):
         name = str(doc.get("path", "")).rsplit("/", 1)[-1].removesuffix(".yaml")
         try:

@@ -82,6 +82,31 @@ def client() -> pymongo.MongoClient:
     return _client
 
 
+def where(uri: str | None = None) -> str:
+    """The host(s) a MongoDB URI names, for error messages: ``127.0.0.1:27018``, never its credentials.
+
+    The URI's user and password (before ``@``), database and options are cut off, so a
+    message that says which store it could not reach leaks nothing an operator must not see.
+    A URI that does not parse says ``an unparsable MONGODB_URI`` rather than echoing it.
+    """
+    if uri is None:
+        uri = _settings()[0]
+    scheme, sep, rest = (uri or "").partition("://")
+    if not sep or scheme not in {"mongodb", "mongodb+srv"}:
+        return "an unparsable MONGODB_URI" if uri else "an empty MONGODB_URI"
+    hosts = rest.split("/", 1)[0].split("?", 1)[0].rpartition("@")[2]
+    return hosts or "an unparsable MONGODB_URI"
+
+
+def unreachable(what: str, exc: BaseException, during: str = "") -> str:
+    """The message of a ``LeaseUnavailable`` for a store that did not answer: names the host tried.
+
+    ``unreachable("lease store", exc, " during release")`` →
+    ``lease store unreachable at 127.0.0.1:27018 during release: ServerSelectionTimeoutError``.
+    """
+    return f"{what} unreachable at {where()}{during}: {exc.__class__.__name__}"
+
+
 def client_options() -> tuple[str, dict[str, Any]]:
     """The URI and options of the engine's clients, sync and async alike."""
     uri, timeout_ms = _settings()

@@ -1,18 +1,28 @@
-"""Adoption: the wheel installed into a fresh virtualenv and a new PostgreSQL-backed project.
+"""Adoption: a fresh clone, the wheel installed into a new virtualenv, a new PostgreSQL-backed project.
 
-These are the README's "Add it to an existing project" steps, run as typed: build the wheel,
-install it (and psycopg) into a new venv, ``django-admin startproject``, append the lease
-settings (``tests/adoption/settings_block.py``: PostgreSQL default, the lease apps on a MongoDB
-alias through ``leases.routers.LeasesRouter``), a tenancy hook of the host's own
-(``tests/adoption/tenancy.py``), views (``tests/adoption/views.py``), ``migrate`` both
-aliases, then real HTTP requests to the project served by uvicorn (ASGI): acquire/check/release
-from a view and from an async view, a ``@leased`` Celery task run by a real prefork worker of
-the project, the README's Insights step (users of the host's tenant model, then curl as the
-tenant admin, a stranger and anonymous; the shipped login page), and the project's Celery beat
-sending the sweep that reaps an expired holder.
+These are the README's "Add it to an existing project" steps, run as typed under
+``bash -euo pipefail``: a venv made with the interpreter a newcomer has, the wheel built from
+the checkout by that venv's pip and installed with its ``embedded`` extra, ``django-admin
+startproject`` with PostgreSQL as the host's own default database, the lease settings appended
+beside the host's (``examples/hostsite/settings_block.py``), the example project's tenancy hook,
+views, URLs, tasks and Celery app copied in (``examples/hostsite/``), ``migrate`` both aliases,
+then real HTTP requests to the project served by uvicorn (ASGI): acquire/check/release from a
+view and from an async view, a ``@leased`` Celery task run by a real prefork worker of the
+project, the README's Insights step (users of the host's tenant model, then curl as the tenant
+admin, a stranger and anonymous; the shipped login page), a busy resource answered 429 with
+``Retry-After``, and the project's Celery beat sending the sweep that reaps an expired holder.
+Before ``migrate``, ``manage.py check`` without ``MONGODB_URI`` must reach the app's own check
+(``leases.E002``), not fail in the settings.
+
+It runs once per supported Django series: 5.2 LTS on this interpreter (3.11) and 6.1 on Python
+3.12 (``LEASES_PY312``, else ``python3.12`` on the PATH, else pyenv's 3.12.1); the venv's pip picks
+the series the interpreter allows, and the test checks it got the one it names.
 
 The README's commands are constants here, run as written (``/tmp/host`` becomes this run's
-directory, port 8002 a free one); the last test fails when the README's copy drifts.
+directory, port 8002 a free one, ``python3`` the series' interpreter, ``$REPO`` a clean copy of
+the checkout); the last test fails when the README's copy drifts. The README's embedded-server
+line is not run (the test run's server stands in for it), but the binary it names must be in the
+venv.
 
 The host's PostgreSQL tables go into a schema of this run (``PGOPTIONS`` search_path), so
 runs do not see each other's users; the lease alias is a database of the test run's
@@ -21,6 +31,7 @@ embedded server.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import secrets
@@ -42,17 +53,35 @@ from django.conf import settings
 from leases.embedded import free_port
 
 REPO = Path(__file__).resolve().parent.parent
-FILES = Path(__file__).resolve().parent / "adoption"
+EXAMPLE = REPO / "examples" / "hostsite"
 LEASE_DB = "hostsite_leases"
 STEP_TIMEOUT = 300
 # Beat's sweep interval in this run, so a sweep comes within seconds (the project's default is 30).
 REAP_INTERVAL = 2
 
 # The README's commands, as typed there; _host() maps them onto this run.
-SETTINGS_APPEND = 'cat "$REPO/tests/adoption/settings_block.py" >> hostsite/settings.py'
+INSTALL = """\
+python3 -m venv /tmp/host/venv
+/tmp/host/venv/bin/python -m pip wheel --no-deps -q -w /tmp/host/wheels "$REPO"
+/tmp/host/venv/bin/python -m pip install -q "/tmp/host/wheels/django_leases-0.1.0-py3-none-any.whl[embedded]" "psycopg[binary]" uvicorn
+"""
+EMBEDDED_SERVER = ("/tmp/host/venv/bin/secantusd-py --port 27018 --storage-path :memory: --standalone"
+                   " > /tmp/host/secantusd.log 2>&1 &")
 HOST_FILES = ("tenancy", "views", "urls", "tasks", "celery")
-COPY_FILES = 'cp "$REPO"/tests/adoption/{' + ",".join(HOST_FILES) + '}.py hostsite/'
-CELERY_INIT = 'echo "from .celery import app as celery_app" >> hostsite/__init__.py'
+SITE = """\
+mkdir -p /tmp/host/site && cd /tmp/host/site
+/tmp/host/venv/bin/django-admin startproject hostsite .
+# Your project has its own default database already; this new one's is made PostgreSQL:
+echo 'DATABASES["default"] = {"ENGINE": "django.db.backends.postgresql", "NAME": "test", "USER": "postgres", "HOST": "127.0.0.1"}' >> hostsite/settings.py
+cat "$REPO/examples/hostsite/settings_block.py" >> hostsite/settings.py
+cp "$REPO"/examples/hostsite/{""" + ",".join(HOST_FILES) + """}.py hostsite/
+echo "from .celery import app as celery_app" >> hostsite/__init__.py
+"""
+MIGRATE = """\
+/tmp/host/venv/bin/python manage.py check
+/tmp/host/venv/bin/python manage.py migrate                      # the host's apps, on PostgreSQL
+/tmp/host/venv/bin/python manage.py migrate --database leases    # the lease apps, on MongoDB
+"""
 WORKER = "/tmp/host/venv/bin/celery -A hostsite worker --pool prefork --concurrency 2 --loglevel WARNING"
 BEAT = "/tmp/host/venv/bin/celery -A hostsite beat --loglevel INFO"
 UVICORN = "/tmp/host/venv/bin/uvicorn hostsite.asgi:application --host 127.0.0.1 --port 8002"
@@ -74,9 +103,37 @@ curl -s -o /dev/null -w '%{http_code}\\n' -b "sessionid=$SAM" http://127.0.0.1:8
 curl -s -o /dev/null -w '%{http_code} %{redirect_url}\\n' http://127.0.0.1:8002/t/acme/insights/leases  # 302 to the login page
 curl -s http://127.0.0.1:8002/accounts/login/ | grep -o '<title>[^<]*</title>'  # <title>Sign in · Vance</title>
 """
-# Copied into the build directory: what `pip wheel .` sees in a clean checkout.
+BUSY_STEP = ("curl -s -o /dev/null -w '%{http_code} Retry-After: %header{retry-after}\\n' http://127.0.0.1:8002/hold/"
+             "  # 429: acme/reports holds its one tex slot")
+# Copied into the build directory: what a fresh clone holds (no venv, no build output, no git).
 _IGNORE = shutil.ignore_patterns(".git", ".venv", "var", "build", "*.egg-info", "__pycache__", "node_modules",
-                                 "staticfiles", "bench", "docs", "tests")
+                                 "staticfiles")
+
+
+@functools.cache
+def _python312() -> str | None:
+    """An interpreter for the Django 6.1 run (6.x needs Python 3.12+), or None where there is none.
+
+    Each candidate is asked for its version: a pyenv shim on the PATH exists but may not run.
+    """
+    for candidate in (os.environ.get("LEASES_PY312"), "/root/.pyenv/versions/3.12.1/bin/python3",
+                      shutil.which("python3.12")):
+        if not candidate or not os.access(candidate, os.X_OK):
+            continue
+        probe = subprocess.run([candidate, "-c", "import sys, venv; sys.exit(sys.version_info < (3, 12))"],
+                               capture_output=True, timeout=60, check=False)
+        if probe.returncode == 0:
+            return candidate
+    return None
+
+
+# (series, interpreter): the venv's pip picks the newest Django the interpreter allows.
+SERIES = [
+    pytest.param("5.2", getattr(sys, "_base_executable", sys.executable), id="django52"),
+    pytest.param("6.1", _python312(), id="django61",
+                 marks=pytest.mark.skipif(_python312() is None, reason=(
+                     "Django 6.1 needs Python 3.12+: set LEASES_PY312 or put python3.12 on the PATH"))),
+]
 
 
 def _run(cmd: list[str], *, cwd: Path, env: dict[str, str], timeout: float = STEP_TIMEOUT,
@@ -88,9 +145,16 @@ def _run(cmd: list[str], *, cwd: Path, env: dict[str, str], timeout: float = STE
     return done.stdout + done.stderr if with_stderr else done.stdout
 
 
-def _host(command: str, tmp: Path, port: int = 8002) -> str:
-    """A README command as this run types it: its directory for /tmp/host, a free port for 8002."""
-    return command.replace("/tmp/host/", f"{tmp}/").replace("8002", str(port))
+def _host(command: str, tmp: Path, port: int = 8002, python: str = "python3") -> str:
+    """A README command as this run types it: its directory for /tmp/host, a free port for 8002,
+    the series' interpreter for the venv's ``python3``."""
+    return (command.replace("/tmp/host/", f"{tmp}/").replace("8002", str(port))
+            .replace("python3 -m venv", f"{python} -m venv"))
+
+
+def _bash(script: str, *, cwd: Path, env: dict[str, str], timeout: float = STEP_TIMEOUT) -> str:
+    """README lines as typed, under ``bash -euo pipefail`` (a failing command or grep fails the step)."""
+    return _run(["bash", "-euo", "pipefail", "-c", script], cwd=cwd, env=env, timeout=timeout)
 
 
 def _host_env(schema: str) -> dict[str, str]:
@@ -155,17 +219,21 @@ def workdir(tmp_path):
             f".execute('DROP SCHEMA IF EXISTS {schema} CASCADE')")], timeout=60, check=False)
 
 
-def test_given_the_wheel_when_a_new_postgresql_project_adopts_it_then_leases_and_insights_work(workdir):
+@pytest.mark.parametrize(("series", "interpreter"), SERIES)
+def test_given_a_fresh_clone_when_a_new_postgresql_project_adopts_the_wheel_then_leases_and_insights_work(
+        workdir, series, interpreter):
     tmp, schema, mongo = workdir
-    env = _host_env(schema)
+    source = tmp / "src"
+    shutil.copytree(REPO, source, ignore=_IGNORE)  # what a fresh clone holds
+    env = {**_host_env(schema), "REPO": str(source)}  # the README's REPO=$PWD, typed in the clone
     started = time.monotonic()
 
-    # 1. Build the wheel; it ships leases and insights, nothing else at the top level.
-    source = tmp / "src"
-    shutil.copytree(REPO, source, ignore=_IGNORE)
-    wheels = tmp / "wheels"
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(source)], cwd=tmp, env=env)
-    (wheel,) = wheels.glob("django_leases-*.whl")
+    # 1. The README's install lines: a venv of the newcomer's interpreter, the wheel built by its
+    #    pip from the clone, installed with the embedded server and the PostgreSQL driver.
+    _bash(_host(INSTALL, tmp, python=interpreter), cwd=tmp, env=env)
+    venv = tmp / "venv"
+    python = str(venv / "bin" / "python")
+    (wheel,) = (tmp / "wheels").glob("django_leases-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     top_level = sorted({n.split("/", 1)[0] for n in names if ".dist-info/" not in n})
     print("wheel top-level names:", top_level)
@@ -177,34 +245,40 @@ def test_given_the_wheel_when_a_new_postgresql_project_adopts_it_then_leases_and
     data = {str(f.relative_to(source)) for f in source.glob("*/**/*")
             if f.is_file() and f.suffix in {".html", ".yaml"} and f.parts[len(source.parts)] in top_level}
     assert data and data <= set(names), sorted(data - set(names))
+    # A package's metadata: the README as long description, licence, classifiers, project URLs,
+    # the Django series both runs install.
+    (metadata_name,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+    metadata = zipfile.ZipFile(wheel).read(metadata_name).decode()
+    for field in ("License-Expression: ", "Classifier: Framework :: Django :: 5.2",
+                  "Classifier: Framework :: Django :: 6.1", "Project-URL: Changelog, ",
+                  "Description-Content-Type: text/markdown", "Requires-Dist: django!=6.0.*,<6.2,>=5.2"):
+        assert field in metadata, field
+    assert "# django-leases" in metadata  # the long description is the README
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names
+    located = _run([python, "-c", "import django, leases; print(leases.__file__); print(django.get_version())"],
+                   cwd=tmp, env=env).split()
+    assert str(venv) in located[0]  # the installed wheel, not this checkout
+    print(f"Django {located[1]} on {interpreter}")
+    assert located[1].startswith(series + "."), f"Django {located[1]} installed for the {series} run"
+    # The README starts the embedded server from the installed package (the test's server stands in).
+    assert os.access(_host(EMBEDDED_SERVER, tmp).split()[0], os.X_OK)
 
-    # 2. A fresh virtualenv with the wheel, its dependencies and the PostgreSQL driver.
-    venv = tmp / "venv"
-    _run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", str(venv)], cwd=tmp, env=env)
-    python = str(venv / "bin" / "python")
-    _run([python, "-m", "pip", "install", "-q", str(wheel), "psycopg[binary]", "uvicorn"], cwd=tmp, env=env)
-    located = _run([python, "-c", "import leases; print(leases.__file__)"], cwd=tmp, env=env)
-    assert str(venv) in located  # the installed wheel, not this checkout
-
-    # 3. A new project: PostgreSQL default, the lease apps on their MongoDB alias.
-    site = tmp / "site"
-    site.mkdir()
-    _run([str(venv / "bin" / "django-admin"), "startproject", "hostsite", "."], cwd=site, env=env)
-    # SETTINGS_APPEND, COPY_FILES and CELERY_INIT, without a shell.
-    with open(site / "hostsite" / "settings.py", "a") as out:
-        out.write("\n" + (FILES / "settings_block.py").read_text())
-    for name in HOST_FILES:
-        shutil.copy(FILES / f"{name}.py", site / "hostsite" / f"{name}.py")
-    with open(site / "hostsite" / "__init__.py", "a") as out:
-        out.write("from .celery import app as celery_app\n")
+    # 2. A new project: PostgreSQL default, the lease apps on their MongoDB alias.
     _run([python, "-c", (
         "import psycopg; psycopg.connect('host=127.0.0.1 port=5432 dbname=test user=postgres', autocommit=True)"
-        f".execute('CREATE SCHEMA {schema}')")], cwd=site, env=env)
-    checked = _run([python, "manage.py", "check"], cwd=site, env=env, with_stderr=True)
+        f".execute('CREATE SCHEMA {schema}')")], cwd=tmp, env=env)
+    _bash(_host(SITE, tmp), cwd=tmp, env=env)
+    site = tmp / "site"
+    # No MONGODB_URI yet: the app's own check says so; the settings do not fail first.
+    unset = {k: v for k, v in env.items() if k != "MONGODB_URI"}
+    done = subprocess.run([python, "manage.py", "check"], cwd=site, env=unset, capture_output=True, text=True,
+                          timeout=STEP_TIMEOUT)
+    print("check without MONGODB_URI:", done.returncode, (done.stdout + done.stderr).strip()[-600:])
+    assert done.returncode == 1 and "leases.E002" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    checked = _bash(_host(MIGRATE, tmp).splitlines()[0] + " 2>&1", cwd=site, env=env)
     print(checked.strip())
     assert "leases.W006" not in checked  # the settings block's beat entry schedules the sweep
-    _run([python, "manage.py", "migrate"], cwd=site, env=env)
-    _run([python, "manage.py", "migrate", "--database", "leases"], cwd=site, env=env)
+    _bash(_host(MIGRATE, tmp), cwd=site, env=env)
 
     # The router kept each side to its own: users in PostgreSQL, the lease apps in MongoDB.
     tables = _run([python, "-c", (
@@ -244,8 +318,7 @@ def test_given_the_wheel_when_a_new_postgresql_project_adopts_it_then_leases_and
         assert holders.find_one({"_id": result["token"]}) is None  # released after the body
 
         # The README's Insights step as typed, under bash (a failing grep fails the step).
-        lines = _run(["bash", "-euo", "pipefail", "-c", _host(INSIGHTS_STEP, tmp, port)],
-                     cwd=site, env=env).strip().splitlines()
+        lines = _bash(_host(INSIGHTS_STEP, tmp, port), cwd=site, env=env).strip().splitlines()
         print("\n".join(lines))
         held = json.loads(lines[0])["token"]
         assert holders.find_one({"_id": held})["tenantId"] == "acme"
@@ -258,6 +331,15 @@ def test_given_the_wheel_when_a_new_postgresql_project_adopts_it_then_leases_and
         assert status == 200 and held in page and "Acme" in page, page[-2000:]
         status, login, _ = _get(base + "/accounts/login/")
         assert status == 200 and 'name="password"' in login, login[-2000:]
+
+        # The README's busy step: the example's /hold/ does not wait, and a busy resource is a
+        # 429 with Retry-After (whole seconds, at least 1), not a server error.
+        (busy,) = _bash(_host(BUSY_STEP, tmp, port), cwd=site, env=env).strip().splitlines()
+        print(busy)
+        code, _, retry_after = busy.partition(" Retry-After: ")
+        assert code == "429" and int(retry_after) >= 1, busy
+        status, body, _ = _get(base + "/hold/")
+        assert status == 429 and json.loads(body)["code"] == "LEASE_BUSY", body
 
         # Beat's sweep: the held lease, its TTL made to have run out an hour ago, is reaped
         # (reason "idle"). Nothing acquires "tex" from here on, so no acquire's lazy reap of
@@ -286,9 +368,9 @@ def test_given_the_wheel_when_a_new_postgresql_project_adopts_it_then_leases_and
 def test_given_the_readme_then_it_shows_the_adoption_files_and_commands_as_the_test_uses_them():
     readme = (REPO / "README.md").read_text()
     for name in ("settings_block.py", "tenancy.py", "tasks.py"):
-        assert (FILES / name).read_text().rstrip("\n") in readme, f"README's copy of tests/adoption/{name} drifted"
-    for command in (SETTINGS_APPEND, COPY_FILES, CELERY_INIT, WORKER + " &", BEAT + " &", UVICORN + " &",
-                    INSIGHTS_STEP):
+        assert (EXAMPLE / name).read_text().rstrip("\n") in readme, f"README's copy of examples/hostsite/{name} drifted"
+    for command in (INSTALL, EMBEDDED_SERVER, SITE, MIGRATE, WORKER + " &", BEAT + " &", UVICORN + " &",
+                    INSIGHTS_STEP, BUSY_STEP):
         assert command in readme, f"README's adoption steps no longer say:\n{command}"
-    # The cp list is every host file of tests/adoption/ (the settings block is appended, not copied).
-    assert sorted(HOST_FILES) == sorted(p.stem for p in FILES.glob("*.py") if p.name != "settings_block.py")
+    # The cp list is every host module of examples/hostsite/ (the settings block is appended, not copied).
+    assert sorted(HOST_FILES) == sorted(p.stem for p in EXAMPLE.glob("*.py") if p.name != "settings_block.py")

@@ -330,6 +330,25 @@ def test_given_only_a_tenant_document_when_viewing_the_definition_tenant_wide_th
     assert "45" in row and "layer-tenant" in row and "layer-project" not in row
 
 
+
+def test_given_a_definition_request_without_a_project_then_it_shows_the_tenant_wide_view(world):
+    users, _ = world
+    config.put_document("acme", "_tenant", document_path("browser"), "ttlSeconds: 45")
+    response = logged_in(users["acme-admin"]).get("/t/acme/insights/leases/definition?name=browser")
+    assert response.status_code == 200, response.content.decode()[-1500:]
+    row = re.search(r"ttlSeconds.*?</tr>", response.content.decode(), re.S).group(0)
+    assert "45" in row and "layer-tenant" in row and "layer-project" not in row
+
+
+def test_given_a_host_brand_then_the_insights_pages_carry_it_instead_of_the_seed_name(world, settings):
+    users, _ = world
+    settings.LEASES_BRAND = "Acme Cloud"
+    login = Client().get("/accounts/login/").content.decode()
+    assert "<title>Sign in · Acme Cloud</title>" in login and "Acme Cloud Insights" in login
+    page = logged_in(users["acme-admin"]).get("/t/acme/insights/leases").content.decode()
+    assert "Acme Cloud <span>Insights</span>" in page and " · Acme Cloud</title>" in page
+    assert "Vance" not in login + page
+
 # --- waiting, the global-full flag, links between the views ----------------------------------
 
 def queued():

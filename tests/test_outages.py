@@ -121,3 +121,22 @@ def test_given_a_release_fails_in_an_outage_then_it_raises_and_can_be_retried(fr
     doc = store.counters().find_one({"_id": "res|global|*"})
     assert doc["count"] == 0 and doc["holders"] == []
     leases.acquire(req(user="u2")).release()  # the slot is free again at once
+
+
+def test_given_mongodb_freezes_when_acquiring_then_the_error_names_the_host_it_tried(frozen_store, settings):
+    freeze, thaw = frozen_store
+    put("levels: {global: 5}\nwaitMs: 0")
+    leases.acquire(req()).release()
+    host = settings.MONGODB_URI.split("://", 1)[1].split("/", 1)[0]  # 127.0.0.1:<this server's port>
+    freeze()
+    with pytest.raises(leases.LeaseUnavailable) as err:
+        leases.acquire(req(user="u2"))
+    thaw()
+    assert f" at {host}" in str(err.value), str(err.value)  # "… unreachable at …" or "… error at …"
+
+
+def test_given_a_uri_with_credentials_then_the_host_named_in_errors_leaves_them_out():
+    uri = "mongodb://ops:s3cret@db1.example:27017,db2.example:27017/leases?replicaSet=rs0&authSource=admin"
+    assert store.where(uri) == "db1.example:27017,db2.example:27017"
+    assert store.where("mongodb+srv://ops:s3cret@cluster0.example.net/?retryWrites=true") == "cluster0.example.net"
+    assert "s3cret" not in store.where("ops:s3cret@nowhere")  # not a URI: named as such, never echoed

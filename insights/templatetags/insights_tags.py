@@ -10,6 +10,14 @@ from django import template
 register = template.Library()
 
 
+@register.simple_tag
+def brand() -> str:
+    """The host's name for the Insights pages (``LEASES_BRAND``, default the seed's "Vance")."""
+    from leases.conf import lease_settings
+
+    return str(lease_settings.BRAND)
+
+
 def _duration(seconds: float) -> str:
     seconds = int(round(abs(seconds)))
     if seconds < 60:

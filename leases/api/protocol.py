@@ -226,5 +226,5 @@ def release(*, key: ApiKey, token: str) -> ReleaseResult:
                                    outcome="already-released").inc()
             return ReleaseResult(token=token, released=False, reason=tombstone.get("reason"))
     except pymongo.errors.PyMongoError as exc:
-        raise LeaseUnavailable(f"lease store unreachable during release: {exc.__class__.__name__}") from None
+        raise LeaseUnavailable(store.unreachable("lease store", exc, " during release")) from None
     return ReleaseResult(token=token, released=True, reason="release")

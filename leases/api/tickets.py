@@ -114,7 +114,7 @@ def abandon(*, key: ApiKey, ticket_id: str) -> protocol.ReleaseResult | None:
     try:
         tombstone = store.tombstones().find_one(holders.scoped(ticket_id, scope), {"reason": 1})
     except pymongo.errors.PyMongoError as exc:
-        raise LeaseUnavailable(f"lease store unreachable: {exc.__class__.__name__}") from None
+        raise LeaseUnavailable(store.unreachable("lease store", exc)) from None
     if tombstone is None:
         raise StaleLease(f"unknown ticket {ticket_id}")
     return protocol.ReleaseResult(token=ticket_id, released=False, reason=tombstone.get("reason"))

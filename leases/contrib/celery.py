@@ -199,7 +199,7 @@ def _adopt(lease: service.Lease) -> service.Lease:
             lease.release()
         except LeaseUnavailable:
             log.warning("release of %s failed; reap and repair return it", lease.token)
-        raise LeaseUnavailable(f"lease store unreachable: {exc.__class__.__name__}") from None
+        raise LeaseUnavailable(store.unreachable("lease store", exc)) from None
     if not moved.matched_count:
         raise LeaseLost(f"lease {lease.token} on {lease.resource} was lost (reaped or revoked)")
     lease.request = dataclasses.replace(lease.request, pod=pod)

@@ -20,6 +20,7 @@ import django
 django.setup()
 
 import pymongo.errors  # noqa: E402
+from django.conf import settings  # noqa: E402
 
 import leases  # noqa: E402
 from leases import handlers, pausepoints, slots  # noqa: E402
@@ -73,6 +74,8 @@ def main() -> None:
             return booked
 
         slots.take = failing
+    # Pause points are inert unless the settings arm them (this child runs config.settings).
+    settings.LEASES_TEST_PAUSE_POINTS = True
     os.environ[pausepoints.PAUSE_ENV] = window
     lease = leases.acquire(request(tenant, "victim"))
     lease.release()

@@ -1,7 +1,8 @@
 # --- django-leases ------------------------------------------------------------------------
 import os
 
-MONGODB_URI = os.environ["MONGODB_URI"]  # the engine's MongoDB (pymongo)
+# The engine's MongoDB (pymongo). Unset, `manage.py check` says so (leases.E002).
+MONGODB_URI = os.environ.get("MONGODB_URI", "")
 
 INSTALLED_APPS += [  # noqa: F821 - appended to the generated settings.py
     "leases",
@@ -9,19 +10,9 @@ INSTALLED_APPS += [  # noqa: F821 - appended to the generated settings.py
     "insights",
     "leases.contrib.jobs",  # the "tex" lease type's revocation handler
 ]
-DATABASES = {
-    # The host's own database stays PostgreSQL ...
-    "default": {
-        "ENGINE": "django.db.backends.postgresql",
-        "NAME": "test",
-        "USER": "postgres",
-        "HOST": "127.0.0.1",
-        "PORT": "5432",
-    },
-    # ... and the lease apps' models live on a MongoDB alias of their own.
-    "leases": {"ENGINE": "django_mongodb_backend", "HOST": MONGODB_URI, "NAME": "hostsite_leases"},
-}
-DATABASE_ROUTERS = ["leases.routers.LeasesRouter"]
+# Your databases stay as they are; the lease apps' models live on a MongoDB alias of their own.
+DATABASES["leases"] = {"ENGINE": "django_mongodb_backend", "HOST": MONGODB_URI, "NAME": "hostsite_leases"}  # noqa: F821
+DATABASE_ROUTERS = ["leases.routers.LeasesRouter"]  # beside your own routers, if you have any
 LEASES_DATABASE = "leases"
 LEASES_TENANT_ACCESS = "hostsite.tenancy.GroupTenantAccess"
 LEASES_INTERNAL_SECRET = os.environ.get("LEASES_INTERNAL_SECRET", "change-me-to-a-long-random-value")
