@@ -49,6 +49,7 @@ from pathlib import Path
 import pymongo
 import pytest
 from django.conf import settings
+from prometheus_client.parser import text_string_to_metric_families
 
 from leases.embedded import free_port
 
@@ -82,6 +83,10 @@ MIGRATE = """\
 /tmp/host/venv/bin/python manage.py migrate                      # the host's apps, on PostgreSQL
 /tmp/host/venv/bin/python manage.py migrate --database leases    # the lease apps, on MongoDB
 """
+# One empty multiprocess directory for the processes started after it (prometheus_client's
+# multiprocess mode, leases/multiprocess_metrics.py): each writes its counts there, /metrics adds them up.
+METRICS_DIR = ('export PROMETHEUS_MULTIPROC_DIR=/tmp/host/prometheus && rm -rf "$PROMETHEUS_MULTIPROC_DIR"'
+               ' && mkdir -p "$PROMETHEUS_MULTIPROC_DIR"   # worker, beat and uvicorn: their metrics, one scrape')
 WORKER = "/tmp/host/venv/bin/celery -A hostsite worker --pool prefork --concurrency 2 --loglevel WARNING"
 BEAT = "/tmp/host/venv/bin/celery -A hostsite beat --loglevel INFO"
 UVICORN = "/tmp/host/venv/bin/uvicorn hostsite.asgi:application --host 127.0.0.1 --port 8002"
@@ -105,6 +110,14 @@ curl -s http://127.0.0.1:8002/accounts/login/ | grep -o '<title>[^<]*</title>'  
 """
 BUSY_STEP = ("curl -s -o /dev/null -w '%{http_code} Retry-After: %header{retry-after}\\n' http://127.0.0.1:8002/hold/"
              "  # 429: acme/reports holds its one tex slot")
+SCRAPE_STEP = """\
+# One scrape, every process: the views' grants (uvicorn), the @leased task's (a worker pool child)
+# and the reap of beat's sweep (run by the worker) once /hold/'s lease outlived its 120 s TTL:
+curl -s http://127.0.0.1:8002/metrics | grep -E '^vance_lease_(acquire|reap)_total'
+# vance_lease_acquire_total{outcome="success",resource="tex2pdf"} 4.0   <- 3 from the views, 1 from the task
+# vance_lease_acquire_total{outcome="busy",resource="tex2pdf"} 1.0
+# vance_lease_reap_total{reason="idle"} 1.0
+"""
 # Copied into the build directory: what a fresh clone holds (no venv, no build output, no git).
 _IGNORE = shutil.ignore_patterns(".git", ".venv", "var", "build", "*.egg-info", "__pycache__", "node_modules",
                                  "staticfiles")
@@ -155,6 +168,14 @@ def _host(command: str, tmp: Path, port: int = 8002, python: str = "python3") ->
 def _bash(script: str, *, cwd: Path, env: dict[str, str], timeout: float = STEP_TIMEOUT) -> str:
     """README lines as typed, under ``bash -euo pipefail`` (a failing command or grep fails the step)."""
     return _run(["bash", "-euo", "pipefail", "-c", script], cwd=cwd, env=env, timeout=timeout)
+
+
+def _scrape(tmp: Path, port: int, *, cwd: Path, env: dict[str, str]) -> dict[tuple[str, tuple], float]:
+    """The README's scrape line, as typed: every sample it greps, by (name, sorted labels)."""
+    text = _bash(_host(SCRAPE_STEP, tmp, port), cwd=cwd, env=env)
+    print(text.strip())
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 def _host_env(schema: str) -> dict[str, str]:
@@ -291,7 +312,11 @@ def test_given_a_fresh_clone_when_a_new_postgresql_project_adopts_the_wheel_then
     assert {"api_keys", "lease_config_documents", "insights_tenant"} <= collections, collections
     assert not {"auth_user", "django_session"} & collections
 
-    # 4. Real HTTP against the project under uvicorn, a Celery worker and Celery beat of the project.
+    # 4. Real HTTP against the project under uvicorn, a Celery worker and Celery beat of the project,
+    #    all started with the README's multiprocess directory (its line exports it to them).
+    metrics_dir = Path(_bash(_host(METRICS_DIR, tmp) + '\nprintf %s "$PROMETHEUS_MULTIPROC_DIR"', cwd=site, env=env))
+    assert metrics_dir.is_dir() and not any(metrics_dir.iterdir()) and metrics_dir.is_relative_to(tmp), metrics_dir
+    env = {**env, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
     port = free_port()
     processes = {name: subprocess.Popen(shlex.split(_host(command, tmp, port)), cwd=site,
                                         env={**env, "LEASES_REAP_INTERVAL": str(REAP_INTERVAL)} if name == "beat" else env,
@@ -310,12 +335,18 @@ def test_given_a_fresh_clone_when_a_new_postgresql_project_adopts_the_wheel_then
             assert compiled["released"] is True and len(compiled["token"]) == 32
             assert holders.find_one({"_id": compiled["token"]}) is None  # released
 
+        # The README's scrape, before and after the @leased task: uvicorn serves /metrics and
+        # acquires nothing in between, so the grant added comes from the worker's pool child.
+        granted = ("vance_lease_acquire_total", (("outcome", "success"), ("resource", "tex2pdf")))
+        assert _scrape(tmp, port, cwd=site, env=env).get(granted) == 2  # /compile/ and /acompile/
+
         result = json.loads(_run([python, "manage.py", "shell", "-c", (
             "import json; from hostsite.tasks import compile_pdf\n"
             "print(json.dumps(compile_pdf.delay('acme', 'docs', 'carol').get(timeout=60)))")],
             cwd=site, env=env, timeout=120).strip().splitlines()[-1])
         assert len(result["token"]) == 32
         assert holders.find_one({"_id": result["token"]}) is None  # released after the body
+        assert _scrape(tmp, port, cwd=site, env=env).get(granted) == 3, "the worker's grant is not in the scrape"
 
         # The README's Insights step as typed, under bash (a failing grep fails the step).
         lines = _bash(_host(INSIGHTS_STEP, tmp, port), cwd=site, env=env).strip().splitlines()
@@ -351,6 +382,15 @@ def test_given_a_fresh_clone_when_a_new_postgresql_project_adopts_the_wheel_then
             time.sleep(0.2)
         print(f"swept {time.monotonic() - planted:.1f} s after the holder expired")
         assert mongo[LEASE_DB]["lease_tombstones"].find_one({"_id": held})["reason"] == "idle"
+
+        # The README's scrape line as typed: the sweep's reap (the worker's pool child counts it
+        # just after the delete, so it may take a moment), and every grant of both processes.
+        reaped = ("vance_lease_reap_total", (("reason", "idle"),))
+        while (samples := _scrape(tmp, port, cwd=site, env=env)).get(reaped, 0) < 1:
+            assert time.monotonic() - planted < 5 * REAP_INTERVAL + 20, "the sweep's reap is not in the scrape"
+            time.sleep(0.5)
+        assert samples[granted] == 4  # /compile/, /acompile/ and /hold/ in uvicorn, the task in the worker
+        assert samples[("vance_lease_acquire_total", (("outcome", "busy"), ("resource", "tex2pdf")))] == 2
     finally:
         for name, process in processes.items():
             process.terminate()
@@ -369,8 +409,8 @@ def test_given_the_readme_then_it_shows_the_adoption_files_and_commands_as_the_t
     readme = (REPO / "README.md").read_text()
     for name in ("settings_block.py", "tenancy.py", "tasks.py"):
         assert (EXAMPLE / name).read_text().rstrip("\n") in readme, f"README's copy of examples/hostsite/{name} drifted"
-    for command in (INSTALL, EMBEDDED_SERVER, SITE, MIGRATE, WORKER + " &", BEAT + " &", UVICORN + " &",
-                    INSIGHTS_STEP, BUSY_STEP):
+    for command in (INSTALL, EMBEDDED_SERVER, SITE, MIGRATE, METRICS_DIR + "\n" + WORKER + " &", BEAT + " &",
+                    UVICORN + " &", INSIGHTS_STEP, BUSY_STEP + "\n" + SCRAPE_STEP + "kill "):
         assert command in readme, f"README's adoption steps no longer say:\n{command}"
     # The cp list is every host module of examples/hostsite/ (the settings block is appended, not copied).
     assert sorted(HOST_FILES) == sorted(p.stem for p in EXAMPLE.glob("*.py") if p.name != "settings_block.py")

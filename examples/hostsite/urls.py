@@ -11,4 +11,7 @@ urlpatterns = [
     path("", include("leases.api.pod_urls")),  # /internal/lease/…: pod-to-pod and operator CLI
     path("", include("leases.api.key_urls")),  # /t/<tenant>/insights/api-keys
     path("", include("insights.urls")),  # /t/<tenant>/insights/leases
+    # /metrics: with PROMETHEUS_MULTIPROC_DIR set for every process of the host, the counts of all
+    # of them (this web process, the Celery worker's pool children), not only this process's.
+    path("", include("django_prometheus.urls")),
 ]
