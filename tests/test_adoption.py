@@ -10,7 +10,9 @@ then real HTTP requests to the project served by uvicorn (ASGI): acquire/check/r
 view and from an async view, a ``@leased`` Celery task run by a real prefork worker of the
 project, the README's Insights step (users of the host's tenant model, then curl as the tenant
 admin, a stranger and anonymous; the shipped login page), a busy resource answered 429 with
-``Retry-After``, and the project's Celery beat sending the sweep that reaps an expired holder.
+``Retry-After``, the project's Celery beat sending the sweep that reaps an expired holder, and
+the README's ``/metrics`` scrape (one ``PROMETHEUS_MULTIPROC_DIR`` for worker, beat and uvicorn)
+showing the ``@leased`` task's grant, counted in a worker pool child, and the sweep's reap.
 Before ``migrate``, ``manage.py check`` without ``MONGODB_URI`` must reach the app's own check
 (``leases.E002``), not fail in the settings.
 
