@@ -38,7 +38,7 @@ from typing import Any
 import pymongo.errors
 from pymongo import ReturnDocument
 
-from . import commands, estimates, holders, metrics, service, slots, store, validation, waiting
+from . import commands, estimates, fences, holders, metrics, service, slots, store, validation, waiting
 from .documents import CounterDoc
 from .errors import LeaseLost, LeaseUnavailable
 
@@ -64,6 +64,8 @@ class AsyncLease:
     levels = property(lambda self: self._lease.levels)
     expires_at = property(lambda self: self._lease.expires_at)
     acquired_at = property(lambda self: self._lease.acquired_at)
+    #: The fence its grant issued (an opaque string; see :attr:`leases.Lease.fence`).
+    fence = property(lambda self: self._lease.fence)
     resource = property(lambda self: self._lease.resource)
 
     def __repr__(self) -> str:
@@ -291,8 +293,9 @@ async def _uncontended(attempt: Any, *, queues: bool) -> service.Lease | None:
                 attempt.created_at = time.monotonic()
                 if queues and waiting.queue_likely(attempt.gate.key):
                     return None  # tickets wait at the gate: the push would be refused
+                plan = fences.plan(attempt.fence_spec, attempt.booking, floor=fences.floor_of(attempt.written_at))
                 ops = slots.take_ops(attempt.specs, attempt.booking, attempt.definition.resource,
-                                     gate_key=attempt.gate.key)
+                                     gate_key=attempt.gate.key, fence=plan)
                 try:
                     await db[store.COUNTERS].bulk_write(ops, ordered=True)
                     booked = len(attempt.specs)
@@ -304,8 +307,8 @@ async def _uncontended(attempt: Any, *, queues: bool) -> service.Lease | None:
                     return None
                 held = await db[store.HOLDERS].find_one_and_update(
                     *commands.mark_held(attempt.token, keys=attempt.keys, ttl_seconds=attempt.definition.ttl_seconds,
-                                        attempt_id=attempt.attempt_id),
-                    projection={"expiresAt": 1, "acquiredAt": 1, "lastSeenAt": 1, "intervalSeconds": 1},
+                                        attempt_id=attempt.attempt_id, fence=plan.fence),
+                    projection=commands.HELD_PROJECTION,
                     return_document=ReturnDocument.AFTER)
                 if held is None:
                     await asyncio.to_thread(_rollback, attempt)
@@ -323,7 +326,7 @@ async def _uncontended(attempt: Any, *, queues: bool) -> service.Lease | None:
     return service.Lease(attempt.token, attempt.definition, attempt.request, list(attempt.keys),
                          expires_at=held.get("expiresAt"), acquired_at=held.get("acquiredAt"),
                          last_seen_at=held.get("lastSeenAt"), interval_seconds=held.get("intervalSeconds"),
-                         attempt_id=attempt.attempt_id)
+                         attempt_id=attempt.attempt_id, fence=held.get("fence"))
 
 
 def _rollback(attempt: Any) -> None:

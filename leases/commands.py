@@ -51,13 +51,20 @@ def holder_upsert(token: str, *, definition: Any, request: Any, pod: str, keys: 
     }}]
 
 
-def mark_held(token: str, *, keys: list[str], ttl_seconds: int, attempt_id: str | None) -> tuple[dict, list]:
+def mark_held(token: str, *, keys: list[str], ttl_seconds: int, attempt_id: str | None,
+              fence: str | None = None) -> tuple[dict, list]:
     """Every level is booked: the holder becomes HELD with the counters it booked — only
     the holder as written by ``attempt_id`` (the one its entries name; ``None``: a holder
     written before attempts existed), else nothing matches (it vanished, or was written
-    again: its entries book for nobody)."""
-    return {"_id": token, "attemptId": attempt_id}, [{"$set": {"state": "HELD", "levels": {"$literal": keys}, "lastSeenAt": "$$NOW",
-                                      "heldAt": "$$NOW", "expiresAt": store.now_plus_ms(ttl_seconds * 1000)}}]
+    again: its entries book for nobody). ``fence``: the one its booking issued, kept on the
+    holder so that every renewal, poll and operator view answers it."""
+    return {"_id": token, "attemptId": attempt_id}, [{"$set": {
+        "state": "HELD", "levels": {"$literal": keys}, "lastSeenAt": "$$NOW", "heldAt": "$$NOW",
+        "expiresAt": store.now_plus_ms(ttl_seconds * 1000), "fence": {"$literal": fence}}}]
+
+
+#: What the HELD update answers (the grant's fields, the fence among them).
+HELD_PROJECTION = {"expiresAt": 1, "acquiredAt": 1, "lastSeenAt": 1, "intervalSeconds": 1, "fence": 1}
 
 
 

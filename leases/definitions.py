@@ -50,9 +50,12 @@ FIELD_OWNERS: dict[str, tuple[str, ...]] = {
     "defaultPriority": ("classpath", "system"),
     "allowedPriorities": ("classpath", "system"),
     "maxStarvationMs": ("classpath", "system"),
+    # The level whose counter the resource's guard checks (leases.fences): the operator's,
+    # like the resource ceiling, so every tenant's holders are fenced on the same counter.
+    "fence": ("classpath", "system"),
 }
 TOP_FIELDS = ("name", "resource", "levels", "ttlSeconds", "waitMs", "shares", "priorities", "defaultPriority",
-              "allowedPriorities", "maxStarvationMs")
+              "allowedPriorities", "maxStarvationMs", "fence")
 MAX_PRIORITIES = 8
 MAX_WEIGHT = 1_000_000
 MAX_STARVATION_MS = 24 * 3600 * 1000
@@ -99,6 +102,8 @@ class LeaseDefinition:
     default_priority: str | None = None
     allowed_priorities: dict[str, tuple[str, ...]] = field(default_factory=dict)
     max_starvation_ms: int | None = None
+    # The capped level whose counter fences this lease's grants (None: the gate, the widest).
+    fence_level: str | None = None
     # False when no layer (bundled, System, Tenant, Project) has a document for the name:
     # a misspelt name, acquired NOOP or refused per LEASES_UNDEFINED_LEASE.
     defined: bool = True
@@ -169,6 +174,7 @@ class LeaseDefinition:
             "priorities": list(self.priorities), "defaultPriority": self.default_priority,
             "allowedPriorities": {t: list(c) for t, c in self.allowed_priorities.items()},
             "maxStarvationMs": self.max_starvation_ms,
+            "fence": self.fence_level or next((lv for lv in reversed(CHECK_ORDER) if lv in self.levels), None),
         }
 
 
@@ -253,7 +259,7 @@ def _all_fields(doc: Any, name: str) -> dict[str, Any]:
             if shares.get(part) is not None:
                 flat[f"shares.{part}"] = shares[part]
     for key in ("resource", "ttlSeconds", "waitMs", "priorities", "defaultPriority", "allowedPriorities",
-                "maxStarvationMs"):
+                "maxStarvationMs", "fence"):
         if doc.get(key) is not None:
             flat[key] = doc[key]
     return flat
@@ -290,6 +296,9 @@ def _flatten(doc: Any, name: str, layer: str) -> dict[str, Any]:
                 if not isinstance(tenant, str) or ID_RE.fullmatch(tenant) is None:
                     raise _BrokenLayer(f"allowedPriorities: {tenant!r} is not a valid tenant id")
                 _classes(classes, f"allowedPriorities.{tenant}")
+        elif key == "fence":
+            if value not in LEVELS:
+                raise _BrokenLayer(f"fence must name a level ({', '.join(LEVELS)}), got {value!r}")
         elif key == "resource":
             if not isinstance(value, str) or RESOURCE_RE.fullmatch(value) is None or value.startswith("mcp-inline:"):
                 raise _BrokenLayer(f"resource {value!r} is not a valid resource name")
@@ -384,6 +393,11 @@ def merge(name: str, layer_fields: dict[str, dict[str, Any]]) -> LeaseDefinition
     for tenant, classes in allowed.items():
         if set(classes) - set(priorities):
             raise InvalidDefinition(f"lease {name}: allowedPriorities.{tenant} names classes not in {list(priorities)}")
+    fence = values.get("fence")
+    if fence is not None and fence not in levels:
+        # Fail closed: a guard keyed on a counter nobody books would admit everyone.
+        raise InvalidDefinition(f"lease {name}: fence names level {fence!r}, which it does not cap "
+                                f"(capped: {sorted(levels)})")
     if priorities and default_priority is None:
         # Not naming a class never buys the top one: the default is the lowest.
         default_priority = priorities[-1]
@@ -400,6 +414,7 @@ def merge(name: str, layer_fields: dict[str, dict[str, Any]]) -> LeaseDefinition
         default_priority=default_priority,
         allowed_priorities=allowed,
         max_starvation_ms=values.get("maxStarvationMs"),
+        fence_level=fence,
     )
 
 

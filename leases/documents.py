@@ -42,6 +42,7 @@ class HolderDoc(TypedDict, total=False):
     expiresAt: datetime         # the deadline: past it the holder is reaped
     priorExpiresAt: datetime    # the deadline the last renewal replaced
     polledAt: datetime          # the last poll of a kept ticket
+    fence: str | None           # the fence its grant issued (leases.fence_codec), set when HELD
 
 
 class TicketDoc(TypedDict, total=False):
@@ -87,6 +88,8 @@ class CounterDoc(TypedDict, total=False):
     updatedAt: datetime
     clock: datetime             # stamped by the command that returned the document
     checkedAt: datetime         # the last repair check
+    # The fence counter's slots (leases.fences): "s<slot>" -> {"e": entry, "g": generation}.
+    fence: dict[str, dict[str, Any]]
 
 
 class PodDoc(TypedDict, total=False):

@@ -156,6 +156,31 @@ class AuditEntryNotFound(LeaseError, LookupError):
     code = "AUDIT_ENTRY_NOT_FOUND"
 
 
+# --- Fencing (the resource's side: leases.fencing) ---------------------------------------
+
+
+class StaleFence(LeaseError):
+    """A fence older than one the resource has already admitted for the same slot: its
+    holder's lease is gone and the slot belongs to a newer holder (:mod:`leases.fencing`)."""
+
+    code = "STALE_FENCE"
+
+    def __init__(self, message: str = "", *, counter: str | None = None, slot: int | None = None,
+                 generation: int | None = None, seen: int | None = None):
+        self.counter = counter
+        self.slot = slot
+        self.generation = generation
+        self.seen = seen  # the newer generation the guard holds, when it said (None: not read)
+        super().__init__(message)
+
+
+class InvalidFence(InvalidLeaseRequest):
+    """A fence string that is no fence the engine issued (malformed, wrong version, out of
+    range); nothing was recorded."""
+
+    code = "INVALID_FENCE"
+
+
 # --- HTTP API and its keys -------------------------------------------------------------
 
 

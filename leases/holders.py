@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 
 #: What a renewal returns and a grant answers from.
 GRANT_FIELDS = {"resource": 1, "leaseName": 1, "type": 1, "ttlSeconds": 1, "expiresAt": 1, "lastSeenAt": 1,
-                "intervalSeconds": 1, "priorExpiresAt": 1}
+                "intervalSeconds": 1, "priorExpiresAt": 1, "fence": 1}
 #: The fields a caller's scope may bind.
 _SCOPE_FIELDS = ("tenantId", "projectId")
 

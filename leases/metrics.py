@@ -75,6 +75,10 @@ WAIT_BY_CLASS = Histogram("wait_by_class_seconds", "Time from a queued acquire t
                           buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
 WAIT_OUTCOME = Counter("wait", "Queued acquisitions by outcome.", ["resource", "outcome"],
                        namespace=NAMESPACE, subsystem="lease")
+# Counted by the resource's own guard (leases.fencing), labelled with the resource its owner
+# named when building it: never from the fence string a caller sent.
+FENCE_REJECTED = Counter("fence_rejected", "Uses a fence guard refused: the fence was older than one it had admitted.",
+                         ["resource"], namespace=NAMESPACE, subsystem="lease")
 
 INLINE_RESOURCE_TAG = "mcp-inline"
 # Names defined in no layer answer NOOP; their made-up names must not become label series.

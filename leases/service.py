@@ -33,6 +33,7 @@ from . import (
     commands,
     definitions,
     estimates,
+    fences,
     handlers,
     history,
     holders,
@@ -152,8 +153,11 @@ class Lease:
     def __init__(self, token: str, definition: LeaseDefinition, request: LeaseRequest, levels: list[str],
                  expires_at: datetime | None = None, acquired_at: datetime | None = None,
                  last_seen_at: datetime | None = None, interval_seconds: int | None = None,
-                 attempt_id: str | None = None):
+                 attempt_id: str | None = None, fence: str | None = None):
         self.token = token
+        #: The fence its grant issued (:mod:`leases.fencing`): an opaque string the resource
+        #: checks with ``FenceGuard.admit``; None only for a lease granted before fences existed.
+        self.fence = fence
         self.attempt_id = attempt_id  # the holder's attemptId, named by its booking entries
         self.definition = definition
         self.request = request
@@ -332,6 +336,7 @@ class _Attempt:
         self.named(slots.new_attempt_id())
         self.keys = [spec.key for spec in specs]
         self.gate = specs[-1]
+        self.fence_spec = fences.spec_of(definition, specs)
         self.acquired_at: datetime | None = None
         self.created_at = 0.0  # monotonic, when the holder document was (re)written
         self.written_at: datetime | None = None  # MongoDB's clock then: a (re)queued ticket is seen then
@@ -386,10 +391,20 @@ class _Attempt:
             raise _Blocked(self.gate, None)
         try:
             retried: set[str] = set()
+            fence: fences.Plan | None = None
+            read: CounterDoc | None = None
             while len(taken) < len(self.specs):
                 rest = self.specs[len(taken):]
+                keys = [spec.key for spec in rest]
+                plan, plan_key = None, self.fence_spec.key
+                if plan_key in keys:
+                    # Proposed from the counter just read, else from this process's view of it.
+                    plan = fences.plan(self.fence_spec, self.booking, floor=fences.floor_of(self.written_at),
+                                       counter=read if read is not None and read.get("_id") == plan_key else None)
                 booked = slots.take(rest, self.booking, self.definition.resource, gate_key=self.gate.key,
-                                    privileged=privileged, ticket=self.token, charge=charge)
+                                    privileged=privileged, ticket=self.token, charge=charge, fence=plan)
+                if plan is not None and keys.index(plan.key) < booked:
+                    fence = plan
                 taken.extend(spec.key for spec in rest[:booked])
                 if booked == len(rest):
                     break
@@ -399,7 +414,8 @@ class _Attempt:
                     raise _Blocked(spec, None)  # queueing reads the gate in the same command
                 # Full, queued, or raced: a full level is diagnosed (and repaired) from this
                 # document; a counter with room was created or freed meanwhile: try again.
-                counter = waiting.read_gate(spec.key)
+                counter = read = waiting.read_gate(spec.key)
+                fences.note(counter)
                 if counter is not None and "holders" not in counter:  # written before entries
                     slots.convert_legacy(counter, slots.entries_by_key([spec.key]),
                                          safety=timedelta(0), now=counter["clock"] + timedelta(days=1))
@@ -412,8 +428,8 @@ class _Attempt:
             _pause_point("acquire")
             held = store.holders().find_one_and_update(
                 *commands.mark_held(self.token, keys=self.keys, ttl_seconds=self.definition.ttl_seconds,
-                                    attempt_id=self.attempt_id),
-                projection={"expiresAt": 1, "acquiredAt": 1, "lastSeenAt": 1, "intervalSeconds": 1},
+                                    attempt_id=self.attempt_id, fence=fence.fence if fence else None),
+                projection=commands.HELD_PROJECTION,
                 return_document=ReturnDocument.AFTER,
             )
             if held is None:
@@ -427,7 +443,7 @@ class _Attempt:
         return Lease(self.token, self.definition, self.request, list(self.keys),
                      expires_at=held.get("expiresAt"), acquired_at=held.get("acquiredAt"),
                      last_seen_at=held.get("lastSeenAt"), interval_seconds=held.get("intervalSeconds"),
-                     attempt_id=self.attempt_id)
+                     attempt_id=self.attempt_id, fence=held.get("fence"))
 
     def ticket(self, level: str, arrived: datetime | None, *, waker: str | None = None,
                seen: datetime | None = None) -> TicketDoc:
@@ -1037,7 +1053,7 @@ def resume(ticket_id: str, *, scope: holders.Scope, keep_ms: int) -> "Lease | Ti
         return Lease(ticket_id, definition, request, list(holder.get("levels") or ()),
                      expires_at=holder.get("expiresAt"), acquired_at=holder.get("acquiredAt"),
                      last_seen_at=holder.get("lastSeenAt"), interval_seconds=holder.get("intervalSeconds"),
-                     attempt_id=holder.get("attemptId"))
+                     attempt_id=holder.get("attemptId"), fence=holder.get("fence"))
     specs = definition.level_specs(request.tenant_id, request.project_id, request.user_id)
     # The class a ticket queued with stands: it was checked when the request queued, and a
     # System-layer change of the tenant's allowed classes since must not strand a ticket that

@@ -26,7 +26,7 @@ import logging
 import secrets
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pymongo.errors
 from pymongo import ReturnDocument, UpdateOne
@@ -34,6 +34,9 @@ from pymongo import ReturnDocument, UpdateOne
 from . import caps, ids, store
 from .definitions import LevelSpec
 from .documents import CounterDoc, HolderDoc
+
+if TYPE_CHECKING:
+    from .fences import Plan
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +103,7 @@ def holder_keys(doc: HolderDoc) -> list[str]:
 
 def take(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_key: str,
          privileged: bool = False, ticket: str | None = None,
-         charge: dict[str, dict[str, Any]] | None = None) -> int:
+         charge: dict[str, dict[str, Any]] | None = None, fence: Plan | None = None) -> int:
     """Book ``specs`` in order (narrow → wide) for ``booking`` in one ordered bulk write.
 
     Each level is a conditional push (``count < cap``, entry not there yet), so a slot is
@@ -115,6 +118,9 @@ def take(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_key: s
     removes it from the queue and applies ``charge`` (the order rule's share accounting,
     ``$inc``/``$max`` operators).
 
+    ``fence``: the slot and generation proposed on the fence counter (:mod:`leases.fences`);
+    that level books only if the slot is free and the generation newer, and records them.
+
     Returns:
         How many of ``specs`` are booked now, from the first: ``len(specs)`` when all.
 
@@ -122,7 +128,8 @@ def take(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_key: s
         pymongo.errors.PyMongoError: the store failed; what is booked is unknown (the caller
             gives every entry back by value, which is idempotent).
     """
-    ops = take_ops(specs, booking, resource, gate_key=gate_key, privileged=privileged, ticket=ticket, charge=charge)
+    ops = take_ops(specs, booking, resource, gate_key=gate_key, privileged=privileged, ticket=ticket, charge=charge,
+                   fence=fence)
     if not ops:
         return 0
     try:
@@ -134,7 +141,7 @@ def take(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_key: s
 
 def take_ops(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_key: str,
              privileged: bool = False, ticket: str | None = None,
-             charge: dict[str, dict[str, Any]] | None = None) -> list[UpdateOne]:
+             charge: dict[str, dict[str, Any]] | None = None, fence: Plan | None = None) -> list[UpdateOne]:
     """The ordered bulk of :func:`take` (the async executor sends the same one): one
     conditional push per level, then (never failing) the ``cap`` refresh of each level whose
     view is newer than its cap stamp (:mod:`leases.caps`), run only when every level booked.
@@ -154,10 +161,15 @@ def take_ops(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_ke
             # $elemMatch, not "queue.id": an equality would seed the upsert's document, whose
             # insert must only collide on _id (as on a full level).
             query["queue"] = {"$elemMatch": {"id": ticket}}
+        clauses = []
         if stamp := caps.obeyed(spec):
             # A view loaded before a definition write lowered this cap fits under it too; and
             # the booking never sets ``cap`` itself (only a view newer than the stamp does).
-            query["$and"] = [stamp]
+            clauses.append(stamp)
+        if fence is not None and spec.key == fence.key:
+            clauses.append(fence.clause())  # the fence is issued by this very update
+        if clauses:
+            query["$and"] = clauses
         update: dict[str, Any] = {
             "$push": {"holders": booking}, "$inc": {"count": 1}, "$currentDate": {"updatedAt": True},
             "$setOnInsert": {"resource": resource, "level": spec.level, "scope": spec.scope, "tenantId": spec.tenant_id,
@@ -167,6 +179,8 @@ def take_ops(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_ke
             update["$pull"] = {"queue": {"id": ticket}}
             for op, values in (charge or {}).items():
                 update[op] = {**update.get(op, {}), **values}
+        if fence is not None and spec.key == fence.key:
+            update["$set"] = {**update.get("$set", {}), **fence.update()}
         ops.append(UpdateOne(query, update, upsert=True))
     ops.extend(op for op in map(caps.refresh_op, specs) if op is not None)
     return ops

@@ -113,7 +113,8 @@ def reconcile(*, now: datetime | None = None, safety_ms: int | None = None,
     * A counter written before entries existed gets its list from the holders that register
       it, once it is older than the safety margin (``LEASES_RECONCILE_SAFETY_MS``).
     * A counter nobody books or queues on, untouched for the safety margin, is deleted
-      (the next acquisition creates it again).
+      (the next acquisition creates it again) — unless it has issued fences: its ``fence``
+      slots are where their generations live (:mod:`leases.fences`), so it stays.
     * Stale tickets (their waiters are gone) are pruned from the queues.
 
     Returns:
@@ -174,7 +175,8 @@ def reconcile(*, now: datetime | None = None, safety_ms: int | None = None,
                 metrics.RECONCILE.labels(outcome="corrected").inc()
                 log.info("reconcile: counter %s corrected %s -> %d", doc["_id"], doc.get("count"), len(entries))
         elif not entries and not doc.get("queue") and (doc.get("updatedAt") is None or doc["updatedAt"] < now - safety):
-            counters.delete_one({**guard, "holders.0": {"$exists": False}, "queue.0": {"$exists": False}})
+            counters.delete_one({**guard, "holders.0": {"$exists": False}, "queue.0": {"$exists": False},
+                                 "fence": {"$exists": False}})
         if doc.get("queue"):
             waiting.prune({**doc, "clock": now})
     return corrected, has_more

@@ -28,7 +28,7 @@ from typing import Any, cast
 import pymongo.errors
 from pymongo import ReturnDocument, UpdateOne
 
-from . import order, slots, store, wakeups
+from . import fences, order, slots, store, wakeups
 from .conf import lease_settings
 from .documents import CounterDoc, HolderDoc, TicketDoc
 from .tombstones import tombstone_upsert
@@ -59,9 +59,11 @@ QUEUE_HINT_S = 1.0
 
 
 def note_queue(gate: CounterDoc | None) -> None:
-    """Remember whether the gate had waiting tickets (from a document a command returned)."""
+    """Remember whether the gate had waiting tickets (from a document a command returned),
+    and its slots for the next fence proposed on it (:func:`leases.fences.note`)."""
     if gate is None:
         return
+    fences.note(gate)
     if gate.get("queue"):
         _queued_seen[gate["_id"]] = time.monotonic()
     else:
