@@ -1,0 +1,227 @@
+"""Fences issued by the engine (leases.fences): one per grant, in the booking update, per
+(counter, slot) strictly increasing across every way a booking ends."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import leases
+from leases import config, fence_codec, fences, holders, reaper, sweeps, store, waiting
+from leases.definitions import document_path, load
+from leases.errors import InvalidDefinition, LeaseUnavailable
+from tests.helpers import counted_commands, quiet_handler_fixture, queue_up
+
+handler = quiet_handler_fixture()
+
+
+@pytest.fixture(autouse=True)
+def blind_process():
+    # Each test starts without this process's views of counters an earlier test left (the
+    # store is emptied between tests; a view of a counter that is gone is a process's past).
+    fences.forget()
+    yield
+    fences.forget()
+
+
+def put(name, text, tenant="_vance", project="_tenant"):
+    config.put_document(tenant, project, document_path(name), text)
+
+
+def req(lease="res", tenant="acme", project="p1", user="u1", **kw):
+    return leases.LeaseRequest(type="test", lease=lease, tenant_id=tenant, project_id=project, user_id=user, **kw)
+
+
+def slot_of(lease):
+    return fence_codec.decode(lease.fence)
+
+
+def gate(key="res|global|*"):
+    return store.counters().find_one({"_id": key})
+
+
+def test_given_a_capped_lease_when_acquired_then_its_fence_names_the_gate_a_slot_and_a_generation():
+    # Given: a lease capped at two levels.
+    put("res", "levels: {global: 3, user: 2}")
+    # When: it is acquired.
+    lease = leases.acquire(req())
+    # Then: the fence is on the gate (the widest capped level), a slot below the cap, a generation
+    # at least the server clock's millisecond x 1000; the holder and the gate record it.
+    fence = slot_of(lease)
+    assert fence.counter == "res|global|*" and 0 <= fence.slot < 3
+    holder = store.holders().find_one({"_id": lease.token})
+    assert holder["fence"] == lease.fence
+    assert fence.generation >= fences.floor_of(holder["acquiredAt"])
+    recorded = gate()["fence"][f"s{fence.slot}"]
+    assert recorded == {"e": lease._booking(), "g": fence.generation}
+    # And: a renewal answers the same fence.
+    assert holders.renew(lease.token)["fence"] == lease.fence
+    lease.release()
+
+
+def test_given_cap_two_then_live_holders_have_distinct_slots_and_a_freed_slot_comes_back_newer():
+    put("res", "levels: {global: 2}")
+    a, b = leases.acquire(req(user="a")), leases.acquire(req(user="b"))
+    assert {slot_of(a).slot, slot_of(b).slot} == {0, 1}
+    # When: a releases and c takes the only free slot.
+    a.release()
+    c = leases.acquire(req(user="c"))
+    # Then: c has a's slot with a strictly newer generation; b keeps its own.
+    assert slot_of(c).slot == slot_of(a).slot and slot_of(c).generation > slot_of(a).generation
+    assert slot_of(b).slot != slot_of(c).slot
+    b.release()
+    c.release()
+
+
+def test_given_a_stale_view_proposing_an_occupied_slot_then_the_booking_refuses_it_and_proposes_again():
+    # Given: a holder on slot 0 of a cap-2 gate, and a process view that wrongly says slot 0
+    # is free with generation 0 (another process booked it since this one looked).
+    put("res", "levels: {global: 2}")
+    first = leases.acquire(req(user="a"))
+    taken = slot_of(first).slot
+    fences.note({"_id": "res|global|*", "holders": [], "fence": {}})
+    for _ in range(8):  # whichever slot the view's random pick proposes, the booking tells
+        # When: another holder books, then gives the slot back.
+        other = leases.acquire(req(user="b"))
+        # Then: never the occupied slot: the filter refused the proposal and the retry read the gate.
+        assert slot_of(other).slot != taken
+        other.release()
+        fences.note({"_id": "res|global|*", "holders": [], "fence": {}})
+    first.release()
+
+
+def test_given_a_view_with_a_newer_generation_than_proposed_then_the_recorded_generation_still_only_grows():
+    # Given: slot 0 recorded far in the future (a counter written by a server with a clock ahead).
+    put("res", "levels: {global: 1}")
+    leases.acquire(req()).release()
+    ahead = fences.floor_of(store.server_now()) * 10
+    store.counters().update_one({"_id": "res|global|*"}, {"$set": {"fence.s0.g": ahead}})
+    fences.forget()
+    # When: the slot is granted again.
+    lease = leases.acquire(req())
+    # Then: above the recorded generation, though the floor (the clock) is below it.
+    assert slot_of(lease).generation == ahead + 1
+    lease.release()
+
+
+@pytest.mark.parametrize("ending", ["release", "reap", "revoke", "repair", "reconcile"])
+def test_given_each_way_a_booking_ends_then_the_next_grant_of_the_slot_has_a_newer_generation(ending):
+    put("res", "levels: {global: 1}")
+    lease = leases.acquire(req())
+    before = slot_of(lease)
+    if ending == "release":
+        lease.release()
+    elif ending == "reap":
+        store.holders().update_one({"_id": lease.token}, [{"$set": {"expiresAt": {"$subtract": ["$$NOW", 1000]}}}])
+        assert reaper.reap_idle()[0] == 1
+    elif ending == "revoke":
+        reaper.reap({"_id": lease.token}, "revoke")
+    else:
+        # The holder document vanished without its pull (a crash mid-release): repair or
+        # reconcile returns the slot.
+        store.holders().delete_one({"_id": lease.token})
+        if ending == "repair":
+            doc = waiting.read_gate("res|global|*")
+            assert waiting.repair(doc, doc["clock"])
+        else:
+            assert sweeps.reconcile(safety_ms=0)[0] == 1
+    after = leases.acquire(req(user="next"))
+    assert slot_of(after).slot == before.slot and slot_of(after).generation > before.generation
+    after.release()
+
+
+def test_given_an_idle_counter_that_issued_fences_then_reconcile_keeps_it_with_its_generations():
+    put("res", "levels: {global: 1, user: 1}")
+    leases.acquire(req()).release()
+    # When: reconcile runs with no safety margin (idle counters are deleted).
+    sweeps.reconcile(safety_ms=0)
+    # Then: the user counter (no fences) is gone, the gate with its slots stays.
+    assert store.counters().find_one({"_id": "res|user|acme/u1"}) is None
+    assert gate()["fence"]["s0"]["g"] > 0
+
+
+def test_given_a_counter_deleted_by_hand_then_the_clock_floor_keeps_generations_above_the_old_ones():
+    put("res", "levels: {global: 1}")
+    lease = leases.acquire(req())
+    old = slot_of(lease).generation
+    lease.release()
+    store.counters().delete_many({})
+    fences.forget()
+    again = leases.acquire(req())
+    assert slot_of(again).generation > old
+    again.release()
+
+
+def test_given_a_fence_level_then_grants_are_fenced_on_that_counter():
+    # Given: one browser session per user, under a global ceiling.
+    put("res", "levels: {global: 5, user: 1}\nfence: user")
+    lease = leases.acquire(req(user="carol"))
+    # Then: the fence names carol's user counter, which records the slot.
+    assert slot_of(lease).counter == "res|user|acme/carol" and slot_of(lease).slot == 0
+    assert store.counters().find_one({"_id": "res|user|acme/carol"})["fence"]["s0"]["e"] == lease._booking()
+    assert "fence" not in gate()
+    assert load("res", "acme", "p1").to_dict()["fence"] == "user"
+    lease.release()
+
+
+def test_given_a_fence_level_the_lease_does_not_cap_then_acquiring_fails_closed():
+    put("res", "levels: {global: 5}\nfence: user")
+    with pytest.raises(LeaseUnavailable, match="fence names level 'user'"):
+        leases.acquire(req())
+    assert store.holders().count_documents({}) == 0
+
+
+def test_given_a_fence_that_names_no_level_then_the_document_is_refused():
+    with pytest.raises(InvalidDefinition, match="fence must name a level"):
+        put("res", "levels: {global: 5}\nfence: galaxy")
+
+
+def test_given_a_fence_level_in_a_tenant_layer_then_it_is_ignored():
+    # The guard's counter is the operator's choice: a tenant cannot move its holders off it.
+    put("res", "levels: {global: 5, user: 1}")
+    put("res", "fence: user", tenant="acme")
+    assert load("res", "acme", "p1").fence_level is None
+
+
+def test_given_a_waiting_ticket_when_the_slot_frees_then_its_grant_carries_a_newer_fence_of_that_slot():
+    put("res", "levels: {global: 1}\nwaitMs: 10000")
+    held = leases.acquire(req(user="h"))
+    waiter = queue_up(req(user="w"), "res|global|*")
+    held.release()
+    waiter.join(10)
+    assert waiter.lease is not None
+    assert slot_of(waiter.lease).slot == slot_of(held).slot
+    assert slot_of(waiter.lease).generation > slot_of(held).generation
+    waiter.lease.release()
+
+
+def test_given_an_async_acquire_then_its_lease_has_the_fence_its_booking_recorded():
+    put("res", "levels: {global: 2}")
+
+    async def scenario():
+        try:
+            lease = await leases.aacquire(req())
+            fence = lease.fence
+            await lease.arelease()
+            return fence
+        finally:
+            await leases.aio.aclose()
+
+    fence = asyncio.run(scenario())
+    decoded = fence_codec.decode(fence)
+    assert gate()["fence"][f"s{decoded.slot}"]["g"] == decoded.generation
+
+
+def test_given_a_warm_process_then_the_fence_costs_no_command():
+    put("res", "levels: {global: 9, tenant: 9, project: 9, user: 9}\nfence: project")
+    from leases import invalidation
+
+    assert invalidation.wait_listening()
+    leases.acquire(req()).release()
+    with counted_commands() as counted:
+        lease = leases.acquire(req())
+        lease.release()
+    assert lease.fence is not None
+    assert counted.commands == ["findAndModify", "update", "findAndModify", "findAndModify", "update",
+                                "findAndModify", "update"]
