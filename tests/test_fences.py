@@ -78,8 +78,10 @@ def test_given_a_stale_view_proposing_an_occupied_slot_then_the_booking_refuses_
     # Given: a holder on slot 0 of a cap-2 gate, and a process view that wrongly says slot 0
     # is free with generation 0 (another process booked it since this one looked).
     put("res", "levels: {global: 2}")
+    fences.note({"_id": "res|global|*", "holders": [], "fence": {}})
     first = leases.acquire(req(user="a"))
     taken = slot_of(first).slot
+    assert taken == 0  # the only slot a view of an empty counter proposes
     fences.note({"_id": "res|global|*", "holders": [], "fence": {}})
     for _ in range(8):  # whichever slot the view's random pick proposes, the booking tells
         # When: another holder books, then gives the slot back.
