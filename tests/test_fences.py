@@ -8,10 +8,10 @@ import asyncio
 import pytest
 
 import leases
-from leases import config, fence_codec, fences, holders, reaper, sweeps, store, waiting
+from leases import config, fence_codec, fences, holders, reaper, store, sweeps, waiting
 from leases.definitions import document_path, load
 from leases.errors import InvalidDefinition, LeaseUnavailable
-from tests.helpers import counted_commands, quiet_handler_fixture, queue_up
+from tests.helpers import counted_commands, queue_up, quiet_handler_fixture
 
 handler = quiet_handler_fixture()
 
