@@ -95,7 +95,8 @@ def note(doc: CounterDoc | dict[str, Any] | None) -> None:
     if not doc or not isinstance(doc.get("_id"), str) or not isinstance(doc.get("holders"), list):
         return
     slots: dict[int, tuple[str, int]] = {}
-    for name, value in (doc.get(FIELD) or {}).items():  # type: ignore[attr-defined]
+    recorded = doc.get(FIELD)
+    for name, value in (recorded.items() if isinstance(recorded, dict) else ()):
         if isinstance(name, str) and name[1:].isdigit() and isinstance(value, dict):
             slots[int(name[1:])] = (str(value.get("e")), int(value.get("g") or 0))
     clock = doc.get("clock") or doc.get("updatedAt")
