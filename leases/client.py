@@ -282,6 +282,8 @@ class HttpLease:
         self.interval_seconds: int = int(grant["intervalSeconds"])
         self.expiry_deadline: datetime | None = _parse_time(grant.get("expiryDeadline"))
         self.server_time: datetime | None = _parse_time(grant.get("serverTime"))
+        #: The grant's fence (as :attr:`leases.Lease.fence`), for the resource's guard.
+        self.fence: str | None = grant.get("fence")
         # Only the cadence is measured locally; the deadline itself is the server's.
         self._renewed_at = time.monotonic()
 

@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from . import definitions, estimates, ids, order, store, validation
-from .errors import HolderNotFound
+from . import definitions, estimates, fence_codec, ids, order, store, validation
+from .errors import HolderNotFound, InvalidFence
 from .pod_liveness import liveness, pod_view
 
 MAX_PER_PAGE = 500
@@ -49,9 +49,21 @@ class HolderView:
     last_seen_at: datetime | None
     expires_at: datetime | None
     ttl_remaining_seconds: float | None
+    fence: str | None = None  # the fence its grant issued (None: waiting, or granted before fences)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def fence_summary(self) -> str:
+        """The fence as people read it: slot and generation on its counter ("" without one)."""
+        if not self.fence:
+            return ""
+        try:
+            fence = fence_codec.decode(self.fence)
+        except InvalidFence:
+            return "unreadable"
+        return f"slot {fence.slot}, generation {fence.generation} on {ids.readable_key(fence.counter)}"
 
 
 @dataclass(frozen=True)
@@ -189,7 +201,7 @@ def _holder_view(doc: dict[str, Any], now: datetime, live: set[str] | None) -> H
         payload=dict(doc.get("payload") or {}), levels=list(doc.get("levels") or ()),
         ttl_seconds=doc.get("ttlSeconds"), acquired_at=doc.get("acquiredAt"),
         last_seen_at=doc.get("lastSeenAt"), expires_at=expires,
-        ttl_remaining_seconds=remaining,
+        ttl_remaining_seconds=remaining, fence=doc.get("fence"),
     )
 
 

@@ -226,7 +226,7 @@ _SCHEMAS: dict[str, Any] = {
     "Grant": {
         "type": "object",
         "required": ["noop", "token", "type", "leaseName", "resource", "ttlSeconds", "intervalSeconds",
-                     "expiryDeadline", "expiryDeadlineMs", "serverTime"],
+                     "expiryDeadline", "expiryDeadlineMs", "serverTime", "fence"],
         "properties": {
             "noop": {"const": False},
             "token": {"type": "string", "pattern": TOKEN_PATTERN},
@@ -239,6 +239,12 @@ _SCHEMAS: dict[str, Any] = {
                                "description": "Server time after which the lease is reaped unless renewed."},
             "expiryDeadlineMs": {"type": "integer", "description": "The same deadline in epoch milliseconds."},
             "serverTime": {"type": "string", "format": "date-time", "description": "Server receipt time of this call."},
+            "fence": {
+                "type": ["string", "null"], "maxLength": 1024, "pattern": "^1\\.[A-Za-z0-9_-]+\\.[0-9]+\\.[0-9]+$",
+                "description": "The grant's fencing token, the same in every renewal: send it with each use of the "
+                               "resource, which admits it with a fence guard (leases.fencing) and refuses it once "
+                               "the slot was granted again (STALE_FENCE). Opaque to holders. null only for a "
+                               "lease granted before fences existed."},
         },
     },
     "Ticket": {

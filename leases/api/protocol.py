@@ -60,6 +60,7 @@ class Grant:
     expires_at: datetime | None
     server_time: datetime | None
     noop: bool = False
+    fence: str | None = None  # the grant's fence (leases.fencing); None for a holder from before fences
 
     def to_json(self) -> dict[str, Any]:
         """The response body (see the OpenAPI ``Grant`` / ``NoopGrant`` schemas)."""
@@ -77,6 +78,7 @@ class Grant:
             "expiryDeadline": iso(self.expires_at),
             "expiryDeadlineMs": epoch_ms(self.expires_at),
             "serverTime": iso(self.server_time),
+            "fence": self.fence,
         }
 
 
@@ -112,7 +114,7 @@ def _grant(doc: HolderDoc) -> Grant:
     return Grant(
         token=doc["_id"], lease_name=doc.get("leaseName"), resource=doc.get("resource"),
         type=doc.get("type", ""), ttl_seconds=ttl, interval_seconds=_interval(doc.get("intervalSeconds"), ttl),
-        expires_at=doc["expiresAt"], server_time=holders.server_time(doc),
+        expires_at=doc["expiresAt"], server_time=holders.server_time(doc), fence=doc.get("fence"),
     )
 
 
@@ -123,7 +125,7 @@ def grant_of(held: "service.Lease") -> Grant:
     assert held.expires_at is not None and held.last_seen_at is not None
     return Grant(token=held.token, lease_name=held.definition.name, resource=held.resource,
                  type=held.request.type, ttl_seconds=ttl, interval_seconds=_interval(held.interval_seconds, ttl),
-                 expires_at=held.expires_at, server_time=held.last_seen_at)
+                 expires_at=held.expires_at, server_time=held.last_seen_at, fence=held.fence)
 
 
 def ticket_poll_seconds() -> int:

@@ -309,6 +309,8 @@ class Command(BaseCommand):
                 value = data[key]
                 lines.append(f"{key:<16} {_when(value) if isinstance(value, datetime) else value}")
             lines.append(f"{'ttl_left':<16} {_seconds(holder.ttl_remaining_seconds)}")
+            lines.append(f"{'fence':<16} {holder.fence or '-'}"
+                         + (f"  ({holder.fence_summary})" if holder.fence else ""))
             lines.append(f"{'levels':<16} {', '.join(ids.readable_key(k) for k in holder.levels) or '-'}")
             lines.append(f"{'payload':<16} {json.dumps(holder.payload, sort_keys=True, default=str)}")
             return "\n".join(lines)
