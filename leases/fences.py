@@ -53,6 +53,9 @@ PER_MS = 1000
 # A proposal without a view of the counter picks among this many slots at most.
 BLIND_SLOTS = 64
 VIEW_LIMIT = 4096
+# How often one booking proposes again from a fresh read that shows room (racing bookings
+# took its slots) before the funnel treats the level as it treats a race for a full one.
+PROPOSALS = 3
 
 
 def slot_field(slot: int) -> str:

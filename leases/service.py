@@ -393,6 +393,7 @@ class _Attempt:
             retried: set[str] = set()
             fence: fences.Plan | None = None
             read: CounterDoc | None = None
+            proposals = 0  # fence proposals a fresh read showed room for, beyond the one retry
             while len(taken) < len(self.specs):
                 rest = self.specs[len(taken):]
                 keys = [spec.key for spec in rest]
@@ -417,8 +418,16 @@ class _Attempt:
                 counter = read = waiting.read_gate(spec.key)
                 fences.note(counter)
                 if counter is not None and "holders" not in counter:  # written before entries
-                    slots.convert_legacy(counter, slots.entries_by_key([spec.key]),
-                                         safety=timedelta(0), now=counter["clock"] + timedelta(days=1))
+                    booked_by = slots.entries_by_key([spec.key])
+                    slots.convert_legacy(counter, booked_by, safety=timedelta(0),
+                                         now=counter["clock"] + timedelta(days=1))
+                    read = {**counter, "holders": booked_by.get(spec.key, [])}  # as converted: propose from it
+                elif plan is not None and spec.key == plan.key and proposals < fences.PROPOSALS and not (
+                        waiting.is_full(counter) or counter is None or counter.get("queue")):
+                    # Room, but another booking took the proposed slot (or a newer generation
+                    # landed) since this process looked: propose again from what was just read.
+                    proposals += 1
+                    continue
                 elif spec.key in retried or waiting.is_full(counter) or (
                         is_gate and not privileged and counter is not None and counter.get("queue")) or (
                         is_gate and privileged and counter is not None and not _queued(counter, self.token)):

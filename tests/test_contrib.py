@@ -158,7 +158,8 @@ def test_given_session_when_calling_then_payload_is_endpoint_and_session_id_and_
     session = sessions.pool.get(client.key)
     doc = store.holders().find_one({"_id": session.token})
     assert doc["podBound"] is False and doc["type"] == "browser"
-    assert doc["payload"] == {"tool": "browser-tool", "endpoint": remote.mcp_endpoint, "sessionId": session.session_id}
+    assert doc["payload"] == {"tool": "browser-tool", "endpoint": remote.mcp_endpoint, "sessionId": session.session_id,
+                              "fence": session.fence}
     first_seen = doc["lastSeenAt"]
     time.sleep(0.01)
     client.call("tools/call", {"n": 2})
@@ -255,7 +256,7 @@ def test_given_second_session_of_same_user_then_busy(tool):
 
 def test_given_demo_consumers_when_run_then_jobs_compile_and_calls_go_through(remote):
     stats = run_demo_consumers(remote_url=remote.url, stop=threading.Event(), auth=AUTH, pause=0, rounds=2)
-    assert stats == {"jobs": 2, "calls": 6, "busy": 0, "lost": 0, "errors": 0}
+    assert stats == {"jobs": 2, "calls": 6, "busy": 0, "lost": 0, "stale": 0, "errors": 0}
     assert store.holders().count_documents({}) == 0
     assert remote.calls == 6 and len(remote.deleted) == 1
     assert dispatch.get_dispatcher().drain(5)

@@ -227,3 +227,43 @@ def test_given_a_warm_process_then_the_fence_costs_no_command():
     assert lease.fence is not None
     assert counted.commands == ["findAndModify", "update", "findAndModify", "findAndModify", "update",
                                 "findAndModify", "update"]
+
+
+def test_given_racing_bookings_taking_the_proposed_slots_then_a_level_with_room_still_grants(monkeypatch):
+    # Given: a cap-3 gate with a holder on slot 0, and two proposals in a row that name it
+    # (as when other processes' bookings take the slots this one proposes, twice).
+    put("res", "levels: {global: 3}")
+    fences.note({"_id": "res|global|*", "holders": [], "fence": {}})
+    first = leases.acquire(req(user="a"))
+    assert slot_of(first).slot == 0
+    real_plan, raced = fences.plan, []
+
+    def racing_plan(spec, entry, **kw):
+        proposal = real_plan(spec, entry, **kw)
+        if len(raced) < 2:
+            raced.append(proposal)
+            return fences.Plan(proposal.key, 0, proposal.generation, entry)
+        return proposal
+
+    monkeypatch.setattr(fences, "plan", racing_plan)
+    # When: a request that does not wait books.
+    second = leases.acquire(req(user="b", wait_ms=0))
+    # Then: granted on a free slot (not Busy: the counter had room all along).
+    assert len(raced) == 2 and slot_of(second).slot != 0
+    first.release()
+    second.release()
+
+
+def test_given_a_counter_written_before_entries_then_the_fence_is_proposed_from_it_as_converted():
+    # Given: a holder on slot 0, a process view that says slot 0 is free, and the gate as a
+    # version before entries left it (no holders list).
+    put("res", "levels: {global: 20}")
+    fences.note({"_id": "res|global|*", "holders": [], "fence": {}})
+    first = leases.acquire(req(user="a"))
+    store.counters().update_one({"_id": "res|global|*"}, {"$unset": {"holders": ""}})
+    fences.note({"_id": "res|global|*", "holders": [], "fence": {}})
+    # When: the next acquire converts the counter on its way.
+    second = leases.acquire(req(user="b", wait_ms=0))
+    # Then: it books a slot the conversion shows free, not the converted holder's.
+    assert slot_of(second).slot != slot_of(first).slot
+    assert sorted(gate()["holders"]) == sorted([first._booking(), second._booking()])

@@ -2,7 +2,9 @@
 
 :class:`DemoRemoteServer` plays both remote systems the contrib handlers clean up after (a
 compile farm and a browser-session tool), over real HTTP on 127.0.0.1 — a
-compile service (``POST /jobs``, ``GET /jobs/<id>``) and an MCP-like session server
+compile service (``POST /jobs`` with the submitter's ``fence``, ``GET /jobs/<id>``; given a
+:class:`leases.fencing.FenceGuard` it refuses a stale fence with 409 ``STALE_FENCE``, as a
+resource owner's service would) and an MCP-like session server
 (``POST /mcp`` initialize/call, ``DELETE /mcp`` with ``Mcp-Session-Id``) that checks the
 ``Authorization`` header and records every session DELETE. It is demo scenery for the
 reference consumers (and the tests' observation point for DELETEs), not a fake of the
@@ -22,6 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from leases import http_client
+from leases.errors import InvalidFence, StaleFence
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +33,10 @@ class DemoRemoteServer:
     """Compile jobs and MCP-like sessions over HTTP; records session DELETEs."""
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, auth: str | None = "Bearer demo-token",
-                 job_seconds: float = 0.3):
+                 job_seconds: float = 0.3, guard: Any | None = None):
         self.auth = auth
+        self.guard = guard  # a FenceGuard / RedisFenceGuard: submissions must carry a fresh fence
+        self.job_fences: dict[str, str | None] = {}  # job id -> the fence it was submitted with
         self.job_seconds = job_seconds
         self.lock = threading.Lock()
         self.sessions: dict[str, dict[str, Any]] = {}
@@ -64,16 +69,28 @@ class DemoRemoteServer:
             def do_POST(self) -> None:  # noqa: N802 - http.server API
                 body = self._body() or {}
                 if self.path.startswith("/jobs"):
+                    fence = body.get("fence") if isinstance(body, dict) else None
+                    if outer.guard is not None:
+                        # The compile service's side of fencing: one admit per submission.
+                        try:
+                            outer.guard.admit(fence)
+                        except StaleFence as exc:
+                            return self._reply(409, {"code": exc.code, "detail": str(exc)})
+                        except InvalidFence as exc:
+                            return self._reply(400, {"code": exc.code, "detail": str(exc)})
                     job_id = secrets.token_hex(6)
                     with outer.lock:
                         outer.jobs[job_id] = time.monotonic() + outer.job_seconds
+                        outer.job_fences[job_id] = fence
                     return self._reply(201, {"jobId": job_id})
                 if not self._authorized():
                     return self._reply(401, {"error": "unauthorized"})
                 if body.get("method") == "initialize":
                     session_id = secrets.token_hex(8)
+                    params = body.get("params")
+                    params = params if isinstance(params, dict) else {}
                     with outer.lock:
-                        outer.sessions[session_id] = {"open": True, "calls": 0}
+                        outer.sessions[session_id] = {"open": True, "calls": 0, "fence": params.get("fence")}
                     return self._reply(200, {"ok": True}, {"Mcp-Session-Id": session_id})
                 session_id = self.headers.get("Mcp-Session-Id", "")
                 with outer.lock:
@@ -139,17 +156,30 @@ class DemoRemoteServer:
         self.stop()
 
 
-def _http_json(method: str, url: str) -> Any:
+def _http_json(method: str, url: str, body: dict[str, Any] | None = None) -> Any:
     """The JSON body of the demo job service's answer.
 
     Raises:
-        leases.http_client.HttpCallFailed: no usable answer, or a non-2xx one.
+        StaleFence: the service refused the submission's fence (409 ``STALE_FENCE``).
+        leases.http_client.HttpCallFailed: no usable answer, or another non-2xx one.
     """
-    answer = http_client.call_json(method, url, body={} if method == "POST" else None,
+    answer = http_client.call_json(method, url, body=(body or {}) if method == "POST" else None,
                                    timeout=http_client.REMOTE_TIMEOUT_SECONDS)
+    if answer.status == 409 and isinstance(answer.body, dict) and answer.body.get("code") == StaleFence.code:
+        raise StaleFence(str(answer.body.get("detail") or "stale fence"))
     if not answer.ok:
         raise http_client.HttpCallFailed(method, url, f"HTTP {answer.status}")
     return answer.body
+
+
+def submit_job(remote_url: str, fence: str | None) -> str:
+    """Submit a compile job to the demo service with the submitter's ``fence``; its job id.
+
+    Raises:
+        StaleFence: the service refused the fence (the lease's slot was granted again).
+        leases.http_client.HttpCallFailed: the service gave no usable answer.
+    """
+    return str(_http_json("POST", remote_url.rstrip("/") + "/jobs", {"fence": fence})["jobId"])
 
 
 def run_demo_consumers(*, remote_url: str, stop: threading.Event, tenant_id: str = "demo",
@@ -161,7 +191,7 @@ def run_demo_consumers(*, remote_url: str, stop: threading.Event, tenant_id: str
     calls through a lease-backed :class:`leases.contrib.sessions.SessionClient`.
 
     Returns:
-        Counts per outcome (``jobs``, ``calls``, ``busy``, ``lost``, ``errors``).
+        Counts per outcome (``jobs``, ``calls``, ``busy``, ``lost``, ``stale``, ``errors``).
     """
     import leases
 
@@ -170,14 +200,14 @@ def run_demo_consumers(*, remote_url: str, stop: threading.Event, tenant_id: str
 
     register_tool("demo-browser", remote_url.rstrip("/") + "/mcp", auth=auth)
     client = SessionClient("demo-browser", tenant_id=tenant_id, project_id=project_id, user_id=user_id)
-    stats = {"jobs": 0, "calls": 0, "busy": 0, "lost": 0, "errors": 0}
+    stats = {"jobs": 0, "calls": 0, "busy": 0, "lost": 0, "stale": 0, "errors": 0}
     done = 0
     try:
         while not stop.is_set() and (rounds is None or done < rounds):
             done += 1
             try:
                 result = run_job(
-                    submit=lambda: _http_json("POST", remote_url.rstrip("/") + "/jobs")["jobId"],
+                    submit=lambda fence: submit_job(remote_url, fence),
                     poll=lambda job_id: (lambda r: r if r.get("status") == "done" else None)(
                         _http_json("GET", f"{remote_url.rstrip('/')}/jobs/{job_id}")),
                     tenant_id=tenant_id, project_id=project_id, user_id=user_id, poll_interval=0.1, timeout=30,
@@ -190,6 +220,8 @@ def run_demo_consumers(*, remote_url: str, stop: threading.Event, tenant_id: str
                 stats["busy"] += 1
             except leases.LeaseLost:
                 stats["lost"] += 1
+            except StaleFence:
+                stats["stale"] += 1
             except Exception:  # demo loop: log and keep going
                 stats["errors"] += 1
                 log.exception("demo consumer round failed")

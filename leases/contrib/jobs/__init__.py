@@ -1,7 +1,9 @@
 """Poll-loop job tracker (the tex2pdf pattern): type ``tex``, pod-bound.
 
-Acquire before submit, ``update_payload({"jobId": ...})`` once the job id is known,
-``check()`` in every poll iteration, release on the result. The poll loop registers in the
+Acquire before submit, send the lease's fence with the submission (the compile service
+admits it with a :class:`leases.fencing.FenceGuard` and refuses a holder whose slot was
+granted again), ``update_payload({"jobId": ...})`` once the job id is known, ``check()`` in
+every poll iteration, release on the result. The poll loop registers in the
 process's :data:`tracker` and unregisters when it ends; the handler marks a running loop
 aborted (it wakes at once and raises :class:`JobAborted`). A revocation after the loop
 ended finds nothing and leaves nothing behind. The remote job itself has no cancel
@@ -9,12 +11,13 @@ endpoint: it expires on the remote side.
 
 Usage::
 
-    result = run_job(submit=lambda: service.submit(source), poll=service.result,
+    result = run_job(submit=lambda fence: service.submit(source, fence=fence), poll=service.result,
                      tenant_id="acme", project_id="docs", user_id="alice")
 """
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from collections.abc import Callable
@@ -78,14 +81,16 @@ class JobHandler(LeaseHandler):
         self.tracker.abort(holder.token)
 
 
-def run_job(*, submit: Callable[[], str], poll: Callable[[str], Any | None], tenant_id: str,
+def run_job(*, submit: Callable[..., str], poll: Callable[[str], Any | None], tenant_id: str,
             project_id: str, user_id: str, lease: str = "tex", holder_ref: str = "",
             poll_interval: float = 0.5, timeout: float = 300.0,
             job_tracker: JobTracker | None = None) -> Any:
     """Run one remote job under a ``tex`` lease and return its result.
 
-    ``submit()`` starts the job and returns its id; ``poll(job_id)`` returns the result or
-    ``None`` while it is still running.
+    ``submit(fence)`` starts the job and returns its id, sending ``fence`` (the lease's,
+    ``None`` for an uncapped lease) with the submission; a ``submit()`` without a parameter
+    is called so too (it sends none). ``poll(job_id)`` returns the result or ``None`` while
+    it is still running.
 
     Raises:
         InvalidLeaseRequest: bad ids or a non-positive interval/timeout (nothing acquired).
@@ -94,6 +99,7 @@ def run_job(*, submit: Callable[[], str], poll: Callable[[str], Any | None], ten
         LeaseLost: the lease was reaped and the loop noticed at its ``check()``.
         JobAborted: the handler aborted the loop (revocation while polling).
         JobTimeout: no result within ``timeout`` seconds.
+        StaleFence: the compile service refused the submission's fence (raised by ``submit``).
     """
     if not (poll_interval > 0 and timeout > 0):
         raise InvalidLeaseRequest("poll_interval and timeout must be positive")
@@ -105,7 +111,7 @@ def run_job(*, submit: Callable[[], str], poll: Callable[[str], Any | None], ten
     token = held.token
     loop = loops.register(token) if token else _Loop()
     try:
-        job_id = submit()
+        job_id = _submit(submit, getattr(held, "fence", None))
         held.update_payload({"jobId": str(job_id)})
         deadline = time.monotonic() + timeout
         while True:
@@ -122,3 +128,14 @@ def run_job(*, submit: Callable[[], str], poll: Callable[[str], Any | None], ten
         if token:
             loops.unregister(token)
         held.release()
+
+
+def _submit(submit: Callable[..., str], fence: str | None) -> str:
+    """Call ``submit`` with the fence when it takes one (``submit(fence)``), else bare."""
+    try:
+        inspect.signature(submit).bind(fence)
+    except TypeError:
+        return submit()
+    except ValueError:  # no signature to read (a builtin): the documented form
+        return submit(fence)
+    return submit(fence)

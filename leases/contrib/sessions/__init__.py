@@ -1,7 +1,9 @@
 """Remote HTTP session (the MCP browser-session pattern): type ``browser``, not pod-bound.
 
-The lease follows the session's life, not the pool's: acquire on open, payload
-``{tool, endpoint, sessionId}`` after the handshake, ``check()`` on every call, release on
+The lease follows the session's life, not the pool's: acquire on open, the lease's fence
+sent with the handshake (``params.fence``, so the tool can record it with the session and
+fence its own use) and kept with the session (:attr:`RemoteSession.fence`), payload
+``{tool, endpoint, sessionId, fence}`` after the handshake, ``check()`` on every call, release on
 close. ``LeaseLost`` during a call closes the session and raises :class:`SessionRevoked`;
 the next call opens a new session and acquires anew. A failure after acquire (connect,
 handshake, payload update) returns the lease at once.
@@ -129,6 +131,8 @@ class RemoteSession:
         self.lease = lease
         self.session_id = session_id
         self.closed = False
+        #: The fence of the lease this session was opened under (recorded with the session).
+        self.fence: str | None = getattr(lease, "fence", None)
 
     @property
     def token(self) -> str | None:
@@ -172,13 +176,16 @@ def open_session(tool: ToolConfig, *, tenant_id: str, project_id: str, user_id: 
         holder_ref=holder_ref or tool.name, pod_bound=False,
     ))
     try:
-        _, headers, _ = _request("POST", tool.endpoint, auth=tool.auth, body={"method": "initialize"})
+        fence = getattr(lease, "fence", None)
+        _, headers, _ = _request("POST", tool.endpoint, auth=tool.auth,
+                                 body={"method": "initialize", "params": {"fence": fence}})
         session_id = next((v for k, v in headers.items() if k.lower() == SESSION_HEADER.lower()), None)
         if not session_id:
             raise SessionError(f"{tool.endpoint} returned no {SESSION_HEADER}")
         session = RemoteSession(tool, lease, session_id)
         try:
-            lease.update_payload({"tool": tool.name, "endpoint": tool.endpoint, "sessionId": session_id})
+            lease.update_payload({"tool": tool.name, "endpoint": tool.endpoint, "sessionId": session_id,
+                                  "fence": fence})
         except BaseException:
             delete_session(tool.endpoint, session_id, tool.auth)
             raise

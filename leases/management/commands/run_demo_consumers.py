@@ -30,7 +30,11 @@ class Command(BaseCommand):
         server = None
         remote_url = options["remote_url"]
         if not remote_url:
-            server = DemoRemoteServer().start()
+            from leases import store
+            from leases.fencing import FenceGuard
+
+            # The compile service's own fence records (here in the lease store's database).
+            server = DemoRemoteServer(guard=FenceGuard(store.db()["demo_compile_fences"], resource="tex2pdf")).start()
             remote_url = server.url
             self.stdout.write(f"demo remote service at {remote_url}")
         process.start_worker()
