@@ -140,6 +140,7 @@ class Verdict:
     uses: int = 0
     stale_attempted: int = 0
     stale_refused: int = 0
+    stale_at_cap: int = 0  # stale attempts made while cap others were live and using: over cap without a guard
     stale_admitted: int = 0  # admitted while cap other holders were live and using: must be 0
     stale_admitted_below_cap: int = 0  # the slot's new holder had not used it yet: harmless
     live_refused: int = 0  # must be 0
@@ -169,11 +170,12 @@ def judge(events: list[dict[str, Any]], ended_at: dict[str, float], cap: int = C
         end = ended_at.get(use["token"])
         if end is not None and end <= use["t0"]:
             verdict.stale_attempted += 1
+            live = [t for t, first in first_use.items()
+                    if t != use["token"] and first <= use["t0"] and ended_at.get(t, float("inf")) >= use["t1"]]
+            verdict.stale_at_cap += len(live) >= cap
             if not use["admitted"]:
                 verdict.stale_refused += 1
                 continue
-            live = [t for t, first in first_use.items()
-                    if t != use["token"] and first <= use["t0"] and ended_at.get(t, float("inf")) >= use["t1"]]
             if len(live) >= cap:
                 verdict.stale_admitted += 1
                 verdict.violations.append(f"stale use of {use['token'][:8]} admitted while {len(live)} others "
