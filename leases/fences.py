@@ -111,6 +111,33 @@ def note(doc: CounterDoc | dict[str, Any] | None) -> None:
             _views.popitem(last=False)
 
 
+def hint_of(doc: CounterDoc | None) -> dict[str, Any] | None:
+    """What a waker publishes with a wake-up (:func:`leases.wakeups.wake`): the counter's free
+    slots and their generations, from the document its own update returned; None without."""
+    recorded = (doc or {}).get("fence")
+    if not doc or not isinstance(doc.get("holders"), list) or not isinstance(recorded, dict):
+        return None
+    booked = set(doc["holders"])
+    free = {name: value.get("g") for name, value in recorded.items()
+            if isinstance(value, dict) and value.get("e") not in booked}
+    return {"fence": {"k": doc["_id"], "free": free}} if free else None
+
+
+def note_hint(hint: dict[str, Any]) -> None:
+    """Take a wake-up's hint into this process's view: the slots it names are free now, with
+    those generations. A stale hint only costs a refused proposal. Never raises."""
+    body = hint.get("fence")
+    if not isinstance(body, dict) or not isinstance(body.get("k"), str) or not isinstance(body.get("free"), dict):
+        return
+    with _lock:
+        view = _views.get(body["k"])
+        if view is None:
+            return  # no view to correct: the blind proposal is as good
+        for name, generation in body["free"].items():
+            if isinstance(name, str) and name[1:].isdigit() and isinstance(generation, int):
+                view.slots[int(name[1:])] = ("", generation)  # "" is never a booked entry
+
+
 def forget() -> None:
     """Drop every remembered view (tests; a process that must start blind)."""
     with _lock:

@@ -22,6 +22,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable
+from typing import Any
 
 import redis
 
@@ -98,8 +99,12 @@ def _deliver(ticket_ids: Iterable[str]) -> int:
     return woken
 
 
-def wake(ticket_id: str, process: str | None) -> str:
+def wake(ticket_id: str, process: str | None, hint: dict[str, Any] | None = None) -> str:
     """Wake one waiter, wherever it runs. Never raises.
+
+    ``hint``: what the waker's own update showed of the gate's free fence slots
+    (:func:`leases.fences.hint_of`), published after the id so that the waiter's process
+    proposes a slot that is free now (a process without this code ignores it).
 
     Returns:
         ``ALIVE`` (delivered), ``DEAD`` (its process has no subscriber any more) or
@@ -119,12 +124,30 @@ def wake(ticket_id: str, process: str | None) -> str:
             _publisher = redis.Redis.from_url(_redis_url(), socket_connect_timeout=PUBLISH_TIMEOUT_S,
                                               socket_timeout=PUBLISH_TIMEOUT_S)
             _publisher_pid = os.getpid()
-        received = _publisher.publish(channel(process), json.dumps([ticket_id]))
+        received = _publisher.publish(channel(process), json.dumps([ticket_id, *([hint] if hint else [])]))
     except redis.RedisError as exc:
         _publish_blocked_until = now + PUBLISH_BACKOFF_S
         log.debug("wake-up publish failed (%s); waiters fall back to polling", exc)
         return UNKNOWN
     return ALIVE if received else DEAD
+
+
+def on_message(data: Any) -> None:
+    """Act on one wake-up message: ``[ticket id, ..., hint?]``. The hints (dicts) reach the
+    fence views before the waiters wake, so their bookings propose the freed slots. Never
+    raises on a malformed message (it is dropped)."""
+    try:
+        items = json.loads(data)
+    except (TypeError, ValueError):
+        return
+    if not isinstance(items, list):
+        return
+    from . import fences
+
+    for hint in items:
+        if isinstance(hint, dict):
+            fences.note_hint(hint)
+    _deliver(i for i in items if isinstance(i, str))
 
 
 def _ensure_listening() -> bool:
@@ -161,12 +184,7 @@ def _run(channel_name: str) -> None:
                     continue
                 if message.get("type") != "message":
                     continue
-                try:
-                    ids = json.loads(message["data"])
-                except (TypeError, ValueError):
-                    continue
-                if isinstance(ids, list):
-                    _deliver(i for i in ids if isinstance(i, str))
+                on_message(message["data"])
         except redis.RedisError as exc:
             _subscribed.clear()
             log.debug("wake-up subscriber lost Redis (%s); reconnecting", exc)

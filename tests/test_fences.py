@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -267,3 +268,41 @@ def test_given_a_counter_written_before_entries_then_the_fence_is_proposed_from_
     # Then: it books a slot the conversion shows free, not the converted holder's.
     assert slot_of(second).slot != slot_of(first).slot
     assert sorted(gate()["holders"]) == sorted([first._booking(), second._booking()])
+
+
+def test_given_a_full_view_when_a_wake_up_hint_frees_a_slot_then_the_waiter_proposes_that_slot():
+    # Given: a process that last saw a cap-2 gate full (its waiter's keep-alive).
+    put("res", "levels: {global: 2}")
+    spec = load("res", "acme", "p1").level_specs("acme", "p1", "u1")[-1]
+    fences.note({"_id": spec.key, "holders": ["a", "b"], "fence": {"s0": {"e": "a", "g": 10}, "s1": {"e": "b", "g": 20}}})
+    # When: the releaser's wake-up arrives with the gate its own update returned (b gone).
+    released = {"_id": spec.key, "holders": ["a"], "fence": {"s0": {"e": "a", "g": 10}, "s1": {"e": "b", "g": 20}}}
+    from leases import wakeups
+
+    wakeups.on_message(json.dumps(["ticket-x", fences.hint_of(released)]))
+    # Then: the proposal is the freed slot, above its generation.
+    proposal = fences.plan(spec, "me", floor=1)
+    assert (proposal.slot, proposal.generation) == (1, 21)
+
+
+def test_given_a_waiter_in_another_process_then_the_wake_up_carries_the_freed_slots():
+    import redis
+
+    from leases import wakeups
+
+    put("res", "levels: {global: 2}")
+    a, b = leases.acquire(req(user="a")), leases.acquire(req(user="b"))
+    store.counters().update_one({"_id": "res|global|*"}, {"$push": {"queue": {
+        "id": "ticket-x", "t": "acme", "p": "p1", "u": "w", "w": "other-process"}}})
+    subscriber = redis.Redis.from_url(wakeups._redis_url()).pubsub()
+    subscriber.subscribe(wakeups.channel("other-process"))
+    assert subscriber.get_message(timeout=5)["type"] == "subscribe"
+    b.release()
+    doc = gate()
+    waiting.wake(doc, ["ticket-x"])
+    message = subscriber.get_message(timeout=5)
+    subscriber.close()
+    ticket, hint = json.loads(message["data"])
+    assert ticket == "ticket-x"
+    assert hint == {"fence": {"k": "res|global|*", "free": {f"s{slot_of(b).slot}": slot_of(b).generation}}}
+    a.release()
