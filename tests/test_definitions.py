@@ -220,7 +220,8 @@ def test_given_only_a_tenant_document_when_merged_tenant_wide_then_its_fields_ar
     # Then the stored fields are explained by the tenant layer, none by a project layer
     assert (merged.ttl_seconds, merged.levels) == (45, {"global": 20, "tenant": 2, "user": 1})
     assert merged.sources == {"ttlSeconds": "tenant", "levels.tenant": "tenant", "levels.user": "tenant",
-                              "levels.global": "classpath", "resource": "classpath", "waitMs": "classpath"}
+                              "levels.global": "classpath", "resource": "classpath", "waitMs": "classpath",
+                              "fence": "classpath"}
 
 
 def test_given_the_system_document_when_merged_as_the_system_tenant_then_it_is_the_system_layer_only():

@@ -75,6 +75,7 @@ def run_machine(server: Server, django_settings) -> None:
                 store.db()[name].delete_many({})
             fences.forget()
             put_caps(2)
+            self.cap = 2
             self.issued: set[str] = set()
             self.newest: dict[tuple[str, int], int] = {}
             self.live: dict[str, leases.Lease] = {}
@@ -85,6 +86,7 @@ def run_machine(server: Server, django_settings) -> None:
             assert lease.fence not in self.issued, "a fence was issued twice"
             slot = (fence.counter, fence.slot)
             assert fence.generation > self.newest.get(slot, 0), "a slot's generation went back"
+            assert fence.slot < self.cap, "a grant took a slot above the cap"
             self.issued.add(lease.fence)
             self.newest[slot] = fence.generation
             self.live[lease.token] = lease
@@ -146,6 +148,7 @@ def run_machine(server: Server, django_settings) -> None:
         @rule(cap=st.integers(min_value=1, max_value=4))
         def change_cap(self, cap):
             put_caps(cap)
+            self.cap = cap
 
         @precondition(lambda self: self.restarts < 1)
         @rule()
