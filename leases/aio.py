@@ -194,6 +194,7 @@ class _AsyncNoopLease:
     token = None
     resource = None
     definition = None
+    fence = None  # an unlimited resource is never fenced
 
     async def __aenter__(self) -> "_AsyncNoopLease":
         return self

@@ -18,7 +18,7 @@ admitted, i.e. once the slot went to someone else — a live holder always passe
 as it asks (equal generations pass).
 
 Two implementations of one contract, neither needs Django: :class:`FenceGuard` on a pymongo
-collection of the resource's own (one conditional update per admit) and
+collection of the resource's own (one update per admit, refusals included) and
 :class:`RedisFenceGuard` on a redis-py client (one Lua script per admit).
 """
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 import pymongo.errors
+from pymongo import ReturnDocument
 
 from . import metrics
 from .errors import InvalidFence, StaleFence
@@ -98,11 +99,10 @@ class FenceGuard:
     def admit(self, fence: str) -> None:
         """Let the holder of ``fence`` use the resource now, or refuse it.
 
-        One conditional update: "set ``g`` where the recorded one is not newer", upserted.
-        When the record is newer the filter misses and the upsert's insert collides on
-        ``_id``: that duplicate-key answer *is* the refusal. Only a collision can mean two
-        admits raced to create the slot's first record, so it is tried once more (a second
-        command only on a refusal or that race).
+        One ``findAndModify``, upserted on ``_id``: ``g = max(g, generation)``, answering the
+        record as it was. A newer recorded generation is the refusal (the update left it as
+        it was). Two admits racing to create a slot's first record can collide on ``_id``
+        (MongoDB retries such an upsert itself; a server that does not is tried once more).
 
         Raises:
             StaleFence: a newer grant of the same slot was admitted: the lease is gone.
@@ -110,15 +110,19 @@ class FenceGuard:
             pymongo.errors.PyMongoError: the guard's store failed (fail closed: do not use).
         """
         parsed = decode(fence)
-        query = {"_id": record_id(parsed), "g": {"$lte": parsed.generation}}
-        update = {"$set": {"g": parsed.generation}}
-        for _ in range(2):
+        update = [{"$set": {"g": {"$max": [{"$ifNull": ["$g", 0]}, {"$literal": parsed.generation}]}}}]
+        for attempt in range(2):
             try:
-                self.collection.update_one(query, update, upsert=True)
-                return
+                before = self.collection.find_one_and_update(
+                    {"_id": record_id(parsed)}, update, projection={"g": 1}, upsert=True,
+                    return_document=ReturnDocument.BEFORE)
+                break
             except pymongo.errors.DuplicateKeyError:
-                continue
-        raise _stale(parsed, self.label, None)
+                if attempt:
+                    raise
+        seen = int((before or {}).get("g") or 0)
+        if seen > parsed.generation:
+            raise _stale(parsed, self.label, seen)
 
 
 class RedisFenceGuard:

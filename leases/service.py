@@ -268,6 +268,7 @@ class _NoopLease:
     token = None
     resource = None
     definition = None
+    fence = None  # an unlimited resource is never fenced
 
     def __enter__(self) -> "_NoopLease":
         return self

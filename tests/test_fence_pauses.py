@@ -18,6 +18,6 @@ def test_given_holders_paused_past_their_ttl_then_the_guard_refuses_every_stale_
     # And: no stale use admitted while cap others were live, no live use refused.
     assert verdict.violations == [], verdict.violations[:5]
     assert verdict.stale_admitted == 0 and verdict.live_refused == 0
-    # And: each admit is one command of the resource's store (a refusal, or a race to create a
-    # slot's first record, two).
-    assert max(verdict.admit_commands) <= 2 and verdict.admit_commands.count(1) >= verdict.uses - verdict.stale_refused
+    # And: each admit is one command of the resource's store, refusals included (a race to
+    # create a slot's first record may cost one more).
+    assert verdict.admit_commands.count(1) >= verdict.uses - 1

@@ -306,3 +306,9 @@ def test_given_a_waiter_in_another_process_then_the_wake_up_carries_the_freed_sl
     assert ticket == "ticket-x"
     assert hint == {"fence": {"k": "res|global|*", "free": {f"s{slot_of(b).slot}": slot_of(b).generation}}}
     a.release()
+
+
+def test_given_an_uncapped_lease_then_its_noop_lease_has_no_fence():
+    put("res", "ttlSeconds: 10")
+    assert leases.acquire(req()).fence is None
+    assert leases.ANOOP.fence is None

@@ -65,7 +65,7 @@ def test_given_a_newer_grant_of_the_slot_admitted_then_the_older_fence_is_refuse
     with pytest.raises(StaleFence) as err:
         guard.admit(fence(5))
     assert err.value.code == "STALE_FENCE" and isinstance(err.value, LeaseError)
-    assert (err.value.counter, err.value.slot, err.value.generation) == (KEY, 0, 5)
+    assert (err.value.counter, err.value.slot, err.value.generation, err.value.seen) == (KEY, 0, 5, 7)
     assert rejected() == before + 1
     # The newer holder stays admitted: the refusal wrote nothing.
     guard.admit(fence(7))
