@@ -8,8 +8,10 @@ one JSON line per event (wall-clock times; the store's clock is the same host's)
 
 :func:`judge` decides from those lines and the store's tombstones (when each lease ended):
 
-* a use is *stale* when its lease had ended before the admit began, *live* when it was
-  still held after the admit returned (in between: undecided, counted apart);
+* an admitted use is *stale* when its lease had ended (its tombstone written) before the
+  admit began, *live* when it was still held after the admit returned (in between:
+  undecided, counted apart); a refused use is live when ``check()`` right after the
+  refusal still succeeds, else stale;
 * a stale use admitted while ``cap`` other holders were live and using the resource
   (granted, their first use admitted, not yet ended) is a violation, as is any live use
   refused; both must be 0.
@@ -35,6 +37,7 @@ DEFINITION = "levels: {global: 2, tenant: 1}\nttlSeconds: 1\nwaitMs: 15000"
 CAP = 2
 TTL_S = 1.0
 GUARD_COLLECTION = "resource_fences"
+TOMBSTONE_SLACK_S = 0.1
 
 
 def child(argv: list[str]) -> None:
@@ -119,8 +122,17 @@ def child(argv: list[str]) -> None:
                     raise
                 admitted = False
             t1 = time.time()
+            alive_after = None
+            if not admitted:
+                # Ground truth for a refusal: is the lease still held? (It cannot be: a refusal
+                # means its slot was granted again, which needs its holder gone first.)
+                try:
+                    lease.check()
+                    alive_after = True
+                except leases.LeaseLost:
+                    alive_after = False
             emit(event="use", token=lease.token, fence=lease.fence, t0=t0, t1=t1, admitted=admitted,
-                 paused=pause, commands=Count.n - before)
+                 paused=pause, commands=Count.n - before, alive_after=alive_after)
             if not admitted:
                 break  # the resource said the lease is gone: stop using it
             time.sleep(0.02)
@@ -168,10 +180,16 @@ def judge(events: list[dict[str, Any]], ended_at: dict[str, float], cap: int = C
         verdict.admit_commands.append(use["commands"])
         verdict.admit_ms.append((use["t1"] - use["t0"]) * 1000)
         end = ended_at.get(use["token"])
-        if end is not None and end <= use["t0"]:
+        if not use["admitted"] and use.get("alive_after"):
+            verdict.live_refused += 1
+            verdict.violations.append(f"live use of {use['token'][:8]} refused: {use}")
+        elif not use["admitted"] or (end is not None and end <= use["t0"]):
             verdict.stale_attempted += 1
+            # Others live and using throughout the admit. A tombstone is written just after its
+            # holder's delete and pull: only an end TOMBSTONE_SLACK_S past the admit counts as live.
             live = [t for t, first in first_use.items()
-                    if t != use["token"] and first <= use["t0"] and ended_at.get(t, float("inf")) >= use["t1"]]
+                    if t != use["token"] and first <= use["t0"]
+                    and ended_at.get(t, float("inf")) - TOMBSTONE_SLACK_S >= use["t1"]]
             verdict.stale_at_cap += len(live) >= cap
             if not use["admitted"]:
                 verdict.stale_refused += 1
@@ -183,9 +201,7 @@ def judge(events: list[dict[str, Any]], ended_at: dict[str, float], cap: int = C
             else:
                 verdict.stale_admitted_below_cap += 1
         elif end is None or end >= use["t1"]:
-            if not use["admitted"]:
-                verdict.live_refused += 1
-                verdict.violations.append(f"live use of {use['token'][:8]} refused: {use}")
+            pass  # a live use, admitted
         else:
             verdict.undecided += 1
     return verdict
