@@ -116,7 +116,7 @@ def test_given_wait_timeout_then_busy_names_the_level_and_the_place_and_the_tick
 
 def test_given_wakeups_are_lost_then_waiters_are_still_granted_by_their_own_poll(monkeypatch, settings):
     settings.LEASES_WAIT_POLL_MS = 200
-    monkeypatch.setattr(wakeups, "wake", lambda ticket_id, process: wakeups.UNKNOWN)  # as if Redis were down
+    monkeypatch.setattr(wakeups, "wake", lambda ticket_id, process, hint=None: wakeups.UNKNOWN)  # as if Redis were down
     put("res", "levels: {global: 1}\nwaitMs: 10000")
     held = leases.acquire(req(user="h"))
     waiter = queue_up(req(user="w"))
@@ -286,7 +286,7 @@ def test_given_publish_reaches_nobody_while_the_waiters_keep_alive_then_none_is_
     # Given: Redis just restarted and no subscriber is back yet: every PUBLISH reaches
     # nobody, though both waiters are alive and keep their tickets alive by their poll.
     settings.LEASES_WAIT_POLL_MS = 200
-    monkeypatch.setattr(wakeups, "wake", lambda ticket_id, process: wakeups.DEAD)
+    monkeypatch.setattr(wakeups, "wake", lambda ticket_id, process, hint=None: wakeups.DEAD)
     put("res", "levels: {global: 1}\nwaitMs: 10000")
     held = leases.acquire(req(user="h"))
     first = queue_up(req(user="w1"))
@@ -309,7 +309,7 @@ def test_given_publish_reaches_nobody_while_the_waiters_keep_alive_then_none_is_
 
 def test_given_a_waiter_killed_with_sigkill_then_its_ticket_leaves_within_the_ticket_ttl(settings, monkeypatch):
     # Without Redis nothing tells that the waiter's process is gone: its ticket's TTL does.
-    monkeypatch.setattr(wakeups, "wake", lambda ticket_id, process: wakeups.UNKNOWN)
+    monkeypatch.setattr(wakeups, "wake", lambda ticket_id, process, hint=None: wakeups.UNKNOWN)
     put("res", "levels: {global: 1}\nwaitMs: 60000")
     held = leases.acquire(req(user="h"))
     with dead_waiter_first_in_line() as dead:
