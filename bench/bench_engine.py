@@ -231,16 +231,25 @@ def _raw_cycle(db, levels: Sequence[str], i: int, *, recorder: CommandRecorder |
     newer_than = datetime.now(UTC).replace(tzinfo=None) - timedelta(seconds=61)
     stamp = f"capStamps.cmd{len(keys)}"  # the stamp field of the engine's lease of as many levels
     fresh = {f"{stamp}.at": {"$not": {"$gte": newer_than}}}
+    # The gate's push also proposes and records the grant's fence (leases.fences): slot 0 is
+    # free (the floor is alone), its generation above the last one (microseconds).
+    generation = time.time_ns() // 1000
     for n, key in enumerate(keys):
         query: dict[str, Any] = {"_id": key, "count": {"$lt": RAW_CAP}, "holders": {"$ne": booking, "$exists": True}}
         if n == len(keys) - 1:
             query["queue.0"] = {"$exists": False}
         query["$and"] = [{"$or": [fresh, {"$expr": {"$lt": ["$count", f"${stamp}.cap"]}}]}]
-        ops.append(UpdateOne(query, {"$push": {"holders": booking}, "$inc": {"count": 1},
-                                     "$currentDate": {"updatedAt": True},
-                                     "$setOnInsert": {"resource": "raw", "level": key.split("|")[1], "scope": "x",
-                                                      "tenantId": None if key.startswith("raw|global")
-                                                      else "acme", "cap": RAW_CAP}}, upsert=True))
+        update: dict[str, Any] = {"$push": {"holders": booking}, "$inc": {"count": 1},
+                                  "$currentDate": {"updatedAt": True},
+                                  "$setOnInsert": {"resource": "raw", "level": key.split("|")[1], "scope": "x",
+                                                   "tenantId": None if key.startswith("raw|global")
+                                                   else "acme", "cap": RAW_CAP}}
+        if n == len(keys) - 1:
+            query["$and"].append({"$expr": {"$and": [
+                {"$not": [{"$in": [{"$ifNull": ["$fence.s0.e", None]}, {"$ifNull": ["$holders", []]}]}]},
+                {"$lt": [{"$ifNull": ["$fence.s0.g", 0]}, generation]}]}})
+            update["$set"] = {"fence.s0": {"e": booking, "g": generation}}
+        ops.append(UpdateOne(query, update, upsert=True))
     ops.extend(UpdateOne({"_id": key, "cap": {"$ne": RAW_CAP}, **fresh}, {"$set": {"cap": RAW_CAP}}) for key in keys)
     result = c.bulk_write(ops, ordered=True)
     if result.matched_count + result.upserted_count != len(keys):
@@ -249,8 +258,8 @@ def _raw_cycle(db, levels: Sequence[str], i: int, *, recorder: CommandRecorder |
     held = h.find_one_and_update(
         {"_id": token},
         [{"$set": {"state": "HELD", "levels": {"$literal": keys}, "lastSeenAt": "$$NOW", "heldAt": "$$NOW",
-                   "expiresAt": {"$add": ["$$NOW", ttl_ms]}}}],
-        projection={"expiresAt": 1, "acquiredAt": 1, "lastSeenAt": 1, "intervalSeconds": 1},
+                   "expiresAt": {"$add": ["$$NOW", ttl_ms]}, "fence": {"$literal": f"1.raw.0.{generation}"}}}],
+        projection={"expiresAt": 1, "acquiredAt": 1, "lastSeenAt": 1, "intervalSeconds": 1, "fence": 1},
         return_document=ReturnDocument.AFTER)
     if held is None:
         raise RuntimeError("raw floor: holder vanished")
@@ -263,7 +272,7 @@ def _raw_cycle(db, levels: Sequence[str], i: int, *, recorder: CommandRecorder |
         {"_id": token, "tenantId": "acme", "projectId": "p1", "state": "HELD"},
         [{"$set": {"priorExpiresAt": "$expiresAt", "lastSeenAt": "$$NOW", "expiresAt": {"$add": ["$$NOW", ttl_expr]}}}],
         projection={"resource": 1, "leaseName": 1, "type": 1, "ttlSeconds": 1, "expiresAt": 1, "lastSeenAt": 1,
-                    "intervalSeconds": 1, "priorExpiresAt": 1},
+                    "intervalSeconds": 1, "priorExpiresAt": 1, "fence": 1},
         return_document=ReturnDocument.AFTER)
     if renewed is None:
         raise RuntimeError("raw floor: check missed")
