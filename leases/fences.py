@@ -89,6 +89,7 @@ class _View:
 
 
 _views: OrderedDict[str, _View] = OrderedDict()
+_turns: OrderedDict[tuple[str, str], int] = OrderedDict()  # (counter key, ticket) -> its slot
 _lock = threading.Lock()
 
 
@@ -111,16 +112,48 @@ def note(doc: CounterDoc | dict[str, Any] | None) -> None:
             _views.popitem(last=False)
 
 
-def hint_of(doc: CounterDoc | None) -> dict[str, Any] | None:
+def turns(doc: CounterDoc | None, picked: Sequence[str]) -> dict[str, int]:
+    """The slot each ticket of ``picked`` (the order rule's picks, best first) proposes when it
+    books: the i-th free slot of the counter, lowest first. Every process that reads the same
+    document assigns the same, so waiters picked together propose distinct slots."""
+    if not doc or not picked or not isinstance(doc.get("holders"), list):
+        return {}
+    recorded = doc.get("fence")
+    booked = set(doc["holders"])
+    occupied = {int(name[1:]) for name, value in (recorded.items() if isinstance(recorded, dict) else ())
+                if name[1:].isdigit() and isinstance(value, dict) and value.get("e") in booked}
+    free: list[int] = []
+    slot, cap = 0, int(doc.get("cap") or 0)
+    while len(free) < len(picked) and slot < cap:
+        if slot not in occupied:
+            free.append(slot)
+        slot += 1
+    return dict(zip(picked, free))
+
+
+def expect(key: str, assigned: dict[str, int]) -> None:
+    """Remember the slots the tickets of this process were assigned on counter ``key``
+    (:func:`turns`); the next proposal of each proposes its own."""
+    with _lock:
+        for ticket, slot in assigned.items():
+            _turns[(key, ticket)] = slot
+            _turns.move_to_end((key, ticket))
+        while len(_turns) > VIEW_LIMIT:
+            _turns.popitem(last=False)
+
+
+def hint_of(doc: CounterDoc | None, picked: Sequence[str] = ()) -> dict[str, Any] | None:
     """What a waker publishes with a wake-up (:func:`leases.wakeups.wake`): the counter's free
-    slots and their generations, from the document its own update returned; None without."""
+    slots and their generations, and the turns of ``picked``, from the document its own update
+    returned; None without."""
     recorded = (doc or {}).get("fence")
     if not doc or not isinstance(doc.get("holders"), list) or not isinstance(recorded, dict):
         return None
     booked = set(doc["holders"])
     free = {name: value.get("g") for name, value in recorded.items()
             if isinstance(value, dict) and value.get("e") not in booked}
-    return {"fence": {"k": doc["_id"], "free": free}} if free else None
+    assigned = turns(doc, picked)
+    return {"fence": {"k": doc["_id"], "free": free, "turns": assigned}} if free or assigned else None
 
 
 def note_hint(hint: dict[str, Any]) -> None:
@@ -129,6 +162,9 @@ def note_hint(hint: dict[str, Any]) -> None:
     body = hint.get("fence")
     if not isinstance(body, dict) or not isinstance(body.get("k"), str) or not isinstance(body.get("free"), dict):
         return
+    assigned = body.get("turns")
+    if isinstance(assigned, dict):
+        expect(body["k"], {t: s for t, s in assigned.items() if isinstance(t, str) and isinstance(s, int)})
     with _lock:
         view = _views.get(body["k"])
         if view is None:
@@ -139,9 +175,10 @@ def note_hint(hint: dict[str, Any]) -> None:
 
 
 def forget() -> None:
-    """Drop every remembered view (tests; a process that must start blind)."""
+    """Drop every remembered view and turn (tests; a process that must start blind)."""
     with _lock:
         _views.clear()
+        _turns.clear()
 
 
 @dataclass(frozen=True)
@@ -178,7 +215,8 @@ def plan(spec: LevelSpec, entry: str, *, floor: int, counter: CounterDoc | None 
     """Propose a slot and generation for ``entry`` on ``spec``'s counter, from ``counter``
     (a document just read) or else this process's latest view of it.
 
-    A free slot below the cap, at random among the free ones the view shows (processes
+    A waiting ticket whose turn came proposes the slot its turn assigned (:func:`turns`).
+    Else a free slot below the cap, at random among the free ones the view shows (processes
     proposing at once then rarely collide); without a view, one of the first
     :data:`BLIND_SLOTS`. The generation: one above the slot's as seen, at least ``floor``.
     """
@@ -186,6 +224,10 @@ def plan(spec: LevelSpec, entry: str, *, floor: int, counter: CounterDoc | None 
     choose = rng or random
     with _lock:
         view = _views.get(spec.key)
+        turn = _turns.pop((spec.key, entry.rsplit("/", 1)[-1]), None)
+    if turn is not None and turn < spec.cap:
+        seen = view.slots.get(turn, ("", 0))[1] if view is not None else 0
+        return Plan(spec.key, turn, max(seen + 1, floor, floor_of(view.clock if view else None)), entry)
     if view is None:
         slot = choose.randrange(min(spec.cap, BLIND_SLOTS))
         return Plan(spec.key, slot, floor, entry)

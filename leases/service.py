@@ -885,6 +885,7 @@ class _Waiter:
         if order.stale_ids(gate, now):
             gate = self.gate = _step(self.attempt, lambda: waiting.prune(gate))
         picked = order.next_grants(gate, now)
+        fences.expect(gate["_id"], fences.turns(gate, picked))  # which free slot each pick proposes
         if self.attempt.token in picked:
             waiting.wake(gate, [t for t in picked if t != self.attempt.token])
             lease = self._try(woken=False)

@@ -182,7 +182,8 @@ def wake(gate: CounterDoc, ids: list[str]) -> list[str]:
     subscriber of their process: it is gone — or Redis restarted, or its subscriber is
     reconnecting: the two look alike). Never raises."""
     by_id = {t["id"]: t for t in gate.get("queue") or ()}
-    hint = fences.hint_of(gate)  # the freed slots, so the woken waiter proposes one of them
+    # The freed slots and whose turn takes which, so each woken waiter proposes its own slot.
+    hint = fences.hint_of(gate, order.next_grants(gate, gate["clock"]) if gate.get("clock") else ())
     return [tid for tid in ids if tid in by_id and wakeups.wake(tid, by_id[tid].get("w"), hint) == wakeups.DEAD]
 
 

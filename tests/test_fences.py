@@ -304,7 +304,8 @@ def test_given_a_waiter_in_another_process_then_the_wake_up_carries_the_freed_sl
     subscriber.close()
     ticket, hint = json.loads(message["data"])
     assert ticket == "ticket-x"
-    assert hint == {"fence": {"k": "res|global|*", "free": {f"s{slot_of(b).slot}": slot_of(b).generation}}}
+    assert hint["fence"]["k"] == "res|global|*"
+    assert hint["fence"]["free"] == {f"s{slot_of(b).slot}": slot_of(b).generation}
     a.release()
 
 
@@ -312,3 +313,18 @@ def test_given_an_uncapped_lease_then_its_noop_lease_has_no_fence():
     put("res", "ttlSeconds: 10")
     assert leases.acquire(req()).fence is None
     assert leases.ANOOP.fence is None
+
+
+def test_given_waiters_picked_together_then_each_proposes_its_own_free_slot():
+    # Given: a cap-3 gate whose slot 1 is booked; the order rule picked tickets a and b.
+    put("res", "levels: {global: 3}")
+    spec = load("res", "acme", "p1").level_specs("acme", "p1", "u1")[-1]
+    doc = {"_id": spec.key, "cap": 3, "holders": ["x"], "fence": {"s1": {"e": "x", "g": 5}, "s0": {"e": "gone", "g": 4}}}
+    assigned = fences.turns(doc, ["a", "b"])
+    assert assigned == {"a": 0, "b": 2}
+    # When: each process remembers the turns (its own _decide, or the waker's hint).
+    fences.note(doc)
+    fences.expect(spec.key, assigned)
+    # Then: their proposals are their own slots, whatever the random pick would have chosen.
+    assert fences.plan(spec, "acme/p1/u/att/a", floor=1).slot == 0
+    assert fences.plan(spec, "acme/p1/u/att/b", floor=1).slot == 2
