@@ -52,6 +52,7 @@ def test_given_a_lease_when_using_it_then_it_has_the_engine_lease_interface(clie
         doc = store.holders().find_one({"_id": lease.token})
         assert doc["tenantId"] == "acme" and doc["pod"] == "" and doc["holderRef"] == "ci-1"
         assert lease.expiry_deadline.replace(tzinfo=None) == doc["expiresAt"]
+        assert lease.fence is not None and lease.fence == doc["fence"]  # for the resource's guard
         lease.update_payload({"jobId": "j-42"})
         assert store.holders().find_one({"_id": lease.token})["payload"] == {"jobId": "j-42"}
         token = lease.token
