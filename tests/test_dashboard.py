@@ -4,8 +4,9 @@ Every PromQL query of ``dashboards/leases.json`` (panel targets and template var
 tokenised: each metric selector must name a series ``leases.metrics`` registers under the
 configured namespace, each label it matches or groups by must be one of that metric's
 labels, and each ``outcome`` it matches must be an outcome the engine counts. A panel whose
-series does not exist yet must say so (``Pending`` in its description); only the fence
-refusal panel may (issue 20 adds ``<namespace>_lease_fence_rejected_total{resource}``).
+series does not exist yet must say so (``Pending`` in its description); none may be now
+(the fence refusal panel's ``<namespace>_lease_fence_rejected_total{resource}`` arrived with
+issue 20).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from leases import metrics
 
 REPO = Path(__file__).resolve().parent.parent
 DASHBOARD = REPO / "dashboards" / "leases.json"
-PENDING_PANELS = {"Fence refusals"}
+PENDING_PANELS: set[str] = set()
 SUFFIXES = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count")}
 FUNCTIONS_AND_KEYWORDS = {"and", "or", "unless", "bool", "offset", "inf", "nan"}
 GROUPING = {"by", "without", "on", "ignoring", "group_left", "group_right"}
