@@ -102,7 +102,8 @@ def note(doc: CounterDoc | dict[str, Any] | None) -> None:
     recorded = doc.get(FIELD)
     for name, value in (recorded.items() if isinstance(recorded, dict) else ()):
         if isinstance(name, str) and name[1:].isdigit() and isinstance(value, dict):
-            slots[int(name[1:])] = (str(value.get("e")), int(value.get("g") or 0))
+            generation = value.get("g")
+            slots[int(name[1:])] = (str(value.get("e")), generation if isinstance(generation, int) else 0)
     clock = doc.get("clock") or doc.get("updatedAt")
     view = _View(frozenset(doc["holders"]), slots, clock if isinstance(clock, datetime) else None)
     with _lock:
