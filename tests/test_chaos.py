@@ -374,7 +374,9 @@ def test_given_processes_killed_at_random_while_cycling_then_one_sweep_leaves_ze
     # after the margin deletes those.
     time.sleep(CHAOS_SAFETY_MS / 1000 + 0.2)
     sweeps.sweep(limit=500)
-    assert list(store.counters().find({})) == []  # every counter no holder books is gone
+    # (A gate that issued fences stays, empty, with its slots' generations: leases.fences.)
+    left = list(store.counters().find({}))
+    assert all(d.get("fence") and not d.get("count") and not d.get("holders") for d in left), left
     runs = Counter(doc["token"] for doc in store.db()["chaos_handler_runs"].find({}, {"token": 1}))
     assert max(runs.values(), default=0) <= 1
     assert store.tombstones().count_documents({}) >= 1  # the kills did leave holders to revoke
