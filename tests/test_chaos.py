@@ -28,11 +28,15 @@ from collections import Counter
 import pytest
 import redis
 
-from leases import config, dispatch, handlers, reaper, slots, store, sweeps
 from leases.contrib.demo import DemoRemoteServer
-from leases.definitions import document_path
-from leases.embedded import free_port
-from leases.pod_liveness import liveness
+from leases.definitions import layers as config
+from leases.definitions.model import document_path
+from leases.pods.liveness import liveness
+from leases.queue import slots
+from leases.revocation import dispatch, handlers
+from leases.store import client as store
+from leases.store.embedded import free_port
+from leases.upkeep import reaper, sweeps
 from tests.helpers import PYTHON, REPO, child_env, wait_for
 
 REDIS_TEST_DB = 13

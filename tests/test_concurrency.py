@@ -6,8 +6,10 @@ import json
 import subprocess
 import time
 
-from leases import config, slots, store
-from leases.definitions import document_path
+from leases.definitions import layers as config
+from leases.definitions.model import document_path
+from leases.queue import slots
+from leases.store import client as store
 from tests.helpers import PYTHON, REPO, child_env
 
 WORKERS = 8

@@ -10,9 +10,13 @@ from __future__ import annotations
 import pytest
 
 import leases
-from leases import config, handlers, slots, store, validation
-from leases.definitions import document_path
+from leases import validation
+from leases.definitions import layers as config
+from leases.definitions.model import document_path
 from leases.errors import InvalidLeaseRequest, LeaseBusy
+from leases.queue import slots
+from leases.revocation import handlers
+from leases.store import client as store
 
 LONGEST = "u" * 140 + ".@+-_x.y.z"  # Django's username limit: 150 characters
 assert len(LONGEST) == 150
@@ -111,7 +115,7 @@ def test_given_a_scope_that_is_no_encoding_then_counter_key_refuses_it(key):
 
 
 def test_given_a_user_with_separators_then_the_order_rule_counts_its_slots_as_its_own():
-    from leases import order
+    from leases.queue import order
 
     held = order.Occupancy.of([slots.entry("acme", "p1", "a/b", "t1"), slots.entry("acme", "p1", "a|b%", "t2")])
     assert held.user[("acme", "a/b")] == 1 and held.user[("acme", "a|b%")] == 1
@@ -121,7 +125,7 @@ def test_given_a_user_with_separators_then_the_order_rule_counts_its_slots_as_it
 
 
 def test_given_an_expired_holder_with_an_email_id_when_swept_then_its_slots_are_returned_and_reconcile_agrees():
-    from leases import reaper, sweeps
+    from leases.upkeep import reaper, sweeps
 
     _put("swept", "levels: {project: 5, user: 1}\nttlSeconds: 30")
     user = "o'brien+tag/x|y%z@example.com"

@@ -13,9 +13,12 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 import leases
-from leases import config, service, slots, store, validation
-from leases.definitions import TENANT_PROJECT, document_path
+from leases import service, validation
+from leases.definitions import layers as config
+from leases.definitions.model import TENANT_PROJECT, document_path
 from leases.errors import LeaseError
+from leases.queue import slots
+from leases.store import client as store
 
 DEFAULT_PASSWORD = "demo-pass-123"
 
