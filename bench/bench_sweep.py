@@ -45,8 +45,7 @@ def populate(total: int, expired_fraction: float = 0.01) -> int:
 
 def _populate(total: int, expired_fraction: float) -> int:
     from leases.pods import leases as pod_leases
-    from leases.queue import slots
-    from leases.store import client as store
+    from leases.store import client as store, entries
 
     store.holders().delete_many({})
     store.counters().delete_many({})
@@ -61,7 +60,7 @@ def _populate(total: int, expired_fraction: float) -> int:
         user_key = f"bench|user|t1/u{i % USERS}"
         levels = [user_key, "bench|global|*"]
         for key in levels:  # the counters list their bookings, as the engine writes them
-            booked.setdefault(key, []).append(slots.entry("t1", "p1", f"u{i % USERS}", f"benchtoken{i:012d}"))
+            booked.setdefault(key, []).append(entries.entry("t1", "p1", f"u{i % USERS}", f"benchtoken{i:012d}"))
         expires = now - timedelta(seconds=5) if i < expired else now + timedelta(hours=1)
         batch.append({"_id": f"benchtoken{i:012d}", "state": "HELD", "resource": "bench", "leaseName": "bench",
                       "type": "bench", "tenantId": "t1", "projectId": "p1", "userId": f"u{i % USERS}",

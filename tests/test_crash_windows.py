@@ -23,8 +23,7 @@ import pytest
 
 from leases.definitions import layers as config
 from leases.definitions.model import document_path
-from leases.queue import slots
-from leases.store import client as store
+from leases.store import client as store, entries
 from tests.helpers import PYTHON, REPO, child_env
 
 TTL_S = 2
@@ -58,7 +57,7 @@ def _orphans() -> list[tuple[str, str]]:
     """(counter, entry) pairs whose holder document is gone, and the most any level holds."""
     out = []
     for doc in store.counters().find({}, {"holders": 1}):
-        tokens = {slots.token_of(e): e for e in doc.get("holders") or ()}
+        tokens = {entries.token_of(e): e for e in doc.get("holders") or ()}
         found = {d["_id"] for d in store.holders().find({"_id": {"$in": list(tokens)}}, {"_id": 1})}
         out += [(doc["_id"], e) for t, e in tokens.items() if t not in found]
     return out

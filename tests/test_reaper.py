@@ -135,15 +135,16 @@ def test_given_reconcile_and_lazy_repair_racing_then_a_slot_comes_back_once(reco
 @pytest.mark.parametrize("sweep", ["repair", "reconcile"])
 def test_given_an_entry_of_an_earlier_attempt_of_a_live_holder_then_it_is_pulled_and_the_current_one_stays(
         recorder, sweep):
-    from leases.queue import slots, waiting
+    from leases.queue import waiting
+    from leases.store import entries
 
     # Given: a holder whose document was written again (a new attemptId) while an entry of
     # its earlier attempt stayed booked; and a four-part entry (booked by a version from
     # before attempts), which counts for its token's holder whatever its attemptId.
     lease, legacy = acquire(user="u1"), acquire(user="u2")
     key = lease.levels[-1]
-    earlier = slots.entry("t1", "p1", "u1", lease.token, "0123456789ab")
-    old_shape = slots.entry("t1", "p1", "u2", legacy.token)
+    earlier = entries.entry("t1", "p1", "u1", lease.token, "0123456789ab")
+    old_shape = entries.entry("t1", "p1", "u2", legacy.token)
     store.counters().update_one({"_id": key}, {"$push": {"holders": {"$each": [earlier, old_shape]}},
                                                "$inc": {"count": 2}})
     store.counters().update_one({"_id": key}, {"$pull": {"holders": legacy._booking()}, "$inc": {"count": -1}})

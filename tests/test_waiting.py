@@ -16,7 +16,7 @@ from leases import service
 from leases.definitions import layers as config
 from leases.definitions.model import document_path
 from leases.queue import order, slots, waiting, wakeups
-from leases.store import client as store
+from leases.store import client as store, entries
 from tests import helpers
 from tests.helpers import PYTHON, REPO, child_env, quiet_handler_fixture, wait_for
 
@@ -206,7 +206,7 @@ def test_given_a_stalled_waiter_booking_again_under_its_token_while_repair_check
     # Then: the live lease keeps its slot, and the cap holds.
     (lease,) = rebooked
     after = gate_doc()
-    assert after["count"] == 1 and [slots.token_of(e) for e in after["holders"]] == [lease.token]
+    assert after["count"] == 1 and [entries.token_of(e) for e in after["holders"]] == [lease.token]
     with pytest.raises(leases.LeaseBusy):
         leases.acquire(req(user="newcomer"))
     lease.release()

@@ -22,7 +22,7 @@ import pymongo.errors
 from leases import service, validation
 from leases.conf import lease_settings
 from leases.engine import holders
-from leases.engine.holders import choose_interval, interval_bounds
+from leases.engine.intervals import choose_interval, interval_bounds
 from leases.errors import LeaseUnavailable, ProjectForbidden, StaleLease
 from leases.store import client as store
 from leases.store.documents import HolderDoc

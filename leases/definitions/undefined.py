@@ -49,6 +49,9 @@ def ensure_index(database: Any) -> None:
     database[COLLECTION].create_index([("lastAt", 1)], name="lastAt_ttl", expireAfterSeconds=KEEP_SECONDS)
 
 
+store.register_indexes(ensure_index)
+
+
 def _due(key: tuple[str, str, str]) -> bool:
     now = time.monotonic()
     with _lock:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..store import client as store
-from . import holders
+from .intervals import choose_interval
 
 # What a release needs of the holder it deletes: its counters and its booking entry.
 # heldAt gives the hold's duration, which the gate keeps for wait estimates.
@@ -24,7 +24,7 @@ def holder_upsert(token: str, *, definition: Any, request: Any, pod: str, keys: 
     """The PENDING holder document, written on server time (an idempotent upsert).
 
     ``attempt_id``: names this writing of the document; the entries booked after it carry
-    it (:func:`leases.queue.slots.entry`), so a holder written again under the same token (with a
+    it (:func:`leases.store.entries.entry`), so a holder written again under the same token (with a
     new one) never books a value an earlier attempt left behind for repair to pull.
     """
     return {"_id": token}, [{"$set": {
@@ -42,7 +42,7 @@ def holder_upsert(token: str, *, definition: Any, request: Any, pod: str, keys: 
         "podBound": {"$literal": request.pod_bound},
         "ttlSeconds": {"$literal": definition.ttl_seconds},
         # The interval a grant issues (HTTP), chosen once: a ticket granted later keeps it.
-        "intervalSeconds": {"$literal": holders.choose_interval(definition.ttl_seconds, request.interval_seconds)},
+        "intervalSeconds": {"$literal": choose_interval(definition.ttl_seconds, request.interval_seconds)},
         "keys": {"$literal": keys},
         "levels": {"$literal": []},
         "payload": {"$literal": {}},

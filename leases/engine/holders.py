@@ -40,14 +40,15 @@ import pymongo.errors
 from pymongo import ReturnDocument
 
 from ..errors import InvalidLeaseRequest, LeaseExpired, LeaseUnavailable, StaleLease
-from ..queue import estimates, slots, waiting
+from ..queue import estimates, waiting
 from ..revocation import listener
 from ..revocation.handlers import RevokedHolder
-from ..store import client as store
+from ..store import client as store, entries
 from ..store.documents import HolderDoc
 from ..store.tombstones import tombstone_upsert
 from ..telemetry import history, metrics
 from . import commands
+from .intervals import interval_expression
 from .pausepoints import pause_point
 
 log = logging.getLogger(__name__)
@@ -98,32 +99,6 @@ def scoped(token: str, bound: Scope | None) -> dict[str, Any]:
     return query
 
 
-def interval_bounds(ttl_seconds: int) -> tuple[int, int]:
-    """The renewal intervals the server accepts for a lease of ``ttl_seconds``.
-
-    ``[max(1, ttl // 10), max(lo, ttl // 2)]``: at most half the TTL, so one lost or late
-    renewal never loses the lease; at least a tenth, so clients cannot hammer the store.
-    """
-    low = max(1, ttl_seconds // 10)
-    return low, max(low, ttl_seconds // 2)
-
-
-def choose_interval(ttl_seconds: int, proposed: int | None) -> int:
-    """The server-issued interval: ``proposed`` clamped into :func:`interval_bounds`;
-    without a proposal a third of the TTL (two renewals may be lost before expiry)."""
-    low, high = interval_bounds(ttl_seconds)
-    wanted = ttl_seconds // 3 if proposed is None else proposed
-    return min(high, max(low, wanted))
-
-
-def _interval_expression(proposed: int) -> dict[str, Any]:
-    """:func:`choose_interval` as a pipeline expression on the holder's own ``ttlSeconds``."""
-    ttl = {"$ifNull": ["$ttlSeconds", 1]}
-    low = {"$max": [1, {"$floor": {"$divide": [ttl, 10]}}]}
-    high = {"$max": [low, {"$floor": {"$divide": [ttl, 2]}}]}
-    return {"$toInt": {"$min": [high, {"$max": [low, int(proposed)]}]}}
-
-
 def renewal(token: str, *, bound: Scope | None = None, payload: dict[str, Any] | None = None,
             proposed_interval: int | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The renewal command (filter, pipeline) of ``token``: the sync and the async path
@@ -153,7 +128,7 @@ def renewal(token: str, *, bound: Scope | None = None, payload: dict[str, Any] |
         # $literal: a payload string such as "$x" must stay a string in a pipeline update.
         update["payload"] = if_live({"$literal": payload}, "payload")
     if proposed_interval is not None:
-        update["intervalSeconds"] = if_live(_interval_expression(proposed_interval), "intervalSeconds")
+        update["intervalSeconds"] = if_live(interval_expression(proposed_interval), "intervalSeconds")
     return {**scoped(token, bound), "state": "HELD"}, [{"$set": update}]
 
 
@@ -294,7 +269,7 @@ def drop_ticket(query: dict[str, Any], reason: str, *, known: HolderDoc | None =
     """
     doc = store.holders().find_one_and_delete({**query, "state": "PENDING"})
     if doc is not None and dequeue:
-        keys = slots.holder_keys(doc)
+        keys = entries.holder_keys(doc)
         if keys:
             waiting.dequeue(keys[-1], doc["_id"])
     ticket = doc if doc is not None else known
@@ -345,7 +320,7 @@ class Ending:
             hold_ms = None
         elif hold_ms is None:
             hold_ms = estimates.held_ms(doc.get("heldAt"))
-        return cls(doc, reason, slots.holder_keys(doc), slots.holder_entry(doc), hold_ms,
+        return cls(doc, reason, entries.holder_keys(doc), entries.holder_entry(doc), hold_ms,
                    tombstone_upsert(doc, reason) if needs_tombstone(doc, reason) else None)
 
     def account(self, failure: Exception | None = None) -> None:
@@ -422,3 +397,7 @@ def release(token: str, *, bound: Scope | None = None, hold_ms: float | None = N
 def server_time(doc: HolderDoc) -> datetime:
     """The server time a renewal or grant wrote on the holder (MongoDB's clock)."""
     return doc["lastSeenAt"]
+
+
+# The queue's repair reaps holders past their TTL with end() (the queue cannot import the engine).
+waiting.set_holder_end(end)

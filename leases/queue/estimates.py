@@ -24,8 +24,8 @@ from statistics import median
 from typing import Any, cast
 
 from ..store.documents import CounterDoc, TicketDoc
+from ..store.entries import parts_of
 from . import order
-from .slots import parts_of
 
 # Recent hold durations kept on the gate (ms): enough for a stable median, small enough to
 # follow a change of workload within a few dozen grants.

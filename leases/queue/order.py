@@ -45,7 +45,7 @@ from statistics import median
 from typing import Any
 
 from ..store.documents import CounterDoc, TicketDoc
-from .slots import parts_of
+from ..store.entries import parts_of
 
 
 @dataclass

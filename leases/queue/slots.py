@@ -23,7 +23,6 @@ the order rule picked takes it ``privileged``, dequeuing itself in the same upda
 from __future__ import annotations
 
 import logging
-import secrets
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -31,74 +30,16 @@ from typing import Any
 import pymongo.errors
 from pymongo import ReturnDocument, UpdateOne
 
-from .. import ids
 from ..definitions import caps
 from ..definitions.model import LevelSpec
 from ..store import client as store
-from ..store.documents import CounterDoc, HolderDoc
+from ..store.documents import CounterDoc
+
+# entry and new_attempt_id: leases/service.py still calls them as slots.entry and
+# slots.new_attempt_id until its split into leases/engine/ points them at store.entries.
+from ..store.entries import entry, holder_entry, new_attempt_id, superseded, token_of  # noqa: F401
 
 log = logging.getLogger(__name__)
-
-SEPARATOR = "/"
-
-
-def entry(tenant_id: str, project_id: str, user_id: str, token: str, attempt: str | None = None) -> str:
-    """The booking entry of one holder written as ``attempt``; without ``attempt``, the
-    entry of a holder written before attempts existed.
-
-    Each id is encoded (:func:`leases.ids.encode`): a user id may contain the separator
-    (``a/b``), and two holders that differ only there must never share an entry. An id
-    without ``%``, ``/`` or ``|`` (every id valid before user ids widened) is itself.
-    """
-    ids_part = (ids.encode(tenant_id), ids.encode(project_id), ids.encode(user_id))
-    return SEPARATOR.join((*ids_part, *((attempt,) if attempt else ()), token))
-
-
-def new_attempt_id() -> str:
-    """A fresh ``attemptId`` for a holder document about to be written (no separator in it)."""
-    return secrets.token_hex(6)
-
-
-def token_of(value: str) -> str:
-    """The holder token inside a booking entry."""
-    return value.rsplit(SEPARATOR, 1)[-1]
-
-
-def attempt_of(value: str) -> str | None:
-    """The ``attemptId`` inside a booking entry; None for an entry without one."""
-    bits = value.split(SEPARATOR)
-    return bits[3] if len(bits) == 5 else None
-
-
-def parts_of(value: str) -> tuple[str, str, str]:
-    """``(tenant, project, user)`` of a booking entry, decoded; empty strings for a malformed one."""
-    bits = value.split(SEPARATOR)
-    if len(bits) not in (4, 5):
-        return ("", "", "")
-    return (ids.decode(bits[0]), ids.decode(bits[1]), ids.decode(bits[2]))
-
-
-def holder_entry(doc: HolderDoc) -> str:
-    """The booking entry of a holder document."""
-    return entry(doc.get("tenantId") or "", doc.get("projectId") or "", doc.get("userId") or "", doc["_id"],
-                 doc.get("attemptId"))
-
-
-def superseded(value: str, holder: HolderDoc | None) -> bool:
-    """Whether the entry ``value`` books for nobody: its holder (as read, ``_id`` and
-    ``attemptId``) is gone, or was written again since the entry was booked. An entry
-    without an attempt counts for any holder of its token (it predates attempts)."""
-    if holder is None:
-        return True
-    attempt = attempt_of(value)
-    return attempt is not None and attempt != holder.get("attemptId")
-
-
-def holder_keys(doc: HolderDoc) -> list[str]:
-    """The counter keys a holder may book: the ones it set out to take (``keys``), else the
-    ones it registered (documents written before bookings had entries)."""
-    return list(doc.get("keys") or doc.get("levels") or ())
-
 
 def take(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_key: str,
          privileged: bool = False, ticket: str | None = None,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -29,10 +30,25 @@ import pymongo.errors
 from pymongo import ReturnDocument, UpdateOne
 
 from ..conf import lease_settings
-from ..store import client as store
+from ..revocation import listener
+from ..revocation.handlers import RevokedHolder
+from ..store import client as store, entries
 from ..store.documents import CounterDoc, HolderDoc, TicketDoc
 from ..store.tombstones import tombstone_upsert
 from . import order, slots, wakeups
+
+#: Ends a holder (deletes it, returns its slots, tombstones it): the engine's
+#: :func:`leases.engine.holders.end`. The queue sits below the engine, so the engine hands
+#: the function in when it is imported (:func:`set_holder_end`) instead of the queue
+#: importing it; importing ``leases`` imports the engine, so it is always set.
+HolderEnd = Callable[[dict[str, Any], str], HolderDoc | None]
+_holder_end: HolderEnd | None = None
+
+
+def set_holder_end(end: HolderEnd) -> None:
+    """Install the function :func:`repair` reaps expired holders with."""
+    global _holder_end
+    _holder_end = end
 
 log = logging.getLogger(__name__)
 
@@ -243,11 +259,12 @@ def repair(counter: CounterDoc, now: datetime) -> bool:
         True when at least one slot came back.
 
     Raises:
+        RuntimeError: the engine is not imported (no holder end installed; importing
+            ``leases`` installs it).
         pymongo.errors.PyMongoError: the store failed.
     """
-    from ..revocation import listener
-    from ..upkeep import reaper
-
+    if _holder_end is None:
+        raise RuntimeError("leases.queue.waiting: no holder end installed (import leases first)")
     checked = counter.get("checkedAt")
     if checked is not None and checked > now - timedelta(milliseconds=repair_interval_ms()):
         return False
@@ -265,13 +282,15 @@ def repair(counter: CounterDoc, now: datetime) -> bool:
             # releaser's pull then finds nothing): either way the slot is returned once. A
             # holder written again meanwhile books another value (its new attemptId).
             log.info("repair: %s held a slot for %s, whose holder is gone (or a later attempt); returned",
-                     counter["_id"], slots.token_of(booking))
+                     counter["_id"], entries.token_of(booking))
             hand_off(after)
     for token in expired:
-        doc, revoked = reaper.reap({"_id": token, "expiresAt": {"$lt": now}}, "idle")
+        doc = _holder_end({"_id": token, "expiresAt": {"$lt": now}}, "idle")
         freed = freed or doc is not None
-        if revoked is not None:
-            listener.notify([revoked])
+        # Like the idle sweep (leases.upkeep.reaper.reap): only a holder handed out (HELD)
+        # has a consumer whose handler must clean up.
+        if doc is not None and doc.get("state") == "HELD":
+            listener.notify([RevokedHolder.from_doc(doc, "idle")])
     return freed
 
 

@@ -46,6 +46,10 @@ _client: pymongo.MongoClient | None = None
 _client_pid: int | None = None
 _client_override: pymongo.MongoClient | None = None
 _indexed: set[str] = set()
+# Collections owned by higher layers (the history recorder's, the undefined-names record)
+# register the function that creates their indexes (register_indexes), so the store runs it
+# with its own and never imports them: the store stays the bottom of the import order.
+_index_hooks: list[Callable[[Database], None]] = []
 
 
 def _settings() -> tuple[str, int]:
@@ -235,12 +239,21 @@ def ensure_indexes(database: Database | None = None) -> None:
     )
     database[TOMBSTONES].create_index([("at", 1)], name="at_ttl", expireAfterSeconds=TOMBSTONE_SECONDS)
     database[AUDIT].create_index([("tenantId", 1), ("at", -1)], name="tenant_at")
-    from ..definitions import undefined  # history's TTL follows LEASES_HISTORY_HOURS
-    from ..telemetry import history
-
-    history.ensure_index(database)
-    undefined.ensure_index(database)
+    for ensure in tuple(_index_hooks):  # e.g. history's TTL, which follows LEASES_HISTORY_HOURS
+        ensure(database)
     _indexed.add(database.name)
+
+
+def register_indexes(ensure: Callable[[Database], None]) -> None:
+    """Have :func:`ensure_indexes` also run ``ensure`` (idempotent index creation of a
+    collection a higher layer owns); registering the same function twice runs it once.
+
+    The owners register when imported, and importing any ``leases`` module imports the
+    package, which imports the engine and with it every owner, so no database is indexed
+    before they are registered.
+    """
+    if ensure not in _index_hooks:
+        _index_hooks.append(ensure)
 
 
 def bounded() -> Any:

@@ -34,8 +34,7 @@ from typing import Any
 import pymongo.errors
 from pymongo import UpdateOne
 
-from ..queue import slots
-from ..store import client as store
+from ..store import client as store, entries
 from ..store.documents import HolderDoc
 
 log = logging.getLogger(__name__)
@@ -90,6 +89,9 @@ def ensure_index(database) -> None:
 
 
 # --- the in-process aggregator (pure) --------------------------------------------------
+
+
+store.register_indexes(ensure_index)
 
 
 def bucket_of(ms: float) -> int:
@@ -369,7 +371,7 @@ def occupancy_of(gate: dict[str, Any] | None, tenant: str, own_token: str | None
     """
     if not gate or not isinstance(gate.get("holders"), list):
         return None
-    held = sum(1 for value in gate["holders"] if slots.parts_of(value)[0] == tenant)
+    held = sum(1 for value in gate["holders"] if entries.parts_of(value)[0] == tenant)
     return max(held, 1) if own_token else held
 
 

@@ -17,7 +17,7 @@ from ..pods.liveness import LeasePodLiveness, liveness as default_liveness
 from ..queue import slots, waiting
 from ..revocation import listener
 from ..revocation.handlers import RevokedHolder
-from ..store import client as store
+from ..store import client as store, entries
 from ..store.documents import HolderDoc
 from ..telemetry import metrics
 from . import reaper
@@ -150,34 +150,34 @@ def reconcile(*, now: datetime | None = None, safety_ms: int | None = None,
     # The holders that exist, read after the counters (a holder is written before its first
     # entry, so an entry read above whose holder is missing here is an orphan). Few tokens:
     # look them up; many: one projected scan is cheaper than many long $in lists.
-    tokens = sorted({slots.token_of(e) for doc in booked for e in doc["holders"]})
+    tokens = sorted({entries.token_of(e) for doc in booked for e in doc["holders"]})
     alive: dict[str, HolderDoc] = {}
     if len(tokens) <= ORPHAN_BATCH:
         alive.update((d["_id"], d) for d in store.holders().find({"_id": {"$in": tokens}}, {"attemptId": 1}))
     else:
         alive.update((d["_id"], d) for d in store.holders().find({}, {"attemptId": 1}))
     for doc in booked:
-        # Also an entry of an earlier attempt of a holder written again (slots.superseded).
-        for booking in [e for e in doc["holders"] if slots.superseded(e, alive.get(slots.token_of(e)))]:
+        # Also an entry of an earlier attempt of a holder written again (entries.superseded).
+        for booking in [e for e in doc["holders"] if entries.superseded(e, alive.get(entries.token_of(e)))]:
             after = slots.pull_entry(doc["_id"], booking)
             if after is not None:
                 corrected += 1
                 metrics.RECONCILE.labels(outcome="corrected").inc()
                 log.info("reconcile: %s booked %s, whose holder is gone (or a later attempt); returned", doc["_id"],
-                         slots.token_of(booking))
+                         entries.token_of(booking))
                 waiting.hand_off(after)
 
     for doc in counters.find({"holders": {"$exists": True}}, {"count": 1, "holders": 1, "updatedAt": 1,
                                                             "queue": 1, "clock": 1}).limit(limit):
-        entries = doc.get("holders") or []
+        booked_entries = doc.get("holders") or []
         guard = {"_id": doc["_id"], "count": doc.get("count"), "updatedAt": doc.get("updatedAt")}
-        if doc.get("count") != len(entries):
-            if counters.update_one(guard, {"$set": {"count": len(entries)},
+        if doc.get("count") != len(booked_entries):
+            if counters.update_one(guard, {"$set": {"count": len(booked_entries)},
                                            "$currentDate": {"updatedAt": True}}).matched_count:
                 corrected += 1
                 metrics.RECONCILE.labels(outcome="corrected").inc()
-                log.info("reconcile: counter %s corrected %s -> %d", doc["_id"], doc.get("count"), len(entries))
-        elif not entries and not doc.get("queue") and (doc.get("updatedAt") is None or doc["updatedAt"] < now - safety):
+                log.info("reconcile: counter %s corrected %s -> %d", doc["_id"], doc.get("count"), len(booked_entries))
+        elif not booked_entries and not doc.get("queue") and (doc.get("updatedAt") is None or doc["updatedAt"] < now - safety):
             counters.delete_one({**guard, "holders.0": {"$exists": False}, "queue.0": {"$exists": False}})
         if doc.get("queue"):
             waiting.prune({**doc, "clock": now})
