@@ -8,7 +8,7 @@
             await lease.acheck()                      # LeaseLost once reaped or revoked
     # released here (or: await lease.arelease())
 
-The same commands as the sync path (``leases.commands``, ``slots.take_ops``), the same
+The same commands as the sync path (``leases.engine.commands``, ``slots.take_ops``), the same
 errors and the same bounds: every step runs under one ``pymongo.timeout`` of
 ``LEASES_MONGO_TIMEOUT_MS``. The uncontended path — holder, the one ordered bulk over the
 stacked levels, HELD; check; release — runs on the event loop's ``AsyncMongoClient``.
@@ -38,9 +38,13 @@ from typing import Any
 import pymongo.errors
 from pymongo import ReturnDocument
 
-from . import commands, estimates, holders, metrics, service, slots, store, validation, waiting
-from .documents import CounterDoc
+from . import service, validation
+from .engine import commands, holders
 from .errors import LeaseLost, LeaseUnavailable
+from .queue import estimates, slots, waiting
+from .store import client as store
+from .store.documents import CounterDoc
+from .telemetry import metrics
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +86,7 @@ class AsyncLease:
             log.warning("release of %s failed after an error in the lease's block", self.token)
 
     async def _renew(self, payload: dict[str, Any] | None = None) -> None:
-        """:func:`leases.holders.renew` on the async client: the same command and verdict;
+        """:func:`leases.engine.holders.renew` on the async client: the same command and verdict;
         ending a holder found past its deadline runs in a thread (the engine's reap)."""
         bound = holders.scope(self.request.tenant_id, self.request.project_id)
         db = store.async_db()
@@ -168,7 +172,7 @@ class AsyncLease:
         if doc is None:
             metrics.RELEASE.labels(resource=tag, outcome="already-released").inc()
             return False
-        # The rest of leases.holders.end, the same steps on this client.
+        # The rest of leases.engine.holders.end, the same steps on this client.
         ending = holders.Ending.of(doc, "release", hold_ms=hold_ms)
         try:
             with service._bound():
@@ -338,7 +342,7 @@ def _rollback(attempt: Any) -> None:
 
 async def _give_back(keys: list[str], booking: str, *, record: dict[str, Any] | None = None) -> CounterDoc | None:
     """``waiting.give_back`` on the async client: the narrower levels in one bulk, the last
-    one returning its document (:func:`leases.slots.gate_pull`, as ``slots.give_back``); a
+    one returning its document (:func:`leases.queue.slots.gate_pull`, as ``slots.give_back``); a
     queue there is handed off (in a thread: the hand-off's wake-up publish and prune are
     the engine's).
 

@@ -3,11 +3,11 @@
 Acquisition funnel (no transactions needed): create the holder first (PENDING, server
 time, with the counter ``keys`` it sets out to book), then per level in check order a
 conditional push of its booking entry onto the counter, then mark it HELD. A counter
-lists *which* holders book it (``leases.slots``), so anything a crash leaves behind is
+lists *which* holders book it (``leases.queue.slots``), so anything a crash leaves behind is
 found by entry and returned exactly once.
 
 A level found full makes the attempt give back what it took and wait in the queue of the
-lease's gate counter (``leases.waiting``): no barging, tenant-fair order (``leases.order``),
+lease's gate counter (``leases.queue.waiting``): no barging, tenant-fair order (``leases.queue.order``),
 woken when a slot is handed to it. Every step is bounded by one store timeout, rollback
 included; what a failed step could not undo is left to repair, reap and reconcile.
 """
@@ -29,29 +29,19 @@ import pymongo
 import pymongo.errors
 from pymongo import ReturnDocument
 
-from . import (
-    commands,
-    definitions,
-    estimates,
-    handlers,
-    history,
-    holders,
-    metrics,
-    order,
-    shares,
-    slots,
-    store,
-    undefined,
-    validation,
-    waiting,
-    wakeups,
-)
+from . import validation
 from .conf import lease_settings
-from .definitions import LeaseDefinition, LevelSpec
-from .documents import CounterDoc, TicketDoc
+from .definitions import model as definitions, undefined
+from .definitions.model import LeaseDefinition, LevelSpec
+from .engine import commands, holders
+from .engine.pausepoints import pause_point as _pause_point
 from .errors import InvalidLeaseRequest, LeaseBusy, LeaseLost, LeaseUnavailable, UnknownLease
-from .identity import self_pod_id
-from .pausepoints import pause_point as _pause_point
+from .pods.identity import self_pod_id
+from .queue import estimates, order, shares, slots, waiting, wakeups
+from .revocation import handlers
+from .store import client as store
+from .store.documents import CounterDoc, TicketDoc
+from .telemetry import history, metrics
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +64,7 @@ class LeaseRequest:
     """What a consumer asks for; ``lease`` (a name) or ``inline`` (a definition), not both.
 
     Attributes:
-        type: the handler type (registered with :func:`leases.handlers.register_handler`).
+        type: the handler type (registered with :func:`leases.revocation.handlers.register_handler`).
         tenant_id, project_id: ``[A-Za-z0-9_][A-Za-z0-9_-]{0,63}``, not starting with ``_``.
         user_id: any Django username or email address (``alice.smith``, ``bob@example.com``),
             1 to 150 characters without whitespace or control characters; compared exactly.
@@ -195,7 +185,7 @@ class Lease:
     def check(self) -> None:
         """Check-at-use and renew: call at every usage step; the TTL runs from here.
 
-        The renewal rule is the one of every path (:func:`leases.holders.renew`): a lease
+        The renewal rule is the one of every path (:func:`leases.engine.holders.renew`): a lease
         past its deadline is not revived but ends (``LeaseExpired``, reaped now).
 
         Raises:
@@ -488,13 +478,13 @@ def _retry_after_s(attempt: _Attempt, gate: CounterDoc | None, *, placed: bool =
     the gate document in hand (no command of its own); never below
     ``LEASES_RETRY_AFTER_MIN_MS`` (100 ms), so a caller that sleeps it does not spin.
 
-    The queue's estimate of the attempt's turn (:mod:`leases.estimates`): its own ticket's
+    The queue's estimate of the attempt's turn (:mod:`leases.queue.estimates`): its own ticket's
     when it is queued and live (and ``placed``: it has not lost its place), else that of a
     newcomer of its class at the back of the queue (a request that did not wait, or whose
     kept ticket was lost). When the walk does not reach it, the gate's typical hold. The
     walk assumes the holders release within the typical hold; once every current holder
     has held longer than that, their remaining expected hold
-    (:func:`leases.estimates.overdue_hold_ms`) is the least wait. Without a gate document (a
+    (:func:`leases.queue.estimates.overdue_hold_ms`) is the least wait. Without a gate document (a
     narrower level blocked: its counter keeps no holds) or any hold on record at the gate,
     ``LeaseBusy.DEFAULT_RETRY_AFTER_S`` (1 s, as HTTP's ``Retry-After``).
     """
@@ -535,7 +525,7 @@ def resolve_definition(request: LeaseRequest) -> LeaseDefinition | None:
 def acquire(request: LeaseRequest) -> Lease | _NoopLease:
     """Acquire a slot at every capped level of the request's lease, waiting up to ``waitMs``.
 
-    A level found full puts the request in the resource's queue (see ``leases.waiting``);
+    A level found full puts the request in the resource's queue (see ``leases.queue.waiting``);
     it is granted in the order rule's turn or ends with ``LeaseBusy`` at the wait bound.
 
     Returns:
