@@ -17,8 +17,8 @@ from .engine.busy import busy as _busy, retry_after_s as _retry_after_s
 from .engine.fail_fast import fail_fast as _fail_fast
 from .engine.funnel import (
     Attempt as _Attempt,
-    Blocked as _Blocked,
-    Vanished as _Vanished,
+    _Blocked,
+    _Vanished,
     first as _first,
     queued as _queued,
 )

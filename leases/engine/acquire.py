@@ -13,7 +13,7 @@ import time
 from collections.abc import Generator
 
 from .fail_fast import fail_fast
-from .funnel import Attempt, Blocked, first
+from .funnel import Attempt, _Blocked, first
 from .lease import NOOP, Lease, NoopLease
 from .outcome import outcome
 from .prepare import prepare
@@ -89,11 +89,11 @@ def contended_steps(attempt: Attempt, wait_ms: int, started: float,
     """
     queues = wait_ms > 0
 
-    def again() -> "Lease | Blocked":
+    def again() -> "Lease | _Blocked":
         # The uncontended try wrote the holder document a moment ago.
         try:
             return attempt.book(privileged=False, allow_queue=queues)
-        except Blocked as blocked:
+        except _Blocked as blocked:
             return blocked
 
     result = step(attempt, again)

@@ -11,10 +11,10 @@ from leases.conf import lease_settings
 from leases.documents import CounterDoc
 from leases.errors import LeaseBusy
 
-from .funnel import Attempt, Blocked
+from .funnel import Attempt, _Blocked
 
 
-def busy(attempt: Attempt, blocked: Blocked, *, position: int | None = None,
+def busy(attempt: Attempt, blocked: _Blocked, *, position: int | None = None,
          gate: CounterDoc | None = None, placed: bool = True) -> LeaseBusy:
     """The Busy answer of ``attempt``, blocked at ``blocked``; ``gate`` is the gate as last
     seen (default: the blocking counter, when that is the gate) and ``placed`` whether the

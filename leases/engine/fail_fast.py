@@ -10,11 +10,11 @@ from __future__ import annotations
 from leases import order, waiting
 
 from .busy import busy
-from .funnel import Attempt, Blocked
+from .funnel import Attempt, _Blocked
 from .lease import Lease
 
 
-def fail_fast(attempt: Attempt, blocked: Blocked) -> Lease:
+def fail_fast(attempt: Attempt, blocked: _Blocked) -> Lease:
     """No wait allowed: repair a full counter once (a leaked slot must not turn a free
     resource into Busy) or drop stale tickets at the gate, try again if that freed
     something, else answer Busy.
@@ -34,7 +34,7 @@ def fail_fast(attempt: Attempt, blocked: Blocked) -> Lease:
         if retry:
             try:
                 return attempt.book(privileged=False, allow_queue=False)
-            except Blocked as again:
+            except _Blocked as again:
                 blocked = again
     attempt.discard()
     raise busy(attempt, blocked)

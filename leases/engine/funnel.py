@@ -4,8 +4,8 @@
 sets out to book, a fresh ``attemptId``), pushes its booking entry onto each level's
 counter narrow → wide with a conditional update (``count < cap``; at the gate only when
 nobody queues or the order rule picked it), then marks the holder HELD. A full level
-raises :class:`Blocked` after giving back what this call took; a holder that vanished
-mid-funnel raises :class:`Vanished`. The entries name the token and the ``attemptId``, so
+raises :class:`_Blocked` after giving back what this call took; a holder that vanished
+mid-funnel raises :class:`_Vanished`. The entries name the token and the ``attemptId``, so
 rollback, release, reap and repair pull them by value, each exactly once.
 """
 
@@ -30,7 +30,9 @@ from .request import LeaseRequest
 log = logging.getLogger(__name__)
 
 
-class Blocked(Exception):
+# _Blocked and _Vanished are control flow inside the engine package: no caller ever sees
+# them (every error a caller gets is in leases.errors), hence the underscore.
+class _Blocked(Exception):
     """A level had no room for this attempt (nothing of the attempt stays booked)."""
 
     def __init__(self, spec: LevelSpec, counter: CounterDoc | None):
@@ -97,14 +99,14 @@ class Attempt:
         others queue (and leaves the queue in the same update).
 
         Raises:
-            Blocked: a level had no room; what this call took is given back.
+            _Blocked: a level had no room; what this call took is given back.
             pymongo.errors.PyMongoError: the store failed; the caller rolls back.
         """
         taken: list[str] = []
         if allow_queue and not privileged and waiting.queue_likely(self.gate.key):
             # Tickets wait at the gate: the push would be refused, and narrower slots taken
             # on the way would only stand in the way of the waiter whose turn it is.
-            raise Blocked(self.gate, None)
+            raise _Blocked(self.gate, None)
         try:
             retried: set[str] = set()
             while len(taken) < len(self.specs):
@@ -117,7 +119,7 @@ class Attempt:
                 spec = rest[booked]
                 is_gate = spec is self.gate
                 if is_gate and allow_queue and not privileged:
-                    raise Blocked(spec, None)  # queueing reads the gate in the same command
+                    raise _Blocked(spec, None)  # queueing reads the gate in the same command
                 # Full, queued, or raced: a full level is diagnosed (and repaired) from this
                 # document; a counter with room was created or freed meanwhile: try again.
                 counter = waiting.read_gate(spec.key)
@@ -128,7 +130,7 @@ class Attempt:
                         is_gate and not privileged and counter is not None and counter.get("queue")) or (
                         is_gate and privileged and counter is not None and not queued(counter, self.token)):
                     # A privileged take without its ticket queued (pruned) is refused for good.
-                    raise Blocked(spec, counter)
+                    raise _Blocked(spec, counter)
                 retried.add(spec.key)
             _pause_point("acquire")
             held = store.holders().find_one_and_update(
@@ -140,8 +142,8 @@ class Attempt:
             if held is None:
                 # Reaped while it stalled (or while it waited), or written again by another
                 # attempt at the same ticket: its entries have no holder.
-                raise Vanished()
-        except Blocked:
+                raise _Vanished()
+        except _Blocked:
             if taken:
                 self.give_back(taken)
             raise
@@ -188,20 +190,20 @@ def queued(gate: CounterDoc, token: str) -> bool:
     return any(t.get("id") == token for t in gate.get("queue") or ())
 
 
-class Vanished(Exception):
+class _Vanished(Exception):
     """The holder document disappeared mid-funnel (reaped during a stall)."""
 
 
-def first(attempt: Attempt, *, allow_queue: bool) -> "Lease | Blocked":
+def first(attempt: Attempt, *, allow_queue: bool) -> "Lease | _Blocked":
     """Write the attempt's holder and book every level: the lease, or where it blocked.
 
     Raises:
         pymongo.errors.PyMongoError: the store failed (the caller's step rolls back).
-        Vanished: the holder disappeared before HELD.
+        _Vanished: the holder disappeared before HELD.
     """
     attempt.create_holder()
     try:
         return attempt.book(privileged=False, allow_queue=allow_queue)
-    except Blocked as blocked:
+    except _Blocked as blocked:
         return blocked
 

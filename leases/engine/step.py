@@ -19,7 +19,7 @@ from leases import store
 from leases.conf import lease_settings
 from leases.errors import LeaseUnavailable
 
-from .funnel import Attempt, Vanished
+from .funnel import Attempt, _Vanished
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +41,12 @@ def step(attempt: Attempt, fn: Any) -> Any:
         with store_bound():
             try:
                 return fn()
-            except (pymongo.errors.PyMongoError, Vanished) as exc:
+            except (pymongo.errors.PyMongoError, _Vanished) as exc:
                 try:
                     attempt.rollback()
                 except pymongo.errors.PyMongoError as again:
                     log.warning("rollback of %s failed (%s); reap and repair clean up", attempt.token, again)
-                if isinstance(exc, Vanished):
+                if isinstance(exc, _Vanished):
                     raise LeaseUnavailable(f"lease attempt on {attempt.definition.resource} was reaped mid-acquire") from None
                 raise
     except pymongo.errors.PyMongoError as exc:

@@ -11,7 +11,7 @@ from leases.definitions import LeaseDefinition
 from leases.documents import CounterDoc, TicketDoc
 
 if TYPE_CHECKING:
-    from .funnel import Blocked
+    from .funnel import _Blocked
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class Ticket:
     estimated_grant_at: datetime | None = None
 
     @classmethod
-    def of(cls, token: str, definition: LeaseDefinition, gate: CounterDoc, blocked: Blocked | None) -> "Ticket":
+    def of(cls, token: str, definition: LeaseDefinition, gate: CounterDoc, blocked: _Blocked | None) -> "Ticket":
         now = gate["clock"]
         mine: TicketDoc = next((t for t in gate.get("queue") or () if t.get("id") == token), TicketDoc())
         seen = mine.get("seen") or now

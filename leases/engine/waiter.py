@@ -26,7 +26,7 @@ from leases.documents import CounterDoc, TicketDoc
 from leases.errors import LeaseBusy
 
 from .busy import busy
-from .funnel import Attempt, Blocked, Vanished, first
+from .funnel import Attempt, _Blocked, _Vanished, first
 from .lease import Lease
 from .step import step, store_bound
 from .ticket import Ticket
@@ -48,7 +48,7 @@ class Waiter:
         self.deadline = deadline
         self.started = started
         self.gate_key = attempt.gate.key
-        self.blocked: Blocked | None = None
+        self.blocked: _Blocked | None = None
         self.gate: CounterDoc | None = None
         self.tag = metrics.resource_tag(attempt.definition.resource)
         self.estimate_s: float | None = None
@@ -66,7 +66,7 @@ class Waiter:
                                    self.attempt.acquired_at, waker=wakeups.process_id(),
                                    seen=self.attempt.written_at)
 
-    def wait(self, blocked: Blocked) -> "Lease | Ticket":
+    def wait(self, blocked: _Blocked) -> "Lease | Ticket":
         """Wait in the queue until granted, out of time (Busy) or kept as a ticket.
 
         Raises:
@@ -84,7 +84,7 @@ class Waiter:
         finally:
             steps.close()
 
-    def steps(self, blocked: Blocked, event: threading.Event | None = None) -> Generator[
+    def steps(self, blocked: _Blocked, event: threading.Event | None = None) -> Generator[
             "tuple[threading.Event, float]", "bool | None", "Lease | Ticket"]:
         """The waiting as steps: each ``yield (event, timeout)`` asks the driver to sleep until
         the wake-up ``event`` is set or ``timeout`` passes, and to send back whether it was
@@ -176,7 +176,7 @@ class Waiter:
         gate = step(self.attempt, lambda: waiting.keep_alive(self.gate_key, self.attempt.token, ttl_ms=keep_ms))
         if gate is None:
             # Its place is lost: the delay is a newcomer's, from the gate as last seen.
-            raise busy(self.attempt, self.blocked or Blocked(self.attempt.gate, None), gate=self.gate,
+            raise busy(self.attempt, self.blocked or _Blocked(self.attempt.gate, None), gate=self.gate,
                         placed=False)
         return Ticket.of(self.attempt.token, self.attempt.definition, gate, self.blocked)
 
@@ -228,14 +228,14 @@ class Waiter:
                     lease = attempt.book(privileged=True, allow_queue=True, charge=charge)
                     lease.estimated_wait_s = self.estimate_s
                     return lease
-                except Vanished:
+                except _Vanished:
                     # Stalled past the ticket TTL: the ticket and its holder document were
                     # pruned. Return what we just booked and queue again, from the back.
                     attempt.give_back(attempt.keys)
                     attempt.create_holder()
                     self.gate = self._enqueue()
                     return None
-                except Blocked as blocked:
+                except _Blocked as blocked:
                     self.blocked = blocked
                     if blocked.spec is attempt.gate:
                         return None
@@ -262,9 +262,9 @@ class Waiter:
         """Out of time: leave the queue, drop the holder, and say where we stood."""
         gate = self.gate
         place = None if gate is None else order.position(gate, self.attempt.token, gate["clock"])
-        blocked = self.blocked or Blocked(self.attempt.gate, gate)
+        blocked = self.blocked or _Blocked(self.attempt.gate, gate)
         if blocked.spec is self.attempt.gate:
-            blocked = Blocked(blocked.spec, gate)
+            blocked = _Blocked(blocked.spec, gate)
         try:
             with store_bound():
                 waiting.dequeue(self.gate_key, self.attempt.token)
