@@ -12,6 +12,7 @@ from leases.documents import CounterDoc
 from leases.errors import LeaseBusy
 
 from .funnel import Attempt, _Blocked
+from .shapes import queue_of
 
 
 def busy(attempt: Attempt, blocked: _Blocked, *, position: int | None = None,
@@ -48,7 +49,7 @@ def retry_after_s(attempt: Attempt, gate: CounterDoc | None, *, placed: bool = T
     now = gate["clock"]
     ms = estimates.wait_ms(gate, attempt.token, now) if placed else None
     if ms is None:
-        queue = [t for t in gate.get("queue") or () if t.get("id") != attempt.token]
+        queue = [t for t in queue_of(gate) if t.get("id") != attempt.token]
         newcomer = attempt.ticket(attempt.gate.level, now)
         ms = estimates.wait_ms({**gate, "queue": [*queue, newcomer]}, attempt.token, now)
     if ms is None:

@@ -26,6 +26,7 @@ from leases.pausepoints import pause_point as _pause_point
 
 from .lease import Lease
 from .request import LeaseRequest
+from .shapes import new_ticket, ticket_in
 
 log = logging.getLogger(__name__)
 
@@ -159,9 +160,9 @@ class Attempt:
         process's wake-up channel."""
         request = self.request
         caps = {spec.level: spec.cap for spec in self.specs if spec is not self.gate}
-        ticket: TicketDoc = {"id": self.token, "t": request.tenant_id, "p": request.project_id, "u": request.user_id,
-                  "at": arrived, "seen": seen or arrived, "ttl": waiting.ticket_ttl_ms(), "caps": caps,
-                  "lvl": level, "w": waker}
+        ticket = new_ticket(token=self.token, tenant=request.tenant_id, project=request.project_id,
+                            user=request.user_id, arrived=arrived, seen=seen, ttl_ms=waiting.ticket_ttl_ms(),
+                            caps=caps, level=level, waker=waker)
         # Weights and class resolved now, so the order rule needs nothing but the gate.
         ticket.update(shares.ticket_fields(self.definition, request, self.priority))
         return ticket
@@ -187,7 +188,7 @@ class Attempt:
 
 def queued(gate: CounterDoc, token: str) -> bool:
     """Whether ``token``'s ticket is in the gate's queue (as the document says)."""
-    return any(t.get("id") == token for t in gate.get("queue") or ())
+    return ticket_in(gate, token) is not None
 
 
 class _Vanished(Exception):

@@ -21,6 +21,7 @@ from leases.errors import LeaseExpired, LeaseUnavailable
 from .funnel import Attempt
 from .lease import Lease
 from .request import LeaseRequest
+from .shapes import arrived_at, ticket_in
 from .step import step, store_bound
 from .ticket import Ticket
 from .waiter import Waiter
@@ -109,8 +110,8 @@ def observe_ticket_wait(attempt: Attempt, gate: CounterDoc, holder: dict[str, An
     the queue (the ticket's ``at``, else its holder's ``acquiredAt``) to the grant (the
     HELD update's ``lastSeenAt``), both MongoDB's clock as stored. The request that kept
     the ticket recorded none in this histogram, nor does a poll answering it again."""
-    ticket: TicketDoc = next((t for t in gate.get("queue") or () if t.get("id") == attempt.token), TicketDoc())
-    arrived = ticket.get("at") or holder.get("acquiredAt")
+    ticket = ticket_in(gate, attempt.token) or TicketDoc()
+    arrived = arrived_at(ticket) or holder.get("acquiredAt")
     if arrived is None or lease.last_seen_at is None:
         return
     waited = max(0.0, (lease.last_seen_at - arrived).total_seconds())

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from leases import estimates, order
 from leases.definitions import LeaseDefinition
 from leases.documents import CounterDoc, TicketDoc
+
+from .shapes import ticket_deadline, ticket_in
 
 if TYPE_CHECKING:
     from .funnel import _Blocked
@@ -34,11 +36,10 @@ class Ticket:
     @classmethod
     def of(cls, token: str, definition: LeaseDefinition, gate: CounterDoc, blocked: _Blocked | None) -> "Ticket":
         now = gate["clock"]
-        mine: TicketDoc = next((t for t in gate.get("queue") or () if t.get("id") == token), TicketDoc())
-        seen = mine.get("seen") or now
+        mine: TicketDoc = ticket_in(gate, token) or TicketDoc()
         return cls(id=token, resource=definition.resource, lease_name=definition.name,
                    level=order.blocking_level(gate, mine, now) if mine else (
                        blocked.spec.level if blocked else "global"),
                    position=order.position(gate, token, now), server_time=now,
-                   deadline=seen + timedelta(milliseconds=int(mine.get("ttl") or 0)),
+                   deadline=ticket_deadline(mine, now),
                    estimated_grant_at=estimates.grant_at(gate, token, now))
