@@ -24,8 +24,10 @@ def main() -> None:
     from django.conf import settings
 
     import leases
-    from leases import config, history, store
-    from leases.definitions import TENANT_PROJECT, document_path
+    from leases.definitions import layers as config
+    from leases.definitions.model import TENANT_PROJECT, document_path
+    from leases.store import client as store
+    from leases.telemetry import history
 
     register_bench_handler()
     counter = CommandCounter()

@@ -8,7 +8,7 @@
             await lease.acheck()                      # LeaseLost once reaped or revoked
     # released here (or: await lease.arelease())
 
-The same commands as the sync path (``leases.commands``, ``slots.take_ops``), the same
+The same commands as the sync path (``leases.engine.commands``, ``slots.take_ops``), the same
 errors and the same bounds: every step runs under one ``pymongo.timeout`` of
 ``LEASES_MONGO_TIMEOUT_MS``. The uncontended path — holder, the one ordered bulk over the
 stacked levels, HELD; check; release — runs on the event loop's ``AsyncMongoClient``.
@@ -31,7 +31,6 @@ The code lives in :mod:`leases.engine` (``aio_acquire``, ``aio_lease``, ``aio_wa
 
 from __future__ import annotations
 
-from . import store
 from .engine.aio_acquire import _acquire, _Acquiring, _rollback, _uncontended, aacquire
 from .engine.aio_counters import give_back as _give_back
 from .engine.aio_lease import ANOOP, AsyncLease, AsyncNoopLease as _AsyncNoopLease
@@ -44,6 +43,7 @@ from .engine.aio_waiter import (
     _release_quietly,
     wait_in_queue as _wait_in_queue,
 )
+from .store import client as store
 
 aclose = store.aclose
 

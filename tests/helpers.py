@@ -11,7 +11,8 @@ import pymongo
 import pytest
 from pymongo import monitoring
 
-from leases import handlers, store
+from leases.revocation import handlers
+from leases.store import client as store
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -246,8 +247,8 @@ class RecordingHandler(handlers.LeaseHandler):
 @contextmanager
 def operator_leases():
     """Register :class:`RecordingHandler` and the ``oplease`` definition (resource ``opres``); yields the handler."""
-    from leases import config
-    from leases.definitions import document_path
+    from leases.definitions import layers as config
+    from leases.definitions.model import document_path
 
     handler = handlers.register_handler(RecordingHandler())
     config.put_document("_vance", "_tenant", document_path("oplease"),

@@ -1,12 +1,14 @@
-"""leases.actions: operator revocations of one holder or a whole pod, audited, handlers dispatched."""
+"""leases.ops.actions: operator revocations of one holder or a whole pod, audited, handlers dispatched."""
 
 from __future__ import annotations
 
 import pytest
 from prometheus_client import REGISTRY
 
-from leases import actions, dispatch, listener, store
 from leases.errors import HolderNotFound, InvalidLeaseRequest, LeaseLost
+from leases.ops import actions
+from leases.revocation import dispatch, listener
+from leases.store import client as store
 from tests.helpers import hold, operator_leases
 
 

@@ -53,7 +53,7 @@ import pytest
 from django.conf import settings
 from prometheus_client.parser import text_string_to_metric_families
 
-from leases.embedded import free_port
+from leases.store.embedded import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "hostsite"
@@ -86,7 +86,7 @@ MIGRATE = """\
 /tmp/host/venv/bin/python manage.py migrate --database leases    # the lease apps, on MongoDB
 """
 # One empty multiprocess directory for the processes started after it (prometheus_client's
-# multiprocess mode, leases/multiprocess_metrics.py): each writes its counts there, /metrics adds them up.
+# multiprocess mode, leases/telemetry/multiprocess.py): each writes its counts there, /metrics adds them up.
 METRICS_DIR = ('export PROMETHEUS_MULTIPROC_DIR=/tmp/host/prometheus && rm -rf "$PROMETHEUS_MULTIPROC_DIR"'
                ' && mkdir -p "$PROMETHEUS_MULTIPROC_DIR"   # worker, beat and uvicorn: their metrics, one scrape')
 WORKER = "/tmp/host/venv/bin/celery -A hostsite worker --pool prefork --concurrency 2 --loglevel WARNING"

@@ -15,9 +15,13 @@ import pytest
 from django.test import AsyncClient, override_settings
 
 import leases
-from leases import aio, config, definitions, handlers, holders, store
-from leases.definitions import document_path
+from leases import aio
+from leases.definitions import layers as config, model as definitions
+from leases.definitions.model import document_path
+from leases.engine import holders
 from leases.errors import LeaseExpired
+from leases.revocation import handlers
+from leases.store import client as store
 from tests.helpers import PYTHON, REPO, CommandCounter, child_env
 
 
@@ -189,7 +193,7 @@ import sys, time
 import django
 django.setup()
 import leases
-from leases import handlers
+from leases.revocation import handlers
 
 class H(handlers.LeaseHandler):
     type = "aiotest"
@@ -369,7 +373,7 @@ def test_given_an_unreachable_store_when_acquiring_async_then_unavailable_within
 
 def test_uncontended_async_command_budget_equals_the_sync_one():
     put("levels: {global: 9, tenant: 9, project: 9, user: 9}")
-    from leases import invalidation
+    from leases.definitions import invalidation
     assert invalidation.wait_listening()
     leases.acquire(req()).release()  # counters exist, cache warm
     from django.conf import settings

@@ -12,7 +12,6 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 
 from insights.models import Membership, Project, Tenant
-from leases import store
 from leases.api import keys
 from leases.api.models import ApiKey
 from leases.errors import (
@@ -23,6 +22,7 @@ from leases.errors import (
     UnknownProject,
     UnknownTenant,
 )
+from leases.store import client as store
 
 
 @pytest.fixture(autouse=True)

@@ -1,12 +1,14 @@
-"""leases.audit: one actor rule and one entry shape for revocations and API-key management."""
+"""leases.revocation.audit: one actor rule and one entry shape for revocations and API-key management."""
 
 from __future__ import annotations
 
 import pytest
 
-from leases import actions, audit, store
 from leases.api import keys
 from leases.errors import AuditEntryNotFound, InvalidLeaseRequest
+from leases.ops import actions
+from leases.revocation import audit
+from leases.store import client as store
 from tests.helpers import ensure_tenant, hold, operator_leases
 
 

@@ -12,9 +12,10 @@ from django.contrib.auth.hashers import PBKDF2PasswordHasher
 
 import leases
 from insights.models import Membership, Project, Tenant
-from leases import config, store
-from leases.definitions import TENANT_PROJECT, document_path
+from leases.definitions import layers as config
+from leases.definitions.model import TENANT_PROJECT, document_path
 from leases.errors import LeaseLost
+from leases.store import client as store
 from tests.browser import SHOTS, chromium
 from tests.helpers import queue_up
 from tests.live_app import register_pod, running_app
@@ -310,7 +311,7 @@ def test_waiting_tab_shows_own_queue_places_and_blocking_levels_and_counters_fla
 
 def test_holder_links_to_its_definition_revocation_to_its_audit_entry_and_api_keys_is_a_tab(app, browser, world):
     acme, _ = world
-    from leases import actions
+    from leases.ops import actions
 
     actions.revoke_holder(acme[1].token, tenant_id="acme", acting_user="acme-admin", reason="stuck compile")
     context = browser.new_context(viewport={"width": 1440, "height": 900})

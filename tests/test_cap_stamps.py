@@ -11,8 +11,9 @@ import time
 import pytest
 
 import leases
-from leases import config, definitions, store
-from leases.definitions import document_path
+from leases.definitions import layers as config, model as definitions
+from leases.definitions.model import document_path
+from leases.store import client as store
 from tests.helpers import PYTHON, REPO, child_env, private_redis
 from tests.test_invalidation import CAPS, command, start_holder, stop
 
@@ -22,8 +23,8 @@ STANDING_WRITER = textwrap.dedent("""
     import json, sys, time
     import django
     django.setup()
-    from leases import config
-    from leases.definitions import document_path
+    from leases.definitions import layers as config
+    from leases.definitions.model import document_path
     print("ready", flush=True)
     for line in sys.stdin:
         started = time.monotonic()
@@ -65,7 +66,7 @@ def test_given_a_frozen_redis_when_another_process_lowers_the_cap_then_the_stale
 
 @pytest.fixture(autouse=True)
 def handler():
-    from leases import handlers
+    from leases.revocation import handlers
 
     h = handlers.register_handler(type("StampHandler", (handlers.LeaseHandler,), {"type": "stamp",
                                                                                    "on_revoked": lambda s, h: None})())
@@ -131,7 +132,7 @@ def test_given_a_view_from_before_a_lowering_when_acquiring_async_then_it_obeys_
 
 
 def test_given_a_raised_cap_then_old_views_keep_their_own_and_new_views_book_up_to_it_and_set_it(monkeypatch):
-    from leases import caps
+    from leases.definitions import caps
 
     monkeypatch.setattr(caps, "MARGIN", __import__("datetime").timedelta(milliseconds=1))
     put("levels: {global: 1}")

@@ -28,11 +28,14 @@ from collections import Counter
 import pytest
 import redis
 
-from leases import config, dispatch, handlers, reaper, slots, store, sweeps
 from leases.contrib.demo import DemoRemoteServer
-from leases.definitions import document_path
-from leases.embedded import free_port
-from leases.pod_liveness import liveness
+from leases.definitions import layers as config
+from leases.definitions.model import document_path
+from leases.pods.liveness import liveness
+from leases.revocation import dispatch, handlers
+from leases.store import client as store, entries
+from leases.store.embedded import free_port
+from leases.upkeep import reaper, sweeps
 from tests.helpers import PYTHON, REPO, child_env, wait_for
 
 REDIS_TEST_DB = 13
@@ -213,7 +216,7 @@ def lost_entries(before: dict[str, dict], alive: set[str], after: dict[str, dict
         if prior is None or min(prior["count"], doc["count"]) < CHAOS_CAPS[doc["level"]]:
             continue
         for booking in set(prior.get("holders") or ()) & set(doc.get("holders") or ()):
-            if slots.token_of(booking) not in alive:
+            if entries.token_of(booking) not in alive:
                 lost.add((key, booking))
     return lost
 
@@ -267,7 +270,7 @@ def sample_lost(before: dict[str, dict]) -> tuple[set[tuple[str, str]], dict[str
     Returns:
         ``(lost entries, the counters read after the holders)``.
     """
-    tokens = {slots.token_of(b) for doc in before.values() for b in doc.get("holders") or ()}
+    tokens = {entries.token_of(b) for doc in before.values() for b in doc.get("holders") or ()}
     alive = {d["_id"] for d in store.holders().find({"_id": {"$in": sorted(tokens)}}, {"_id": 1})}
     after = {d["_id"]: d for d in store.counters().find({}, {"count": 1, "level": 1, "holders": 1})}
     return lost_entries(before, alive, after), after

@@ -17,10 +17,13 @@ import pytest
 from django.core.management import CommandError, call_command
 
 import leases
-from leases import config, dispatch, handlers, reads, store
-from leases.definitions import document_path
-from leases.embedded import free_port
+from leases.definitions import layers as config
+from leases.definitions.model import document_path
 from leases.errors import LeaseLost
+from leases.ops import reads
+from leases.revocation import dispatch, handlers
+from leases.store import client as store
+from leases.store.embedded import free_port
 from tests.helpers import PYTHON, REPO, child_env, queue_up, queued_ids, wait_for
 from tests.live_app import register_pod, running_app
 
@@ -393,7 +396,7 @@ def until_queued(before, key="cliwres|global|*"):
 WAIT_CHILD = """
 import django; django.setup()
 import leases
-from leases import handlers
+from leases.revocation import handlers
 class Q(handlers.LeaseHandler):
     type = "clitest"
     def on_revoked(self, holder): pass

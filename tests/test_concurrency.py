@@ -6,8 +6,9 @@ import json
 import subprocess
 import time
 
-from leases import config, slots, store
-from leases.definitions import document_path
+from leases.definitions import layers as config
+from leases.definitions.model import document_path
+from leases.store import client as store, entries
 from tests.helpers import PYTHON, REPO, child_env
 
 WORKERS = 8
@@ -31,7 +32,7 @@ def booked_per_key():
     for doc in store.holders().find({"state": "HELD"}, {"levels": 1, "tenantId": 1, "projectId": 1, "userId": 1,
                                                        "attemptId": 1}):
         for key in doc.get("levels") or []:
-            booked.setdefault(key, []).append(slots.holder_entry(doc))
+            booked.setdefault(key, []).append(entries.holder_entry(doc))
     return booked
 
 

@@ -8,9 +8,10 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 
-from leases import definitions, invalidation, store
-from leases.definitions import document_path
+from leases.definitions import invalidation, model as definitions
+from leases.definitions.model import document_path
 from leases.models import ConfigDocument
+from leases.store import client as store
 
 
 @pytest.fixture

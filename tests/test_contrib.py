@@ -12,11 +12,14 @@ import time
 import pytest
 
 import leases
-from leases import config, dispatch, reaper, store
 from leases.contrib import jobs, sessions
 from leases.contrib.demo import DemoRemoteServer, run_demo_consumers
-from leases.definitions import document_path
-from leases.dispatch import LeaseRevocationDispatcher
+from leases.definitions import layers as config
+from leases.definitions.model import document_path
+from leases.revocation import dispatch
+from leases.revocation.dispatch import LeaseRevocationDispatcher
+from leases.store import client as store
+from leases.upkeep import reaper
 
 AUTH = "Bearer s3cret"
 

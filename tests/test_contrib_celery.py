@@ -18,10 +18,13 @@ import redis
 from celery import Celery
 
 import leases
-from leases import config, handlers, service, store
+from leases import service
 from leases.contrib import celery as leased_celery
-from leases.definitions import document_path
+from leases.definitions import layers as config
+from leases.definitions.model import document_path
 from leases.errors import LeaseRetriesExhausted
+from leases.revocation import handlers
+from leases.store import client as store
 from tests.helpers import PYTHON, REPO, child_env, wait_for
 from tests.workers.celery_tasks import TYPE, CeleryTestHandler
 
@@ -193,7 +196,7 @@ def test_given_a_ticket_dropped_before_the_retry_when_the_task_retries_then_it_q
 
 def test_given_a_ticket_queued_by_another_worker_when_this_one_is_granted_then_the_lease_moves_to_this_pod(
         handler):
-    from leases.identity import self_pod_id
+    from leases.pods.identity import self_pod_id
 
     put("levels: {global: 1}\nwaitMs: 0\nttlSeconds: 30")
     holder = leases.acquire(leases.LeaseRequest(type=TYPE, lease="ctask", tenant_id="other", project_id="p",

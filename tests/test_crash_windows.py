@@ -2,7 +2,7 @@
 while other processes keep cycling on the same resource: the slot comes back within the
 stated bound and no level ever exceeds its cap.
 
-Bounds (``leases.waiting``): an entry whose holder is gone (mid-release, mid-rollback) is
+Bounds (``leases.queue.waiting``): an entry whose holder is gone (mid-release, mid-rollback) is
 returned by the next request that finds the counter full, at most one repair interval
 (``LEASES_REPAIR_INTERVAL_MS``, 500 ms here) after the last check — here fresh requests
 arrive every 200 ms besides the cycling waiters, so: ≤ 1 s; a dead attempt that still has
@@ -21,8 +21,9 @@ import time
 
 import pytest
 
-from leases import config, slots, store
-from leases.definitions import document_path
+from leases.definitions import layers as config
+from leases.definitions.model import document_path
+from leases.store import client as store, entries
 from tests.helpers import PYTHON, REPO, child_env
 
 TTL_S = 2
@@ -56,7 +57,7 @@ def _orphans() -> list[tuple[str, str]]:
     """(counter, entry) pairs whose holder document is gone, and the most any level holds."""
     out = []
     for doc in store.counters().find({}, {"holders": 1}):
-        tokens = {slots.token_of(e): e for e in doc.get("holders") or ()}
+        tokens = {entries.token_of(e): e for e in doc.get("holders") or ()}
         found = {d["_id"] for d in store.holders().find({"_id": {"$in": list(tokens)}}, {"_id": 1})}
         out += [(doc["_id"], e) for t, e in tokens.items() if t not in found]
     return out

@@ -1,7 +1,7 @@
 """The shipped Grafana dashboard queries only series, labels and outcomes the app exports.
 
 Every PromQL query of ``dashboards/leases.json`` (panel targets and template variables) is
-tokenised: each metric selector must name a series ``leases.metrics`` registers under the
+tokenised: each metric selector must name a series ``leases.telemetry.metrics`` registers under the
 configured namespace, each label it matches or groups by must be one of that metric's
 labels, and each ``outcome`` it matches must be an outcome the engine counts. A panel whose
 series does not exist yet must say so (``Pending`` in its description); only the fence
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.metrics import MetricWrapperBase
 
-from leases import metrics
+from leases.telemetry import metrics
 
 REPO = Path(__file__).resolve().parent.parent
 DASHBOARD = REPO / "dashboards" / "leases.json"
@@ -31,7 +31,7 @@ TOKEN = re.compile(r'\s+|"(?:[^"\\]|\\.)*"|\[[^\]]*\]|[0-9]+(?:\.[0-9]+)?(?:e[+-
 
 
 def exported_series() -> dict[str, set[str]]:
-    """Every series name leases.metrics registers, with the labels it carries."""
+    """Every series name leases.telemetry.metrics registers, with the labels it carries."""
     series = {}
     for metric in vars(metrics).values():
         if isinstance(metric, MetricWrapperBase):

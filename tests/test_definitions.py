@@ -8,8 +8,10 @@ import pymongo.errors
 import pytest
 
 import leases
-from leases import config, definitions, handlers, store
-from leases.definitions import FIELD_OWNERS, document_path, load
+from leases.definitions import layers as config, model as definitions
+from leases.definitions.model import FIELD_OWNERS, document_path, load
+from leases.revocation import handlers
+from leases.store import client as store
 
 LAYER_AT = {"system": ("_vance", "_tenant"), "tenant": ("acme", "_tenant"), "project": ("acme", "p1")}
 FIELD_YAML = {
@@ -103,7 +105,7 @@ def test_most_specific_allowed_layer_wins_and_sources_are_reported():
 @pytest.mark.parametrize("layer", ["system", "tenant", "project"])
 def test_broken_layer_fails_closed_and_nothing_is_cached(layer, text):
     raw_put(layer, "tex", text)
-    from leases import invalidation
+    from leases.definitions import invalidation
     invalidation.wait_listening()
     with pytest.raises(leases.LeaseUnavailable):
         definitions.resolve("tex", "acme", "p1")
@@ -194,7 +196,7 @@ def test_inline_restrictions(inline, fragment):
 
 
 def test_local_invalidation_on_change_and_system_write_drops_name_everywhere():
-    from leases import invalidation
+    from leases.definitions import invalidation
     assert invalidation.wait_listening()
     assert definitions.resolve("tex", "acme", "p1").levels["project"] == 1
     assert definitions.resolve("tex", "globex", "q1").levels["project"] == 1
@@ -244,7 +246,7 @@ def test_given_a_reserved_layer_id_when_checked_as_a_request_id_then_refused(fie
 
 @pytest.mark.parametrize("values", [dict(tenant_id="_vance", project_id="p1"), dict(tenant_id="acme", project_id="_tenant")])
 def test_given_a_reserved_layer_id_in_a_python_request_then_it_is_refused_and_nothing_written(values):
-    from leases import handlers as _handlers
+    from leases.revocation import handlers as _handlers
 
     class _H(_handlers.LeaseHandler):
         type = "reserved-t"

@@ -18,8 +18,10 @@ from django.conf import settings
 
 import leases
 from config.devstack import DevstackRecord, record_path, recorded_server, remove_record, write_record
-from leases import config, handlers, store
-from leases.definitions import document_path
+from leases.definitions import layers as config
+from leases.definitions.model import document_path
+from leases.revocation import handlers
+from leases.store import client as store
 from tests.helpers import PYTHON, REPO
 
 

@@ -16,12 +16,17 @@ import pytest
 from django.test import Client
 
 import leases
-from leases import config, dispatch, handlers, holders, internal_server, listener, pod_leases, reaper, store
-from leases.definitions import document_path
-from leases.dispatch import LeaseRevocationDispatcher
-from leases.embedded import free_port
+from leases.definitions import layers as config
+from leases.definitions.model import document_path
+from leases.engine import holders
 from leases.errors import BodyTooLarge, LeaseExpired
-from leases.identity import self_pod_id
+from leases.pods import internal_server, leases as pod_leases
+from leases.pods.identity import self_pod_id
+from leases.revocation import dispatch, handlers, listener
+from leases.revocation.dispatch import LeaseRevocationDispatcher
+from leases.store import client as store
+from leases.store.embedded import free_port
+from leases.upkeep import reaper
 
 
 class Recording(handlers.LeaseHandler):

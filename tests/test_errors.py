@@ -87,7 +87,7 @@ def test_given_the_package_sources_then_no_module_but_errors_spells_an_error_cod
     package = Path(errors.__file__).parent
     # The client decodes answers by status and code; a pod lease's outcomes (STALE_LEASE,
     # EXPIRED) are answers of the pod registry, not errors.
-    allowed = {package / "errors.py", package / "client.py", package / "pod_leases.py"}
+    allowed = {package / "errors.py", package / "client.py", package / "pods" / "leases.py"}
     offenders = []
     for root in PACKAGES:
         for path in root.rglob("*.py"):

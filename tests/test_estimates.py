@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from leases import estimates, order
+from leases.queue import estimates, order
 
 NOW = datetime(2026, 1, 1, 12, 0, 0)
 HOLD_MS = 200.0

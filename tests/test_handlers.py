@@ -1,11 +1,11 @@
-"""leases.handlers: one handler per lease type; a second one only when asked to replace."""
+"""leases.revocation.handlers: one handler per lease type; a second one only when asked to replace."""
 
 from __future__ import annotations
 
 import pytest
 
-from leases import handlers
 from leases.errors import HandlerAlreadyRegistered, InvalidLeaseRequest, LeaseError, UnknownLeaseType
+from leases.revocation import handlers
 
 
 class First(handlers.LeaseHandler):

@@ -16,8 +16,12 @@ from pymongo import monitoring
 
 import leases
 from insights.models import Membership, Tenant
-from leases import config, handlers, history, reaper, store
-from leases.definitions import TENANT_PROJECT, document_path
+from leases.definitions import layers as config
+from leases.definitions.model import TENANT_PROJECT, document_path
+from leases.revocation import handlers
+from leases.store import client as store
+from leases.telemetry import history
+from leases.upkeep import reaper
 from tests.helpers import counted_commands
 
 
@@ -414,7 +418,7 @@ def test_minutes_older_than_the_window_are_left_out():
 def test_given_an_unreachable_store_when_flushing_then_nothing_is_lost_and_the_next_flush_writes_it():
     import pymongo
 
-    from leases.embedded import free_port
+    from leases.store.embedded import free_port
 
     rec = history.Recorder()
     rec.aggregator.grant("outage", "acme")
@@ -438,7 +442,7 @@ EXITING_CHILD = """
 import sys, time
 import django
 django.setup()
-from leases import history
+from leases.telemetry import history
 for _ in range(3):
     history.grant("res", "acme")
 history.busy("res", "acme")  # 4 events buffered; the periodic flush is a minute away
@@ -453,7 +457,7 @@ def test_given_the_store_gone_before_the_process_exits_then_the_exit_flush_is_bo
     import subprocess
     import time
 
-    from leases.embedded import start_server
+    from leases.store.embedded import start_server
     from tests.helpers import PYTHON, REPO, child_env
 
     server = start_server(":memory:")

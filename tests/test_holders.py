@@ -1,4 +1,4 @@
-"""leases.holders: one renewal rule, one way to end a holder, the tenant-bound filter."""
+"""leases.engine.holders: one renewal rule, one way to end a holder, the tenant-bound filter."""
 
 from __future__ import annotations
 
@@ -8,9 +8,13 @@ import pymongo.errors
 import pytest
 
 import leases
-from leases import config, holders, reaper, store, tombstones, waiting
-from leases.definitions import document_path
+from leases.definitions import layers as config
+from leases.definitions.model import document_path
+from leases.engine import holders
 from leases.errors import InvalidLeaseRequest, LeaseExpired, StaleLease
+from leases.queue import waiting
+from leases.store import client as store, tombstones
+from leases.upkeep import reaper
 from tests.helpers import counted_commands, quiet_handler_fixture
 
 handler = quiet_handler_fixture("test")

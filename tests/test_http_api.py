@@ -17,9 +17,12 @@ import pytest
 from django.test import Client
 
 from insights.models import Project, Tenant
-from leases import actions, config, service, store
+from leases import service
 from leases.api import bodies, keys, protocol
-from leases.definitions import document_path
+from leases.definitions import layers as config
+from leases.definitions.model import document_path
+from leases.ops import actions
+from leases.store import client as store
 from tests.helpers import ensure_tenant
 
 TYPE = "tex"  # registered by leases.contrib in every process
@@ -279,7 +282,7 @@ def test_given_a_lease_past_its_deadline_when_renewing_then_410_expired_it_is_re
     assert body["reason"] == "idle"
     assert holder(grant["token"]) is None
     assert store.tombstones().find_one({"_id": grant["token"]})["reason"] == "idle"
-    from leases import dispatch
+    from leases.revocation import dispatch
     assert dispatch.get_dispatcher().drain(10)  # its handler's claim is written on the tombstone
     before = state_snapshot()
     again = assert_problem(call(api, "put", f"leases/{grant['token']}/payload", {"payload": {"a": 1}}, key=key),
@@ -480,7 +483,7 @@ def test_given_the_openapi_route_when_fetched_without_a_key_then_it_lists_every_
 # --- command budget ------------------------------------------------------------------------
 
 def test_given_a_warm_four_level_lease_when_using_it_over_http_then_each_call_costs_the_engines_commands(api, key):
-    from leases import invalidation
+    from leases.definitions import invalidation
     from tests.helpers import counted_commands
 
     config.put_document("acme", "_tenant", document_path("four"), "levels: {global: 9, tenant: 9, project: 9, user: 9}")

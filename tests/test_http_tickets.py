@@ -17,9 +17,11 @@ from datetime import timedelta
 import pytest
 import requests
 
-from leases import config, reaper, store
 from leases.api import keys, protocol
-from leases.definitions import document_path
+from leases.definitions import layers as config
+from leases.definitions.model import document_path
+from leases.store import client as store
+from leases.upkeep import reaper
 from tests.helpers import PYTHON, REPO, child_env, ensure_tenant
 from tests.http_server import running_server
 

@@ -1,10 +1,10 @@
-"""leases.identity: a process's pod id; a forked pool child gets one of its own."""
+"""leases.pods.identity: a process's pod id; a forked pool child gets one of its own."""
 
 from __future__ import annotations
 
 import os
 
-from leases import identity
+from leases.pods import identity
 
 
 def in_forked_child(fn) -> bytes:

@@ -10,9 +10,10 @@ from django.test import Client
 
 import leases
 from insights.models import Membership, Project, Tenant
-from leases import config, store
-from leases.definitions import document_path
+from leases.definitions import layers as config
+from leases.definitions.model import document_path
 from leases.errors import LeaseLost
+from leases.store import client as store
 from tests.helpers import queue_up as helpers_queue_up, queued_ids, quiet_handler_fixture
 
 handler = quiet_handler_fixture("uitest")
@@ -243,8 +244,8 @@ def revocations_section(client, tenant="acme"):
 
 
 def test_given_api_key_changes_after_a_revocation_then_recent_revocations_shows_only_the_revocation(world):
-    from leases import actions
     from leases.api import keys
+    from leases.ops import actions
 
     users, holders = world
     # Given one revocation, then more API-key creations and a key revocation than the list holds
@@ -420,7 +421,8 @@ def test_given_a_full_global_level_then_the_counters_page_flags_the_tenants_rows
     client = logged_in(users["acme-admin"])
     # acme's qres tenant counter exists from an earlier use (0 of 4 booked); its waiting
     # requests hold nothing, so they do not create it.
-    from leases import definitions, slots
+    from leases.definitions import model as definitions
+    from leases.queue import slots
     spec = next(s for s in definitions.resolve("qlease", "acme", "docs").level_specs("acme", "docs", "alice")
                 if s.level == "tenant")
     slots.create(spec, "qres")
@@ -463,7 +465,7 @@ def test_given_a_holder_then_its_row_and_detail_link_to_its_definition(world):
 
 
 def test_given_a_revocation_then_its_row_links_to_the_audit_entry_which_other_tenants_cannot_open(world):
-    from leases import actions
+    from leases.ops import actions
 
     users, holders = world
     actions.revoke_holder(holders["acme"].token, tenant_id="acme", acting_user="acme-admin", reason="stuck")

@@ -12,8 +12,9 @@ from django.test import Client
 
 import leases
 from insights.models import Membership, Project, Tenant
-from leases import config, definitions, store
-from leases.definitions import document_path
+from leases.definitions import layers as config, model as definitions
+from leases.definitions.model import document_path
+from leases.store import client as store
 from tests.helpers import queue_up, quiet_handler_fixture
 
 SYSTEM = ("resource: shres\nlevels: {global: 1}\nwaitMs: 30000\npriorities: [interactive, batch]\n"

@@ -9,9 +9,11 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 import leases
-from leases import config, dispatch, handlers, store
-from leases.definitions import document_path
+from leases.definitions import layers as config
+from leases.definitions.model import document_path
 from leases.errors import LeaseLost
+from leases.revocation import dispatch, handlers
+from leases.store import client as store
 
 SECRET = "test-internal-secret"
 

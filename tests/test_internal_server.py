@@ -11,8 +11,9 @@ import json
 import urllib.error
 import urllib.request
 
-from leases import internal_server, store
-from leases.identity import self_pod_id
+from leases.pods import internal_server
+from leases.pods.identity import self_pod_id
+from leases.store import client as store
 from tests.helpers import celery_worker, wait_for
 
 SECRET = "test-internal-secret"

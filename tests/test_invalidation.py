@@ -10,16 +10,17 @@ import time
 
 import redis
 
-from leases import config, definitions, invalidation, store
 from leases.conf import lease_settings
-from leases.definitions import document_path
+from leases.definitions import invalidation, layers as config, model as definitions
+from leases.definitions.model import document_path
+from leases.store import client as store
 from tests.helpers import PYTHON, REPO, child_env, private_redis
 
 CHILD = textwrap.dedent("""
     import json, sys, time
     import django
     django.setup()
-    from leases import definitions, invalidation
+    from leases.definitions import model as definitions, invalidation
     assert invalidation.wait_listening(10)
     print(json.dumps(definitions.resolve("tex", "acme", "p1").levels), flush=True)
     for line in sys.stdin:
@@ -69,7 +70,7 @@ HOLDER_CHILD = textwrap.dedent("""
     import django
     django.setup()
     import leases
-    from leases import definitions, invalidation
+    from leases.definitions import model as definitions, invalidation
 
     request = leases.LeaseRequest(type="tex", lease="tex", tenant_id="t1", project_id="p1", user_id="u1",
                                   pod="", wait_ms=0)
@@ -101,8 +102,8 @@ WRITER_CHILD = textwrap.dedent("""
     import json, sys, time
     import django
     django.setup()
-    from leases import config
-    from leases.definitions import document_path
+    from leases.definitions import layers as config
+    from leases.definitions.model import document_path
     started = time.monotonic()
     config.put_document("_vance", "_tenant", document_path("tex"), sys.argv[1])
     print(json.dumps({"seconds": time.monotonic() - started}), flush=True)

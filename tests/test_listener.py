@@ -1,4 +1,4 @@
-"""leases.listener: the revocation seam between the engine and whoever runs the handlers."""
+"""leases.revocation.listener: the revocation seam between the engine and whoever runs the handlers."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import logging
 
 import pytest
 
-from leases import listener, reaper, store
+from leases.revocation import listener
+from leases.store import client as store
+from leases.upkeep import reaper
 from tests.helpers import hold, operator_leases
 
 
@@ -58,16 +60,16 @@ def test_given_nothing_reaped_then_the_listener_is_not_called(installed):
 
 def test_given_no_listener_then_each_reap_is_logged_and_nothing_fails(installed, revoked, caplog):
     installed(None)
-    with caplog.at_level(logging.INFO, logger="leases.listener"):
+    with caplog.at_level(logging.INFO, logger="leases.revocation.listener"):
         listener.notify(revoked)
-    logged = [r.getMessage() for r in caplog.records if r.name == "leases.listener"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "leases.revocation.listener"]
     assert len(logged) == 2 and all("no revocation listener installed" in m for m in logged)
     assert {h.token for h in revoked} == {m.split()[1] for m in logged}
 
 
 def test_given_a_broken_listener_then_the_reaper_is_not_failed_and_the_failure_is_logged(installed, revoked, caplog):
     installed(Broken())
-    with caplog.at_level(logging.ERROR, logger="leases.listener"):
+    with caplog.at_level(logging.ERROR, logger="leases.revocation.listener"):
         listener.notify(revoked)  # does not raise
-    (record,) = [r for r in caplog.records if r.name == "leases.listener"]
+    (record,) = [r for r in caplog.records if r.name == "leases.revocation.listener"]
     assert "revocation listener failed for 2 holders" in record.getMessage() and record.exc_info

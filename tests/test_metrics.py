@@ -10,8 +10,9 @@ import pytest
 from prometheus_client import REGISTRY
 
 import leases
-from leases import config, metrics
-from leases.definitions import document_path
+from leases.definitions import layers as config
+from leases.definitions.model import document_path
+from leases.telemetry import metrics
 from tests.helpers import PYTHON, REPO, child_env, quiet_handler_fixture
 
 handler = quiet_handler_fixture("test")
@@ -63,7 +64,8 @@ def test_given_a_queued_acquire_then_wait_metrics_are_labelled_by_resource():
 
 
 def test_given_a_kept_ticket_granted_on_a_later_poll_then_its_class_wait_is_recorded_once_up_to_the_grant():
-    from leases import holders, service
+    from leases import service
+    from leases.engine import holders
 
     config.put_document("_vance", "_tenant", document_path("metered"),
                         "resource: meter-t\nlevels: {global: 1}\nwaitMs: 10000")

@@ -24,10 +24,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import leases
 from config import devstack
-from leases import config, store
-from leases.definitions import document_path
-from leases.embedded import free_port
-from leases.metrics import PREFIX
+from leases.definitions import layers as config
+from leases.definitions.model import document_path
+from leases.store import client as store
+from leases.store.embedded import free_port
+from leases.telemetry.metrics import PREFIX
 from tests.helpers import REPO, child_env, private_redis, quiet_handler_fixture, wait_for
 
 handler = quiet_handler_fixture("mpidle")
@@ -121,7 +122,7 @@ def _answers(url: str) -> bool:
 WAIT_THEN_DIE = """
 import django
 django.setup()
-from leases import metrics
+from leases.telemetry import metrics
 metrics.WAITING.labels(resource="mp-gauge").inc()
 metrics.REAP.labels(reason="idle").inc()
 """
@@ -132,7 +133,7 @@ def test_given_a_process_that_died_with_a_request_waiting_then_its_wait_leaves_t
     from prometheus_client import CollectorRegistry
     from prometheus_client.multiprocess import MultiProcessCollector
 
-    from leases import multiprocess_metrics
+    from leases.telemetry import multiprocess as multiprocess_metrics
 
     def collect() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         registry = CollectorRegistry()

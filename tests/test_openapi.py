@@ -16,9 +16,10 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
-from leases import config, store
 from leases.api import keys, openapi
-from leases.definitions import document_path
+from leases.definitions import layers as config
+from leases.definitions.model import document_path
+from leases.store import client as store
 from tests.helpers import ensure_tenant
 from tests.http_server import running_server
 

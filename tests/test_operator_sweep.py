@@ -19,10 +19,13 @@ import time
 import pytest
 
 import leases
-from leases import config, dispatch, handlers, reaper, store
-from leases.definitions import document_path
-from leases.dispatch import LeaseRevocationDispatcher
-from leases.pod_liveness import liveness
+from leases.definitions import layers as config
+from leases.definitions.model import document_path
+from leases.pods.liveness import liveness
+from leases.revocation import dispatch, handlers
+from leases.revocation.dispatch import LeaseRevocationDispatcher
+from leases.store import client as store
+from leases.upkeep import reaper
 from tests.helpers import PYTHON, REPO, child_env, wait_for
 
 RUNS = "test_handler_runs"

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 
 from hypothesis import given, settings, strategies as st
 
-from leases import order
+from leases.queue import order
 
 NOW = datetime(2026, 1, 1, 12, 0, 0)
 

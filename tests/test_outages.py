@@ -13,9 +13,12 @@ import time
 import pytest
 
 import leases
-from leases import config, definitions, handlers, invalidation, store, waiting
-from leases.definitions import document_path
-from leases.embedded import start_server
+from leases.definitions import invalidation, layers as config, model as definitions
+from leases.definitions.model import document_path
+from leases.queue import waiting
+from leases.revocation import handlers
+from leases.store import client as store
+from leases.store.embedded import start_server
 
 TIMEOUT_MS = 1500
 

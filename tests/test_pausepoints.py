@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from leases import pausepoints
+from leases.engine import pausepoints
 
 
 def _returns_within(seconds: float, fn) -> bool:

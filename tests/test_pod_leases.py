@@ -13,9 +13,10 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from leases import pod_leases, store
-from leases.pod_leases import Outcome, PodLeaseError
-from leases.pod_liveness import liveness
+from leases.pods import leases as pod_leases
+from leases.pods.leases import Outcome, PodLeaseError
+from leases.pods.liveness import liveness
+from leases.store import client as store
 from tests.helpers import PYTHON, REPO, child_env, stored_pod
 
 pytestmark = pytest.mark.usefixtures("pod_settings")
@@ -133,8 +134,8 @@ SKEWED_POD = textwrap.dedent("""
     from datetime import datetime, timezone
     import django
     django.setup()
-    from leases import pod_leases
-    from leases.pod_liveness import LeasePodLiveness
+    from leases.pods import leases as pod_leases
+    from leases.pods.liveness import LeasePodLiveness
     granted = pod_leases.register("pod-skew", "http://x:1", proposed_interval=2)
     renewed = pod_leases.renew("pod-skew", granted.lease_id)
     observer = LeasePodLiveness(self_pod="observer")

@@ -6,9 +6,9 @@ from datetime import timedelta
 
 import pytest
 
-from leases import pod_leases, pod_liveness
-from leases.pod_leases import Outcome
-from leases.pod_liveness import LeasePodLiveness
+from leases.pods import leases as pod_leases, liveness as pod_liveness
+from leases.pods.leases import Outcome
+from leases.pods.liveness import LeasePodLiveness
 from tests.helpers import stored_pod
 
 pytestmark = pytest.mark.usefixtures("pod_settings")

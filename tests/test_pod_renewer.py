@@ -8,9 +8,9 @@ from datetime import timedelta
 import pymongo
 import pytest
 
-from leases import store
-from leases.pod_leases import Outcome
-from leases.pod_renewer import PodRenewer
+from leases.pods.leases import Outcome
+from leases.pods.renewer import PodRenewer
+from leases.store import client as store
 from tests.helpers import stored_pod
 
 pytestmark = pytest.mark.usefixtures("pod_settings")
@@ -43,7 +43,7 @@ def test_given_expired_lease_when_renewer_steps_then_it_reregisters():
 
 
 def test_given_store_unreachable_when_renewer_steps_then_retry_within_the_interval_with_bounded_jitter():
-    from leases.embedded import free_port
+    from leases.store.embedded import free_port
 
     renewer = PodRenewer("pod-fail", "http://x:1", proposed_interval=4)
     renewer.step()

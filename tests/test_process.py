@@ -6,7 +6,8 @@ import json
 import subprocess
 import textwrap
 
-from leases import pod_renewer, process, store
+from leases.pods import process, renewer as pod_renewer
+from leases.store import client as store
 from tests.helpers import PYTHON, REPO, child_env
 
 
@@ -40,7 +41,8 @@ FRESH_WEB_PROCESS = textwrap.dedent("""
     import django
     django.setup()
     from django.test import Client
-    from leases import invalidation, pod_renewer
+    from leases.definitions import invalidation
+    from leases.pods import renewer as pod_renewer
 
     def ours():
         return sorted(t.name for t in threading.enumerate() if t.name.startswith(("lease-", "pod-")))

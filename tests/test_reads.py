@@ -1,4 +1,4 @@
-"""leases.reads: tenant-bound holder and counter reads, BOOKED/drift, merged definitions, waiting tickets."""
+"""leases.ops.reads: tenant-bound holder and counter reads, BOOKED/drift, merged definitions, waiting tickets."""
 
 from __future__ import annotations
 
@@ -8,10 +8,13 @@ from datetime import timedelta
 import pytest
 
 import leases
-from leases import config, definitions, estimates, invalidation, reads, store
-from leases.definitions import document_path
+from leases.definitions import invalidation, layers as config, model as definitions
+from leases.definitions.model import document_path
 from leases.errors import HolderNotFound, InvalidLeaseRequest
-from leases.identity import self_pod_id
+from leases.ops import reads
+from leases.pods.identity import self_pod_id
+from leases.queue import estimates
+from leases.store import client as store
 from tests.helpers import counted_commands, hold, operator_leases, queue_up as helpers_queue_up
 
 

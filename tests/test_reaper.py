@@ -11,9 +11,14 @@ from datetime import timedelta
 import pytest
 
 import leases
-from leases import config, handlers, listener, metrics, pod_leases, reaper, store, sweeps
-from leases.definitions import document_path
-from leases.identity import self_pod_id
+from leases.definitions import layers as config
+from leases.definitions.model import document_path
+from leases.pods import leases as pod_leases
+from leases.pods.identity import self_pod_id
+from leases.revocation import handlers, listener
+from leases.store import client as store
+from leases.telemetry import metrics
+from leases.upkeep import reaper, sweeps
 
 SAFETY_MS = 60000
 
@@ -110,7 +115,7 @@ def test_given_a_count_that_differs_from_its_entries_then_reconcile_sets_it_to_t
 
 
 def test_given_reconcile_and_lazy_repair_racing_then_a_slot_comes_back_once(recorder):
-    from leases import waiting
+    from leases.queue import waiting
 
     # Given: two holders; one vanished after its delete (its entries left behind).
     alive, dead = acquire(user="u1"), acquire(user="u2")
@@ -130,15 +135,16 @@ def test_given_reconcile_and_lazy_repair_racing_then_a_slot_comes_back_once(reco
 @pytest.mark.parametrize("sweep", ["repair", "reconcile"])
 def test_given_an_entry_of_an_earlier_attempt_of_a_live_holder_then_it_is_pulled_and_the_current_one_stays(
         recorder, sweep):
-    from leases import slots, waiting
+    from leases.queue import waiting
+    from leases.store import entries
 
     # Given: a holder whose document was written again (a new attemptId) while an entry of
     # its earlier attempt stayed booked; and a four-part entry (booked by a version from
     # before attempts), which counts for its token's holder whatever its attemptId.
     lease, legacy = acquire(user="u1"), acquire(user="u2")
     key = lease.levels[-1]
-    earlier = slots.entry("t1", "p1", "u1", lease.token, "0123456789ab")
-    old_shape = slots.entry("t1", "p1", "u2", legacy.token)
+    earlier = entries.entry("t1", "p1", "u1", lease.token, "0123456789ab")
+    old_shape = entries.entry("t1", "p1", "u2", legacy.token)
     store.counters().update_one({"_id": key}, {"$push": {"holders": {"$each": [earlier, old_shape]}},
                                                "$inc": {"count": 2}})
     store.counters().update_one({"_id": key}, {"$pull": {"holders": legacy._booking()}, "$inc": {"count": -1}})
@@ -158,7 +164,8 @@ def test_given_an_entry_of_an_earlier_attempt_of_a_live_holder_then_it_is_pulled
 
 def test_given_a_holder_written_again_by_another_attempt_then_marking_it_held_by_the_earlier_one_matches_nothing(
         recorder):
-    from leases import commands, service
+    from leases import service
+    from leases.engine import commands
 
     # Given: an attempt at a token whose holder was written again (a new attemptId) since.
     attempt, _ = service.prepare(leases.LeaseRequest(type="rec", lease="res", tenant_id="t1", project_id="p1",

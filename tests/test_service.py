@@ -9,9 +9,15 @@ import pymongo
 import pytest
 
 import leases
-from leases import config, definitions, handlers, holders, reaper, service, store, waiting
-from leases.definitions import document_path
+from leases import service
+from leases.definitions import layers as config, model as definitions
+from leases.definitions.model import document_path
+from leases.engine import holders
 from leases.errors import LeaseExpired
+from leases.queue import waiting
+from leases.revocation import handlers
+from leases.store import client as store
+from leases.upkeep import reaper
 from tests import helpers
 from tests.helpers import counted_commands
 
@@ -247,7 +253,7 @@ def test_given_a_request_wait_then_it_only_shortens_the_definitions_wait(wait_ya
 
 
 def test_given_store_error_mid_funnel_then_rollback_leaves_no_residue(monkeypatch):
-    from leases import slots
+    from leases.queue import slots
 
     put("res", "levels: {global: 5, tenant: 5, project: 5, user: 5}")
     real = slots.take
@@ -324,7 +330,7 @@ def test_given_an_idle_holder_when_its_ttl_passes_then_it_is_reaped_and_check_ra
 
 def test_given_a_holder_past_its_deadline_when_checking_then_it_is_not_revived_but_reaped_at_once(handler):
     put("res", "levels: {project: 1}\nttlSeconds: 30")
-    from leases import dispatch
+    from leases.revocation import dispatch
     lease = leases.acquire(req(holder_ref="late"))
     lease.update_payload({"jobId": "J7"})
     expire_now(lease.token)  # past its deadline on MongoDB's clock; no sweep ran yet
@@ -356,7 +362,7 @@ def test_given_a_reaped_holder_with_listener_then_listener_gets_it():
         def on_revoked(self, holders):
             got.extend(holders)
 
-    from leases import listener
+    from leases.revocation import listener
     previous = listener.get_listener()
     listener.set_listener(L())
     try:
@@ -399,7 +405,7 @@ def test_numbers_json_and_bson_share_are_kept():
 def test_noop_without_lease_or_caps_issues_zero_commands():
     put("nocaps", "ttlSeconds: 10")
     leases.acquire(req(lease="nocaps"))  # warm the cache (the load itself reads the layers)
-    from leases import invalidation
+    from leases.definitions import invalidation
     assert invalidation.wait_listening()
     leases.acquire(req(lease="nocaps"))
     with counted_commands() as counted:
@@ -415,7 +421,7 @@ def test_noop_without_lease_or_caps_issues_zero_commands():
 
 def test_uncontended_command_budget():
     put("res", "levels: {global: 9, tenant: 9, project: 9, user: 9}")
-    from leases import invalidation
+    from leases.definitions import invalidation
     assert invalidation.wait_listening()
     leases.acquire(req()).release()  # counters exist, cache warm
     with counted_commands() as counted:
@@ -439,7 +445,7 @@ def test_uncontended_command_budget():
 
 def test_uncontended_command_budget_of_one_level():
     put("one", "levels: {global: 9}")
-    from leases import invalidation
+    from leases.definitions import invalidation
     assert invalidation.wait_listening()
     leases.acquire(req(lease="one")).release()
     with counted_commands() as counted:

@@ -11,9 +11,11 @@ import time
 import pytest
 
 import leases
-from leases import config, definitions, estimates, order, shares, store
-from leases.definitions import document_path
+from leases.definitions import layers as config, model as definitions
+from leases.definitions.model import document_path
 from leases.errors import InvalidLeaseRequest, PriorityNotAllowed
+from leases.queue import estimates, order, shares
+from leases.store import client as store
 from tests import helpers
 from tests.helpers import PYTHON, REPO, child_env, quiet_handler_fixture, wait_for
 
@@ -156,7 +158,7 @@ CHILD = """
 import sys, time
 import django; django.setup()
 import leases
-from leases import handlers
+from leases.revocation import handlers
 class Q(handlers.LeaseHandler):
     type = "test"
     def on_revoked(self, holder): pass

@@ -1,4 +1,4 @@
-"""leases.store against a replica set: the options the engine needs, whatever the URI says.
+"""leases.store.client against a replica set: the options the engine needs, whatever the URI says.
 
 The embedded server runs here in its single-node replica-set mode (a set named
 ``secantus`` with an oplog), reached through replica-set discovery like a production URI.
@@ -11,9 +11,11 @@ from django.test import override_settings
 from pymongo import ReadPreference
 
 import leases
-from leases import config, handlers, store
-from leases.definitions import document_path
-from leases.embedded import start_server
+from leases.definitions import layers as config
+from leases.definitions.model import document_path
+from leases.revocation import handlers
+from leases.store import client as store
+from leases.store.embedded import start_server
 
 
 class Quiet(handlers.LeaseHandler):

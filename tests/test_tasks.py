@@ -17,9 +17,11 @@ import signal
 import pytest
 from celery import Celery
 
-from leases import actions, config, store
-from leases.definitions import document_path
-from leases.pod_liveness import liveness
+from leases.definitions import layers as config
+from leases.definitions.model import document_path
+from leases.ops import actions
+from leases.pods.liveness import liveness
+from leases.store import client as store
 from tests.helpers import CELERY_TEST_REDIS_DB, celery_worker, wait_for
 from tests.workers.prefork_tasks import TYPE, PreforkTestHandler, probe
 
@@ -38,7 +40,7 @@ def app():
 
 @pytest.fixture
 def handler():
-    from leases import handlers
+    from leases.revocation import handlers
 
     # The worker module registered its own instance on import; this one records here.
     registered = handlers.register_handler(PreforkTestHandler(), replace=True)

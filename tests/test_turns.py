@@ -10,8 +10,9 @@ import signal
 import subprocess
 import time
 
-from leases import config, store
-from leases.definitions import document_path
+from leases.definitions import layers as config
+from leases.definitions.model import document_path
+from leases.store import client as store
 from tests.helpers import PYTHON, REPO, child_env, wait_for
 
 GATE = "alt|global|*"

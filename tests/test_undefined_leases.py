@@ -18,9 +18,11 @@ from django.test import Client
 
 import leases
 from insights.models import Membership, Tenant
-from leases import config, handlers, invalidation, store, undefined
-from leases.definitions import document_path
+from leases.definitions import invalidation, layers as config, undefined
+from leases.definitions.model import document_path
 from leases.errors import InvalidLeaseRequest, UnknownLease, by_code
+from leases.revocation import handlers
+from leases.store import client as store
 from tests.helpers import counted_commands
 
 

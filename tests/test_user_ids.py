@@ -10,9 +10,12 @@ from __future__ import annotations
 import pytest
 
 import leases
-from leases import config, handlers, slots, store, validation
-from leases.definitions import document_path
+from leases import validation
+from leases.definitions import layers as config
+from leases.definitions.model import document_path
 from leases.errors import InvalidLeaseRequest, LeaseBusy
+from leases.revocation import handlers
+from leases.store import client as store, entries
 
 LONGEST = "u" * 140 + ".@+-_x.y.z"  # Django's username limit: 150 characters
 assert len(LONGEST) == 150
@@ -51,7 +54,7 @@ def test_given_a_django_username_or_email_when_acquiring_then_it_is_held_on_its_
     assert held["count"] == 1 and held["level"] == "user"
     # The stored scope reads back as the user; the entry names the same user.
     assert key == "per-user|user|" + held["scope"]
-    assert slots.parts_of(held["holders"][0]) == ("acme", "p1", user)
+    assert entries.parts_of(held["holders"][0]) == ("acme", "p1", user)
     assert store.holders().find_one({"_id": lease.token})["userId"] == user
     with pytest.raises(LeaseBusy):
         leases.acquire(_req(user))
@@ -68,14 +71,14 @@ def test_given_names_that_differ_only_in_an_encoded_character_then_each_has_its_
     for user, key in zip(users, keys):
         doc = store.counters().find_one({"_id": key})
         assert doc["count"] == 1
-        assert [slots.parts_of(e) for e in doc["holders"]] == [("acme", "p1", user)]
+        assert [entries.parts_of(e) for e in doc["holders"]] == [("acme", "p1", user)]
         assert validation.counter_key(key) == key
 
 
 def test_given_a_user_id_with_a_separator_then_its_entry_splits_back_into_the_same_ids():
-    booking = slots.entry("acme", "p1", "x/y|z%", "tok123")
-    assert slots.parts_of(booking) == ("acme", "p1", "x/y|z%")
-    assert slots.token_of(booking) == "tok123"
+    booking = entries.entry("acme", "p1", "x/y|z%", "tok123")
+    assert entries.parts_of(booking) == ("acme", "p1", "x/y|z%")
+    assert entries.token_of(booking) == "tok123"
 
 
 def test_given_ids_valid_before_then_keys_and_entries_are_unchanged():
@@ -83,7 +86,7 @@ def test_given_ids_valid_before_then_keys_and_entries_are_unchanged():
     lease = leases.acquire(_req("u_1-x", lease="all-levels"))
     assert lease.levels == ["all-levels|user|acme/u_1-x", "all-levels|project|acme/p1",
                             "all-levels|tenant|acme", "all-levels|global|*"]
-    assert slots.entry("acme", "p1", "u_1-x", "tok") == "acme/p1/u_1-x/tok"
+    assert entries.entry("acme", "p1", "u_1-x", "tok") == "acme/p1/u_1-x/tok"
     lease.release()
 
 
@@ -111,9 +114,9 @@ def test_given_a_scope_that_is_no_encoding_then_counter_key_refuses_it(key):
 
 
 def test_given_a_user_with_separators_then_the_order_rule_counts_its_slots_as_its_own():
-    from leases import order
+    from leases.queue import order
 
-    held = order.Occupancy.of([slots.entry("acme", "p1", "a/b", "t1"), slots.entry("acme", "p1", "a|b%", "t2")])
+    held = order.Occupancy.of([entries.entry("acme", "p1", "a/b", "t1"), entries.entry("acme", "p1", "a|b%", "t2")])
     assert held.user[("acme", "a/b")] == 1 and held.user[("acme", "a|b%")] == 1
     assert held.user[("acme", "a")] == 0 and held.project[("acme", "p1")] == 2
     assert not held.fits({"t": "acme", "p": "p1", "u": "a/b", "caps": {"user": 1}})
@@ -121,7 +124,7 @@ def test_given_a_user_with_separators_then_the_order_rule_counts_its_slots_as_it
 
 
 def test_given_an_expired_holder_with_an_email_id_when_swept_then_its_slots_are_returned_and_reconcile_agrees():
-    from leases import reaper, sweeps
+    from leases.upkeep import reaper, sweeps
 
     _put("swept", "levels: {project: 5, user: 1}\nttlSeconds: 30")
     user = "o'brien+tag/x|y%z@example.com"

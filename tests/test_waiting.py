@@ -12,8 +12,11 @@ from contextlib import contextmanager
 import pytest
 
 import leases
-from leases import config, order, service, slots, store, waiting, wakeups
-from leases.definitions import document_path
+from leases import service
+from leases.definitions import layers as config
+from leases.definitions.model import document_path
+from leases.queue import order, slots, waiting, wakeups
+from leases.store import client as store, entries
 from tests import helpers
 from tests.helpers import PYTHON, REPO, child_env, quiet_handler_fixture, wait_for
 
@@ -203,7 +206,7 @@ def test_given_a_stalled_waiter_booking_again_under_its_token_while_repair_check
     # Then: the live lease keeps its slot, and the cap holds.
     (lease,) = rebooked
     after = gate_doc()
-    assert after["count"] == 1 and [slots.token_of(e) for e in after["holders"]] == [lease.token]
+    assert after["count"] == 1 and [entries.token_of(e) for e in after["holders"]] == [lease.token]
     with pytest.raises(leases.LeaseBusy):
         leases.acquire(req(user="newcomer"))
     lease.release()
@@ -224,7 +227,7 @@ def test_contended_grant_command_budget(settings, extra):
     # queue costs 4 per grant (a keep-alive more if the machine is slow enough for a poll
     # to fall due).
     put("res", "levels: {global: 1}\nwaitMs: 10000" + extra)
-    from leases import invalidation
+    from leases.definitions import invalidation
 
     assert invalidation.wait_listening()
     leases.acquire(req(user="warm")).release()
@@ -253,7 +256,7 @@ def _child(code, **env):
 WAIT_CHILD = """
 import django; django.setup()
 import leases
-from leases import handlers
+from leases.revocation import handlers
 class Q(handlers.LeaseHandler):
     type = "test"
     def on_revoked(self, holder): pass

@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from leases import handlers
 from leases.conf import lease_settings
 from leases.errors import (
     ApiKeyScopeGone,
@@ -27,6 +26,7 @@ from leases.errors import (
     UnknownLease,
     UnknownLeaseType,
 )
+from leases.revocation import handlers
 from leases.validation import HOLDER_REF_MAX, PAYLOAD_MAX_BYTES, USER_ID_CLASS, USER_ID_MAX
 
 from .bodies import MAX_BODY_BYTES, MAX_INTERVAL_SECONDS, MAX_WAIT_MS

@@ -26,7 +26,7 @@ from .waiter import Waiter
 def acquire(request: LeaseRequest) -> Lease | NoopLease:
     """Acquire a slot at every capped level of the request's lease, waiting up to ``waitMs``.
 
-    A level found full puts the request in the resource's queue (see ``leases.waiting``);
+    A level found full puts the request in the resource's queue (see ``leases.queue.waiting``);
     it is granted in the order rule's turn or ends with ``LeaseBusy`` at the wait bound.
 
     Returns:

@@ -1,7 +1,7 @@
 """The async acquire: ``aacquire``, its uncontended path on the event loop's client.
 
 Holder, the one ordered bulk over the stacked levels, HELD — the same commands as the sync
-funnel (``leases.commands``, ``slots.take_ops``) under the same store bound. A level found
+funnel (``leases.engine.commands``, ``slots.take_ops``) under the same store bound. A level found
 full (or a queue at the gate) hands the attempt to :mod:`leases.engine.aio_waiter`.
 """
 
@@ -15,9 +15,10 @@ from typing import Any
 import pymongo.errors
 from pymongo import ReturnDocument
 
-from leases import commands, slots, store, waiting
-from leases.errors import LeaseUnavailable
-
+from ..errors import LeaseUnavailable
+from ..queue import slots, waiting
+from ..store import client as store
+from . import commands
 from .aio_counters import give_back
 from .aio_lease import ANOOP, AsyncLease, AsyncNoopLease
 from .aio_waiter import EXECUTOR, wait_in_queue

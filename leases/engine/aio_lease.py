@@ -15,9 +15,12 @@ from typing import Any
 import pymongo.errors
 from pymongo import ReturnDocument
 
-from leases import estimates, holders, metrics, store, validation
-from leases.errors import LeaseLost, LeaseUnavailable
-
+from .. import validation
+from ..errors import LeaseLost, LeaseUnavailable
+from ..queue import estimates
+from ..store import client as store
+from ..telemetry import metrics
+from . import holders
 from .aio_counters import give_back
 from .lease import Lease
 from .step import store_bound
@@ -59,7 +62,7 @@ class AsyncLease:
             log.warning("release of %s failed after an error in the lease's block", self.token)
 
     async def _renew(self, payload: dict[str, Any] | None = None) -> None:
-        """:func:`leases.holders.renew` on the async client: the same command and verdict;
+        """:func:`leases.engine.holders.renew` on the async client: the same command and verdict;
         ending a holder found past its deadline runs in a thread (the engine's reap)."""
         bound = holders.scope(self.request.tenant_id, self.request.project_id)
         db = store.async_db()
@@ -145,7 +148,7 @@ class AsyncLease:
         if doc is None:
             metrics.RELEASE.labels(resource=tag, outcome="already-released").inc()
             return False
-        # The rest of leases.holders.end, the same steps on this client.
+        # The rest of leases.engine.holders.end, the same steps on this client.
         ending = holders.Ending.of(doc, "release", hold_ms=hold_ms)
         try:
             with store_bound():

@@ -17,8 +17,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from leases.errors import LeaseUnavailable
-
+from ..errors import LeaseUnavailable
 from .acquire import contended_steps
 from .lease import Lease
 

@@ -6,11 +6,10 @@ the gate as last seen, and the queue's estimate of the attempt's turn.
 
 from __future__ import annotations
 
-from leases import estimates
-from leases.conf import lease_settings
-from leases.documents import CounterDoc
-from leases.errors import LeaseBusy
-
+from ..conf import lease_settings
+from ..errors import LeaseBusy
+from ..queue import estimates
+from ..store.documents import CounterDoc
 from .funnel import Attempt, _Blocked
 from .shapes import queue_of
 
@@ -32,13 +31,13 @@ def retry_after_s(attempt: Attempt, gate: CounterDoc | None, *, placed: bool = T
     the gate document in hand (no command of its own); never below
     ``LEASES_RETRY_AFTER_MIN_MS`` (100 ms), so a caller that sleeps it does not spin.
 
-    The queue's estimate of the attempt's turn (:mod:`leases.estimates`): its own ticket's
+    The queue's estimate of the attempt's turn (:mod:`leases.queue.estimates`): its own ticket's
     when it is queued and live (and ``placed``: it has not lost its place), else that of a
     newcomer of its class at the back of the queue (a request that did not wait, or whose
     kept ticket was lost). When the walk does not reach it, the gate's typical hold. The
     walk assumes the holders release within the typical hold; once every current holder
     has held longer than that, their remaining expected hold
-    (:func:`leases.estimates.overdue_hold_ms`) is the least wait. Without a gate document (a
+    (:func:`leases.queue.estimates.overdue_hold_ms`) is the least wait. Without a gate document (a
     narrower level blocked: its counter keeps no holds) or any hold on record at the gate,
     ``LeaseBusy.DEFAULT_RETRY_AFTER_S`` (1 s, as HTTP's ``Retry-After``).
     """

@@ -7,8 +7,7 @@ the gate, once; book again if that freed something.
 
 from __future__ import annotations
 
-from leases import order, waiting
-
+from ..queue import order, waiting
 from .busy import busy
 from .funnel import Attempt, _Blocked
 from .lease import Lease

@@ -19,12 +19,13 @@ from typing import Any
 
 from pymongo import ReturnDocument
 
-from leases import commands, shares, slots, store, waiting
-from leases.definitions import LeaseDefinition, LevelSpec
-from leases.documents import CounterDoc, TicketDoc
-from leases.pausepoints import pause_point as _pause_point
-
+from ..definitions.model import LeaseDefinition, LevelSpec
+from ..queue import shares, slots, waiting
+from ..store import client as store
+from ..store.documents import CounterDoc, TicketDoc
+from . import commands
 from .lease import Lease
+from .pausepoints import pause_point as _pause_point
 from .request import LeaseRequest
 from .shapes import new_ticket, ticket_in
 

@@ -14,10 +14,14 @@ from typing import Any
 import pymongo.errors
 from pymongo import ReturnDocument
 
-from leases import definitions, history, holders, metrics, shares, store, validation, waiting
-from leases.documents import CounterDoc, TicketDoc
-from leases.errors import LeaseExpired, LeaseUnavailable
-
+from .. import validation
+from ..definitions import model as definitions
+from ..errors import LeaseExpired, LeaseUnavailable
+from ..queue import shares, waiting
+from ..store import client as store
+from ..store.documents import CounterDoc, TicketDoc
+from ..telemetry import history, metrics
+from . import holders
 from .funnel import Attempt
 from .lease import Lease
 from .request import LeaseRequest

@@ -1,7 +1,7 @@
 """A held lease: check-at-use and renew, replace the payload, release (idempotent).
 
-The renewal and the release are the store's (:func:`leases.holders.renew`,
-:func:`leases.holders.release`); a release whose first try failed part-way returns its
+The renewal and the release are the store's (:func:`leases.engine.holders.renew`,
+:func:`leases.engine.holders.release`); a release whose first try failed part-way returns its
 own booking entries by value, which nobody can pull twice. ``NOOP`` is the lease of an
 unlimited resource: it sends no command at all.
 """
@@ -15,10 +15,13 @@ from typing import Any
 
 import pymongo.errors
 
-from leases import holders, metrics, slots, store, validation, waiting
-from leases.definitions import LeaseDefinition
-from leases.errors import LeaseLost, LeaseUnavailable
-
+from .. import validation
+from ..definitions.model import LeaseDefinition
+from ..errors import LeaseLost, LeaseUnavailable
+from ..queue import slots, waiting
+from ..store import client as store
+from ..telemetry import metrics
+from . import holders
 from .request import LeaseRequest
 
 log = logging.getLogger(__name__)
@@ -78,7 +81,7 @@ class Lease:
     def check(self) -> None:
         """Check-at-use and renew: call at every usage step; the TTL runs from here.
 
-        The renewal rule is the one of every path (:func:`leases.holders.renew`): a lease
+        The renewal rule is the one of every path (:func:`leases.engine.holders.renew`): a lease
         past its deadline is not revived but ends (``LeaseExpired``, reaped now).
 
         Raises:

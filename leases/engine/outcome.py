@@ -6,9 +6,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from leases import history, metrics
-from leases.errors import LeaseBusy, LeaseUnavailable
-
+from ..errors import LeaseBusy, LeaseUnavailable
+from ..telemetry import history, metrics
 from .funnel import Attempt
 from .lease import Lease
 

@@ -7,12 +7,12 @@ definition without caps, or a name no layer defines under ``LEASES_UNDEFINED_LEA
 
 from __future__ import annotations
 
-from leases import definitions, metrics, undefined
-from leases.conf import lease_settings
-from leases.definitions import LeaseDefinition
-from leases.errors import InvalidLeaseRequest, LeaseUnavailable, UnknownLease
-from leases.identity import self_pod_id
-
+from ..conf import lease_settings
+from ..definitions import model as definitions, undefined
+from ..definitions.model import LeaseDefinition
+from ..errors import InvalidLeaseRequest, LeaseUnavailable, UnknownLease
+from ..pods.identity import self_pod_id
+from ..telemetry import metrics
 from .funnel import Attempt
 from .request import LeaseRequest
 

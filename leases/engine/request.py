@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from leases import handlers, validation
-from leases.errors import InvalidLeaseRequest
+from .. import validation
+from ..errors import InvalidLeaseRequest
+from ..revocation import handlers
 
 
 @dataclass(frozen=True)
@@ -14,7 +15,7 @@ class LeaseRequest:
     """What a consumer asks for; ``lease`` (a name) or ``inline`` (a definition), not both.
 
     Attributes:
-        type: the handler type (registered with :func:`leases.handlers.register_handler`).
+        type: the handler type (registered with :func:`leases.revocation.handlers.register_handler`).
         tenant_id, project_id: ``[A-Za-z0-9_][A-Za-z0-9_-]{0,63}``, not starting with ``_``.
         user_id: any Django username or email address (``alice.smith``, ``bob@example.com``),
             1 to 150 characters without whitespace or control characters; compared exactly.

@@ -1,7 +1,7 @@
 """Named reads and writes of the queue ticket's short fields, for the engine's modules.
 
 A ticket repeats per waiting request inside its gate counter, so its stored fields keep
-short names (:class:`leases.documents.TicketDoc`: ``t``, ``p``, ``u``, ``at``, ``seen``,
+short names (:class:`leases.store.documents.TicketDoc`: ``t``, ``p``, ``u``, ``at``, ``seen``,
 ``ttl``, ``lvl``, ``w``, …); the engine writes and reads them through these functions
 instead of spelling the keys at each use. The stored names do not change.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from leases.documents import CounterDoc, TicketDoc
+from ..store.documents import CounterDoc, TicketDoc
 
 
 def new_ticket(*, token: str, tenant: str, project: str, user: str, arrived: datetime | None,

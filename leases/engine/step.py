@@ -15,10 +15,9 @@ from typing import Any
 import pymongo
 import pymongo.errors
 
-from leases import store
-from leases.conf import lease_settings
-from leases.errors import LeaseUnavailable
-
+from ..conf import lease_settings
+from ..errors import LeaseUnavailable
+from ..store import client as store
 from .funnel import Attempt, _Vanished
 
 log = logging.getLogger(__name__)

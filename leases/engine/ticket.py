@@ -6,10 +6,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from leases import estimates, order
-from leases.definitions import LeaseDefinition
-from leases.documents import CounterDoc, TicketDoc
-
+from ..definitions.model import LeaseDefinition
+from ..queue import estimates, order
+from ..store.documents import CounterDoc, TicketDoc
 from .shapes import ticket_deadline, ticket_in
 
 if TYPE_CHECKING:

@@ -21,10 +21,10 @@ from collections.abc import Generator
 
 import pymongo.errors
 
-from leases import estimates, history, metrics, order, shares, slots, waiting, wakeups
-from leases.documents import CounterDoc, TicketDoc
-from leases.errors import LeaseBusy
-
+from ..errors import LeaseBusy
+from ..queue import estimates, order, shares, slots, waiting, wakeups
+from ..store.documents import CounterDoc, TicketDoc
+from ..telemetry import history, metrics
 from .busy import busy
 from .funnel import Attempt, _Blocked, _Vanished, first
 from .lease import Lease

@@ -11,8 +11,9 @@ import time
 
 from celery import shared_task
 
-from leases import handlers, store
 from leases.contrib.celery import leased
+from leases.revocation import handlers
+from leases.store import client as store
 
 TYPE = "celerytest"
 

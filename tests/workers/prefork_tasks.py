@@ -13,8 +13,9 @@ import time
 from celery import shared_task
 
 import leases
-from leases import handlers, store
-from leases.identity import self_pod_id
+from leases.pods.identity import self_pod_id
+from leases.revocation import handlers
+from leases.store import client as store
 
 TYPE = "preforktest"
 

@@ -27,9 +27,9 @@ from typing import Any
 import pymongo.errors
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from leases import actions, http_client, ids, reads, shares, undefined as undefined_names, validation
+from leases import http_client, ids, validation
 from leases.conf import lease_settings
-from leases.dispatch import SECRET_HEADER
+from leases.definitions import undefined as undefined_names
 from leases.errors import (
     HolderNotFound,
     InvalidLeaseRequest,
@@ -41,6 +41,9 @@ from leases.errors import (
     ResourceNotFound,
     TenantNotFound,
 )
+from leases.ops import actions, reads
+from leases.queue import shares
+from leases.revocation.dispatch import SECRET_HEADER
 
 ADMIN_PATH = "/internal/lease/admin"
 
@@ -101,8 +104,8 @@ def _require_tenant(tenant_id: str, project_id: str) -> None:
         ProjectNotFound: the project is known nowhere in that tenant.
         pymongo.errors.PyMongoError: the store is unreachable.
     """
-    from leases import store
-    from leases.definitions import SYSTEM_TENANT, TENANT_PROJECT
+    from leases.definitions.model import SYSTEM_TENANT, TENANT_PROJECT
+    from leases.store import client as store
     from leases.tenancy import tenant_access
 
     if tenant_id == SYSTEM_TENANT:
@@ -128,7 +131,7 @@ def _require_pod(pod: str) -> None:
         PodNotFound: no pod registration and no holder names it.
         pymongo.errors.PyMongoError: the store is unreachable.
     """
-    from leases import store
+    from leases.store import client as store
 
     if store.pods().find_one({"_id": pod}, {"_id": 1}) is None and store.holders().find_one({"pod": pod}, {"_id": 1}) is None:
         raise PodNotFound(f"unknown pod {pod!r}: it is not registered and no holder names it")
@@ -582,7 +585,8 @@ class Command(BaseCommand):
         return "\n".join(lines)
 
     def _sweep_forced(self, o: dict[str, Any]) -> None:
-        from leases import listener, tasks
+        from leases.revocation import listener
+        from leases.upkeep import tasks
 
         reaped: list[Any] = []
 
@@ -615,7 +619,7 @@ class Command(BaseCommand):
                       "note": note}, lambda: note)
 
     def do_reconcile(self, o: dict[str, Any]) -> None:
-        from leases import sweeps
+        from leases.upkeep import sweeps
 
         if o["safety_ms"] is not None and o["safety_ms"] < 0:
             raise CommandError("--safety-ms must be >= 0")
@@ -628,8 +632,9 @@ class Command(BaseCommand):
                   lambda: f"Reconcile: {total} counter(s) corrected or removed{'; more remain' if more else ''}.")
 
     def do_stats(self, o: dict[str, Any]) -> None:
-        from leases import history, store
-        from leases.definitions import TENANT_PROJECT
+        from leases.definitions.model import TENANT_PROJECT
+        from leases.store import client as store
+        from leases.telemetry import history
 
         resource = o["resource"]
         since = history.parse_since(o["since"])

@@ -11,8 +11,8 @@ import threading
 
 from django.core.management.base import BaseCommand
 
-from leases import process
 from leases.contrib.demo import DemoRemoteServer, run_demo_consumers
+from leases.pods import process
 
 
 class Command(BaseCommand):
