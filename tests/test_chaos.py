@@ -196,7 +196,7 @@ REPAIR_INTERVAL_MS = 500  # set for the children explicitly: the bound below dep
 # other processes mostly wait in the queue and look again at their keep-alive (≤ 1.25 s);
 # the rest is slack for a loaded 2-core machine (one 4.4 s case was seen while other test
 # runs loaded it; quiet runs stay under 0.2 s). The precise 1 s bound, with fresh arrivals,
-# is tests/test_crash_windows.py's. The old engine's leaks lasted to the end of the run.
+# is tests/engine/test_crash_windows.py's. The old engine's leaks lasted to the end of the run.
 LOST_BOUND_S = REPAIR_INTERVAL_MS / 1000 + 1.25 + 4.0
 LOST_SAMPLE_S = 0.05  # how often the sampler looks for lost slots (one holders query each)
 
