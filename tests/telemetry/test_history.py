@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 from datetime import timedelta
+from functools import partial
 from io import StringIO
 
 import pytest
@@ -22,7 +23,7 @@ from leases.revocation import handlers
 from leases.store import client as store
 from leases.telemetry import history
 from leases.upkeep import reaper
-from tests.helpers import counted_commands
+from tests.helpers import counted_commands, define, lease_request
 
 
 class Recording(handlers.LeaseHandler):
@@ -41,13 +42,8 @@ def clean_history():
     handlers.unregister_handler("histtest")
 
 
-def put(name, text, tenant="_vance"):
-    config.put_document(tenant, TENANT_PROJECT, document_path(name), text)
-
-
-def req(lease="hres", tenant="acme", project="p1", user="u1", **kw):
-    return leases.LeaseRequest(type="histtest", lease=lease, tenant_id=tenant, project_id=project, user_id=user,
-                               pod="", **kw)
+put = define
+req = partial(lease_request, lease="hres", lease_type="histtest", pod="")
 
 
 # --- the aggregator (pure) ----------------------------------------------------------------------

@@ -8,27 +8,22 @@ import signal
 import subprocess
 import time
 from contextlib import contextmanager
+from functools import partial
 
 import pytest
 
 import leases
 from leases import service
-from leases.definitions import layers as config
-from leases.definitions.model import document_path
 from leases.queue import order, slots, waiting, wakeups
 from leases.store import client as store, entries
 from tests import helpers
-from tests.helpers import PYTHON, REPO, child_env, quiet_handler_fixture, wait_for
+from tests.helpers import PYTHON, REPO, child_env, define, lease_request, quiet_handler_fixture, wait_for
 
 handler = quiet_handler_fixture("test")
 
 
-def put(name, text):
-    config.put_document("_vance", "_tenant", document_path(name), text)
-
-
-def req(tenant="acme", project="p1", user="u1", lease="res", **kw):
-    return leases.LeaseRequest(type="test", lease=lease, tenant_id=tenant, project_id=project, user_id=user, pod="", **kw)
+put = define
+req = partial(lease_request, pod="")
 
 
 def gate_doc(key="res|global|*"):
@@ -109,7 +104,7 @@ def test_given_wait_timeout_then_busy_names_the_level_and_the_place_and_the_tick
         leases.acquire(req(user="w2", wait_ms=300))
     assert busy.value.level == "global" and busy.value.count == 1 and busy.value.cap == 1
     assert busy.value.position == 2
-    assert queued_ids() == [first.request and queued_ids()[0]] and len(queued_ids()) == 1
+    assert queued_ids() == [first.ticket]  # w1's ticket still waits; w2's left with its busy answer
     first.join(10)
     assert first.error is not None and first.error.position == 1
     assert queued_ids() == []

@@ -7,15 +7,16 @@ never share a counter or an entry, and ids valid before encode to the same keys 
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
 import leases
 from leases import validation
-from leases.definitions import layers as config
-from leases.definitions.model import document_path
 from leases.errors import InvalidLeaseRequest, LeaseBusy
 from leases.revocation import handlers
 from leases.store import client as store, entries
+from tests.helpers import define, lease_request
 
 LONGEST = "u" * 140 + ".@+-_x.y.z"  # Django's username limit: 150 characters
 assert len(LONGEST) == 150
@@ -35,19 +36,15 @@ def handler():
     handlers.unregister_handler("test")
 
 
-def _put(name: str, text: str) -> None:
-    config.put_document("_vance", "_tenant", document_path(name), text)
-
-
-def _req(user: str, lease: str = "per-user", **kw) -> leases.LeaseRequest:
-    return leases.LeaseRequest(type="test", lease=lease, tenant_id="acme", project_id="p1", user_id=user, **kw)
+_put = define
+_req = partial(lease_request, lease="per-user")
 
 
 @pytest.mark.parametrize("user", ["alice.smith", "bob@example.com", "c+d", LONGEST, "ünïcødé", "o'brien",
                                   "a/b", "x|y", "100%", "$where", "*"])
 def test_given_a_django_username_or_email_when_acquiring_then_it_is_held_on_its_own_user_counter(user):
     _put("per-user", "levels: {user: 1}\nttlSeconds: 30")
-    lease = leases.acquire(_req(user))
+    lease = leases.acquire(_req(user=user))
     assert not lease.is_noop
     [key] = lease.levels
     held = store.counters().find_one({"_id": key})
@@ -57,7 +54,7 @@ def test_given_a_django_username_or_email_when_acquiring_then_it_is_held_on_its_
     assert entries.parts_of(held["holders"][0]) == ("acme", "p1", user)
     assert store.holders().find_one({"_id": lease.token})["userId"] == user
     with pytest.raises(LeaseBusy):
-        leases.acquire(_req(user))
+        leases.acquire(_req(user=user))
     lease.release()
     assert store.counters().find_one({"_id": key})["count"] == 0
 
@@ -65,7 +62,7 @@ def test_given_a_django_username_or_email_when_acquiring_then_it_is_held_on_its_
 def test_given_names_that_differ_only_in_an_encoded_character_then_each_has_its_own_slot():
     _put("per-user", "levels: {user: 1}\nttlSeconds: 30")
     users = ["a/b", "a%2Fb", "a%252Fb", "a|b", "a%7Cb", "a%b", "a%25b", "a", "a/b/c", "a%2Fb%2Fc"]
-    held = [leases.acquire(_req(user)) for user in users]  # a shared counter would answer busy
+    held = [leases.acquire(_req(user=user)) for user in users]  # a shared counter would answer busy
     keys = [lease.levels[0] for lease in held]
     assert len(set(keys)) == len(users)
     for user, key in zip(users, keys):
@@ -83,7 +80,7 @@ def test_given_a_user_id_with_a_separator_then_its_entry_splits_back_into_the_sa
 
 def test_given_ids_valid_before_then_keys_and_entries_are_unchanged():
     _put("all-levels", "levels: {global: 9, tenant: 9, project: 9, user: 9}\nttlSeconds: 30")
-    lease = leases.acquire(_req("u_1-x", lease="all-levels"))
+    lease = leases.acquire(_req(user="u_1-x", lease="all-levels"))
     assert lease.levels == ["all-levels|user|acme/u_1-x", "all-levels|project|acme/p1",
                             "all-levels|tenant|acme", "all-levels|global|*"]
     assert entries.entry("acme", "p1", "u_1-x", "tok") == "acme/p1/u_1-x/tok"
@@ -95,7 +92,7 @@ def test_given_ids_valid_before_then_keys_and_entries_are_unchanged():
 def test_given_no_username_when_acquiring_then_a_typed_error_and_nothing_is_written(user):
     _put("per-user", "levels: {user: 1}\nttlSeconds: 30")
     with pytest.raises(InvalidLeaseRequest) as caught:
-        leases.acquire(_req(user))
+        leases.acquire(_req(user=user))
     assert caught.value.code == "INVALID_REQUEST" and "user id" in str(caught.value)
     assert store.holders().count_documents({}) == 0
     assert store.counters().count_documents({}) == 0
@@ -128,8 +125,8 @@ def test_given_an_expired_holder_with_an_email_id_when_swept_then_its_slots_are_
 
     _put("swept", "levels: {project: 5, user: 1}\nttlSeconds: 30")
     user = "o'brien+tag/x|y%z@example.com"
-    lease = leases.acquire(_req(user, lease="swept"))
-    keep = leases.acquire(_req("bob@example.com", lease="swept"))
+    lease = leases.acquire(_req(user=user, lease="swept"))
+    keep = leases.acquire(_req(user="bob@example.com", lease="swept"))
     store.holders().update_one({"_id": lease.token}, [{"$set": {"expiresAt": {"$subtract": ["$$NOW", 1000]}}}])
     assert reaper.reap_idle(dispatch=False)[0] == 1
     counts = {d["_id"]: d["count"] for d in store.counters().find()}
@@ -137,7 +134,7 @@ def test_given_an_expired_holder_with_an_email_id_when_swept_then_its_slots_are_
     sweeps.reconcile(safety_ms=0)
     assert {d["_id"]: d["count"] for d in store.counters().find() if d["count"]} == {
         keep.levels[0]: 1, "swept|project|acme/p1": 1}
-    assert leases.acquire(_req(user, lease="swept")).levels[0] == lease.levels[0]  # its slot is free again
+    assert leases.acquire(_req(user=user, lease="swept")).levels[0] == lease.levels[0]  # its slot is free again
 
 
 def test_given_a_holder_with_a_separator_in_its_user_then_cli_and_insights_show_the_real_name():
@@ -148,7 +145,7 @@ def test_given_a_holder_with_a_separator_in_its_user_then_cli_and_insights_show_
     from insights.templatetags.insights_tags import readable_key
 
     _put("per-user", "levels: {user: 1}\nttlSeconds: 30")
-    lease = leases.acquire(_req("ann/x|y%"))
+    lease = leases.acquire(_req(user="ann/x|y%"))
     [key] = lease.levels
     assert key == "per-user|user|acme/ann%2Fx%7Cy%25"
     assert readable_key(key) == "per-user|user|acme/ann/x|y%"

@@ -9,6 +9,7 @@ import os
 import subprocess
 import threading
 import time
+from functools import partial
 
 import pymongo
 import pytest
@@ -16,13 +17,12 @@ from django.test import AsyncClient, override_settings
 
 import leases
 from leases import aio
-from leases.definitions import layers as config, model as definitions
-from leases.definitions.model import document_path
+from leases.definitions import model as definitions
 from leases.engine import holders
 from leases.errors import LeaseExpired
 from leases.revocation import handlers
 from leases.store import client as store
-from tests.helpers import PYTHON, REPO, CommandCounter, child_env
+from tests.helpers import PYTHON, REPO, CommandCounter, child_env, define, lease_request
 
 
 class AioHandler(handlers.LeaseHandler):
@@ -38,12 +38,8 @@ def handler():
     handlers.unregister_handler("aiotest")
 
 
-def put(text: str, name: str = "aio") -> None:
-    config.put_document("_vance", "_tenant", document_path(name), text)
-
-
-def req(tenant="acme", user="u1", lease="aio"):
-    return leases.LeaseRequest(type="aiotest", lease=lease, tenant_id=tenant, project_id="p1", user_id=user)
+put = partial(define, "aio")
+req = partial(lease_request, lease="aio", lease_type="aiotest")
 
 
 def run(coro):

@@ -15,15 +15,14 @@ from leases.errors import InvalidLeaseRequest, LeaseExpired, StaleLease
 from leases.queue import waiting
 from leases.store import client as store, tombstones
 from leases.upkeep import reaper
-from tests.helpers import counted_commands, quiet_handler_fixture
+from tests.helpers import counted_commands, define, lease_request, quiet_handler_fixture
 
 handler = quiet_handler_fixture("test")
 
 
 def held(user="u1", levels="levels: {project: 2}"):
-    config.put_document("_vance", "_tenant", document_path("res"), levels)
-    return leases.acquire(leases.LeaseRequest(type="test", lease="res", tenant_id="acme", project_id="p1",
-                                              user_id=user))
+    define("res", levels)
+    return leases.acquire(lease_request(user=user))
 
 
 def doc(token):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from functools import partial
 from io import StringIO
 
 import pytest
@@ -23,7 +24,7 @@ from leases.definitions.model import document_path
 from leases.errors import InvalidLeaseRequest, UnknownLease, by_code
 from leases.revocation import handlers
 from leases.store import client as store
-from tests.helpers import counted_commands
+from tests.helpers import counted_commands, lease_request
 
 
 class _Handler(handlers.LeaseHandler):
@@ -42,8 +43,7 @@ def handler():
     undefined.forget()
 
 
-def _req(lease: str, tenant: str = "acme", project: str = "docs") -> leases.LeaseRequest:
-    return leases.LeaseRequest(type="test", lease=lease, tenant_id=tenant, project_id=project, user_id="alice")
+_req = partial(lease_request, project="docs", user="alice")
 
 
 def _lease_cli(*args: str) -> str:

@@ -10,8 +10,7 @@ import pytest
 
 import leases
 from leases import service
-from leases.definitions import layers as config, model as definitions
-from leases.definitions.model import document_path
+from leases.definitions import model as definitions
 from leases.engine import holders
 from leases.errors import LeaseExpired
 from leases.queue import waiting
@@ -19,7 +18,7 @@ from leases.revocation import handlers
 from leases.store import client as store
 from leases.upkeep import reaper
 from tests import helpers
-from tests.helpers import counted_commands
+from tests.helpers import counted_commands, define, lease_request
 
 
 class RecordingHandler(handlers.LeaseHandler):
@@ -39,12 +38,8 @@ def handler():
     handlers.unregister_handler("test")
 
 
-def put(name, text, tenant="_vance", project="_tenant"):
-    config.put_document(tenant, project, document_path(name), text)
-
-
-def req(lease="res", tenant="acme", project="p1", user="u1", **kw):
-    return leases.LeaseRequest(type="test", lease=lease, tenant_id=tenant, project_id=project, user_id=user, **kw)
+put = define
+req = lease_request
 
 
 def counter(key):
@@ -475,4 +470,3 @@ def test_store_unreachable_answers_unavailable_within_bounded_time(settings):
         assert time.monotonic() - started < 3.0
     finally:
         store.reset()
-

@@ -9,16 +9,17 @@ from __future__ import annotations
 import os
 import signal
 import time
+from functools import partial
 
 import pytest
 
 import leases
-from leases.definitions import invalidation, layers as config, model as definitions
-from leases.definitions.model import document_path
+from leases.definitions import invalidation, model as definitions
 from leases.queue import waiting
 from leases.revocation import handlers
 from leases.store import client as store
 from leases.store.embedded import start_server
+from tests.helpers import define, lease_request
 
 TIMEOUT_MS = 1500
 
@@ -60,12 +61,8 @@ def frozen_store(settings):
         definitions.cache.clear()
 
 
-def put(text):
-    config.put_document("_vance", "_tenant", document_path("res"), text)
-
-
-def req(user="u1", **kw):
-    return leases.LeaseRequest(type="test", lease="res", tenant_id="acme", project_id="p1", user_id=user, pod="", **kw)
+put = partial(define, "res")
+req = partial(lease_request, pod="")
 
 
 def test_given_mongodb_freezes_when_acquiring_then_it_ends_unavailable_within_one_bound(frozen_store):

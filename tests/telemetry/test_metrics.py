@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from functools import partial
 
 import pytest
 from prometheus_client import REGISTRY
@@ -13,7 +14,7 @@ import leases
 from leases.definitions import layers as config
 from leases.definitions.model import document_path
 from leases.telemetry import metrics
-from tests.helpers import PYTHON, REPO, child_env, quiet_handler_fixture
+from tests.helpers import PYTHON, REPO, child_env, lease_request, quiet_handler_fixture
 
 handler = quiet_handler_fixture("test")
 
@@ -22,8 +23,7 @@ def sample(name, **labels):
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
-def req(lease, user="u1", **kw):
-    return leases.LeaseRequest(type="test", lease=lease, tenant_id="acme", project_id="p1", user_id=user, pod="", **kw)
+req = partial(lease_request, pod="")
 
 
 def label_values(metric, label):

@@ -20,7 +20,7 @@ from prometheus_client.metrics import MetricWrapperBase
 
 from leases.telemetry import metrics
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "dashboards" / "leases.json"
 PENDING_PANELS = {"Fence refusals"}
 SUFFIXES = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count")}

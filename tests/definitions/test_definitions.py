@@ -158,7 +158,7 @@ def test_bad_lease_names_are_refused(name):
 @pytest.mark.parametrize("field, bad", [
     *((field, bad) for field in ("tenant_id", "project_id")
       for bad in ["$gt", "a.b", "a\x00b", "", "a/b", "a|b", "ü", "x" * 65, {"$gt": ""}, None, 7]),
-    # User ids are Django usernames or emails (tests/test_user_ids.py): only these are no user id.
+    # User ids are Django usernames or emails (tests/engine/test_user_ids.py): only these are no user id.
     *(("user_id", bad) for bad in ["a\x00b", "", "a b", "x" * 151, {"$gt": ""}, None, 7]),
 ])
 def test_bad_ids_are_refused_and_nothing_is_written(field, bad):

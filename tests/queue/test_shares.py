@@ -7,17 +7,17 @@ from __future__ import annotations
 import re
 import subprocess
 import time
+from functools import partial
 
 import pytest
 
 import leases
-from leases.definitions import layers as config, model as definitions
-from leases.definitions.model import document_path
+from leases.definitions import model as definitions
 from leases.errors import InvalidLeaseRequest, PriorityNotAllowed
 from leases.queue import estimates, order, shares
 from leases.store import client as store
 from tests import helpers
-from tests.helpers import PYTHON, REPO, child_env, quiet_handler_fixture, wait_for
+from tests.helpers import PYTHON, REPO, child_env, define, lease_request, quiet_handler_fixture, wait_for
 
 GATE = "res|global|*"
 
@@ -25,12 +25,8 @@ GATE = "res|global|*"
 handler = quiet_handler_fixture("test")
 
 
-def put(text, tenant="_vance", project="_tenant", name="res"):
-    return config.put_document(tenant, project, document_path(name), text)
-
-
-def req(tenant="acme", project="p1", user="u1", **kw):
-    return leases.LeaseRequest(type="test", lease="res", tenant_id=tenant, project_id=project, user_id=user, pod="", **kw)
+put = partial(define, "res")
+req = partial(lease_request, pod="")
 
 
 def gate_doc():

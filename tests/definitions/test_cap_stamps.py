@@ -14,8 +14,8 @@ import leases
 from leases.definitions import layers as config, model as definitions
 from leases.definitions.model import document_path
 from leases.store import client as store
+from tests.definitions.test_invalidation import CAPS, command, start_holder, stop
 from tests.helpers import PYTHON, REPO, child_env, private_redis
-from tests.test_invalidation import CAPS, command, start_holder, stop
 
 # Process B, started (and Django set up) before Redis freezes: writes the System layer on
 # each line it reads and answers how long the write took.
@@ -115,7 +115,7 @@ def test_given_a_view_from_before_a_tenant_write_then_it_obeys_the_lowered_cap_t
 
 
 def test_given_a_view_from_before_a_lowering_when_acquiring_async_then_it_obeys_the_stamp_too():
-    from tests.test_aio import run
+    from tests.engine.test_aio import run
 
     put("levels: {global: 2}")
     leases.acquire(req())
