@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 
 import leases
-from leases.definitions import invalidation, layers as config, model as definitions
+from leases.definitions import invalidation, layers as config, model as definitions, view as definition_views
 from leases.definitions.model import document_path
 from leases.errors import HolderNotFound, InvalidLeaseRequest
 from leases.ops import reads
@@ -117,7 +117,7 @@ def test_definition_view_names_the_layer_of_each_field_and_discards_the_cache_fi
     assert invalidation.wait_listening()
     definitions.cache._entries[("acme", "docs", "oplease")] = definitions._Entry(stale, 10**12, definitions.cache.live_epoch())
 
-    view = reads.definition_view("oplease", "acme", "docs")
+    view = definition_views.definition_view("oplease", "acme", "docs")
 
     fields = {f.field: (f.value, f.layer) for f in view.fields}
     assert fields["resource"] == ("opres", "system")
@@ -129,7 +129,7 @@ def test_definition_view_names_the_layer_of_each_field_and_discards_the_cache_fi
     assert fields["waitMs"] == (0, "default")
     assert ("acme", "docs", "oplease") not in definitions.cache._entries
     with pytest.raises(InvalidLeaseRequest):
-        reads.definition_view("../x", "acme", "docs")
+        definition_views.definition_view("../x", "acme", "docs")
 
 
 # --- waiting tickets ------------------------------------------------------------------------
