@@ -8,7 +8,13 @@ from datetime import timedelta
 import pytest
 
 import leases
-from leases.definitions import invalidation, layers as config, model as definitions, view as definition_views
+from leases.definitions import (
+    cache as definition_cache,
+    invalidation,
+    layers as config,
+    model as definitions,
+    view as definition_views,
+)
 from leases.definitions.model import document_path
 from leases.errors import HolderNotFound, InvalidLeaseRequest
 from leases.ops import reads
@@ -115,7 +121,7 @@ def test_definition_view_names_the_layer_of_each_field_and_discards_the_cache_fi
     # Plant a stale cache entry, as a process off the change-event chain could hold one.
     stale = definitions.merge("oplease", {"classpath": {"levels.user": 1}})
     assert invalidation.wait_listening()
-    definitions.cache._entries[("acme", "docs", "oplease")] = definitions._Entry(stale, 10**12, definitions.cache.live_epoch())
+    definitions.cache._entries[("acme", "docs", "oplease")] = definition_cache._Entry(stale, 10**12, definitions.cache.live_epoch())
 
     view = definition_views.definition_view("oplease", "acme", "docs")
 
