@@ -44,9 +44,8 @@ from .schema import (
     SYSTEM_TENANT,
     TENANT_PROJECT,
     TOP_FIELDS,
-    BrokenLayer,
     ignored_fields,
-    owned_fields,
+    inline_fields,
     parse_layer,
 )
 
@@ -177,7 +176,12 @@ def _bundled_text(name: str) -> str | None:
 
 
 def _read_layers(name: str, tenant_id: str, project_id: str) -> dict[str, str]:
-    """Raw YAML text per layer; one MongoDB command for the three stored layers."""
+    """Raw YAML text per layer; one MongoDB command for the three stored layers.
+
+    Raises:
+        LeaseUnavailable: a stored layer document has no text.
+        pymongo.errors.PyMongoError: the store is unreachable.
+    """
     texts: dict[str, str] = {}
     bundled = _bundled_text(name)
     if bundled is not None:
@@ -199,7 +203,7 @@ def _read_layers(name: str, tenant_id: str, project_id: str) -> dict[str, str]:
         for key, layer in wanted:
             if key == (doc.get("tenantId"), doc.get("projectId")):
                 if not isinstance(doc.get("text"), str):
-                    raise BrokenLayer(f"layer {layer} document has no text")
+                    raise LeaseUnavailable(f"lease {name}: layer {layer} document has no text")
                 texts[layer] = doc["text"]
                 break
     return texts
@@ -260,8 +264,6 @@ def load(name: str, tenant_id: str, project_id: str) -> LeaseDefinition:
         texts = _read_layers(name, tenant_id, project_id)
     except pymongo.errors.PyMongoError as exc:
         raise LeaseUnavailable(store.unreachable(f"lease {name}: config store", exc)) from None
-    except BrokenLayer as exc:
-        raise LeaseUnavailable(f"lease {name}: {exc}") from None
     layer_fields: dict[str, dict[str, Any]] = {}
     for layer, text in texts.items():
         try:
@@ -306,10 +308,7 @@ def inline_definition(spec: Any, tenant_id: str, project_id: str) -> LeaseDefini
     unknown = (set(spec) - {"name", "levels", "ttlSeconds", "waitMs"}) | (set(levels) - {"project", "user"})
     if unknown:
         raise InvalidDefinition(f"inline lease definition has unknown fields {sorted(map(str, unknown))}")
-    try:
-        fields = owned_fields({k: v for k, v in spec.items() if k != "name"}, name, "project")
-    except BrokenLayer as exc:
-        raise InvalidDefinition(f"inline lease {name}: {exc}") from None
+    fields = inline_fields({k: v for k, v in spec.items() if k != "name"}, name)
     definition = merge(name, {"project": fields})
     return LeaseDefinition(
         name=name,

@@ -55,29 +55,29 @@ MAX_WAIT_MS = 10 * 60 * 1000
 
 
 
-class BrokenLayer(Exception):
+class _BrokenLayer(Exception):
     pass
 
 
 def _number(value: Any, what: str, minimum: int, maximum: int) -> int:
     # bool is an int in Python; ``cap: yes`` must not become 1.
     if isinstance(value, bool) or not isinstance(value, int):
-        raise BrokenLayer(f"{what} must be an integer, got {value!r}")
+        raise _BrokenLayer(f"{what} must be an integer, got {value!r}")
     if not minimum <= value <= maximum:
-        raise BrokenLayer(f"{what} must be between {minimum} and {maximum}, got {value}")
+        raise _BrokenLayer(f"{what} must be between {minimum} and {maximum}, got {value}")
     return value
 
 
 def _weights(value: Any, what: str) -> dict[str, float]:
     if not isinstance(value, dict):
-        raise BrokenLayer(f"{what} is not a mapping of id to weight")
+        raise _BrokenLayer(f"{what} is not a mapping of id to weight")
     out: dict[str, float] = {}
     for key, weight in value.items():
         if not isinstance(key, str) or ID_RE.fullmatch(key) is None:
-            raise BrokenLayer(f"{what}: {key!r} is not a valid id")
+            raise _BrokenLayer(f"{what}: {key!r} is not a valid id")
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) \
                 or not 0 < weight <= MAX_WEIGHT:
-            raise BrokenLayer(f"{what}.{key} must be a positive number up to {MAX_WEIGHT}, got {weight!r}")
+            raise _BrokenLayer(f"{what}.{key} must be a positive number up to {MAX_WEIGHT}, got {weight!r}")
         out[key] = weight
     return out
 
@@ -87,21 +87,21 @@ def _class_name(value: Any, message: str) -> str:
     the layer (``message``) instead of answering a request.
 
     Raises:
-        BrokenLayer: ``value`` is no class name.
+        _BrokenLayer: ``value`` is no class name.
     """
     try:
         return priority_class(value)
     except InvalidLeaseRequest:
-        raise BrokenLayer(message) from None
+        raise _BrokenLayer(message) from None
 
 
 def _classes(value: Any, what: str) -> list[str]:
     if not isinstance(value, list) or not value or len(value) > MAX_PRIORITIES:
-        raise BrokenLayer(f"{what} must be a list of 1 to {MAX_PRIORITIES} class names")
+        raise _BrokenLayer(f"{what} must be a list of 1 to {MAX_PRIORITIES} class names")
     for name in value:
         _class_name(name, f"{what}: {name!r} is not a class name (must match {PRIORITY_RE.pattern})")
     if len(set(value)) != len(value):
-        raise BrokenLayer(f"{what} names a class twice")
+        raise _BrokenLayer(f"{what} names a class twice")
     return list(value)
 
 
@@ -110,28 +110,28 @@ def _all_fields(doc: Any, name: str) -> dict[str, Any]:
     if doc is None:
         return {}
     if not isinstance(doc, dict):
-        raise BrokenLayer("document is not a mapping")
+        raise _BrokenLayer("document is not a mapping")
     unknown = set(doc) - set(TOP_FIELDS)
     if unknown:
         # Fail closed: a misspelt key could be the cap that protects the resource.
-        raise BrokenLayer(f"unknown fields {sorted(map(str, unknown))}")
+        raise _BrokenLayer(f"unknown fields {sorted(map(str, unknown))}")
     if "name" in doc and doc["name"] != name:
-        raise BrokenLayer(f"name {doc['name']!r} does not match the file name {name!r}")
+        raise _BrokenLayer(f"name {doc['name']!r} does not match the file name {name!r}")
     flat: dict[str, Any] = {}
     levels = doc.get("levels")
     if levels is not None:
         if not isinstance(levels, dict):
-            raise BrokenLayer("levels is not a mapping")
+            raise _BrokenLayer("levels is not a mapping")
         bad = set(levels) - set(LEVELS)
         if bad:
-            raise BrokenLayer(f"unknown levels {sorted(map(str, bad))}")
+            raise _BrokenLayer(f"unknown levels {sorted(map(str, bad))}")
         for level, cap in levels.items():
             if cap is not None:
                 flat[f"levels.{level}"] = cap
     shares = doc.get("shares")
     if shares is not None:
         if not isinstance(shares, dict) or set(shares) - {"tenants", "projects"}:
-            raise BrokenLayer("shares must be a mapping with tenants and/or projects")
+            raise _BrokenLayer("shares must be a mapping with tenants and/or projects")
         for part in ("tenants", "projects"):
             if shares.get(part) is not None:
                 flat[f"shares.{part}"] = shares[part]
@@ -142,7 +142,7 @@ def _all_fields(doc: Any, name: str) -> dict[str, Any]:
     return flat
 
 
-def owned_fields(doc: Any, name: str, layer: str) -> dict[str, Any]:
+def _owned_fields(doc: Any, name: str, layer: str) -> dict[str, Any]:
     """Validate one layer's parsed YAML and flatten it to its owned fields."""
     flat = _all_fields(doc, name)
     owned = {}
@@ -168,20 +168,20 @@ def owned_fields(doc: Any, name: str, layer: str) -> dict[str, Any]:
             _class_name(value, f"defaultPriority {value!r} is not a class name")
         elif key == "allowedPriorities":
             if not isinstance(value, dict):
-                raise BrokenLayer("allowedPriorities is not a mapping of tenant id to classes")
+                raise _BrokenLayer("allowedPriorities is not a mapping of tenant id to classes")
             for tenant, classes in value.items():
                 if not isinstance(tenant, str) or ID_RE.fullmatch(tenant) is None:
-                    raise BrokenLayer(f"allowedPriorities: {tenant!r} is not a valid tenant id")
+                    raise _BrokenLayer(f"allowedPriorities: {tenant!r} is not a valid tenant id")
                 _classes(classes, f"allowedPriorities.{tenant}")
         elif key == "resource":
             if not isinstance(value, str) or RESOURCE_RE.fullmatch(value) is None or value.startswith("mcp-inline:"):
-                raise BrokenLayer(f"resource {value!r} is not a valid resource name")
+                raise _BrokenLayer(f"resource {value!r} is not a valid resource name")
     if "defaultPriority" in owned and "priorities" in owned and owned["defaultPriority"] not in owned["priorities"]:
-        raise BrokenLayer(f"defaultPriority {owned['defaultPriority']!r} is not one of {owned['priorities']}")
+        raise _BrokenLayer(f"defaultPriority {owned['defaultPriority']!r} is not one of {owned['priorities']}")
     if "allowedPriorities" in owned and "priorities" in owned:
         for tenant, classes in owned["allowedPriorities"].items():
             if set(classes) - set(owned["priorities"]):
-                raise BrokenLayer(f"allowedPriorities.{tenant} names classes not in {owned['priorities']}")
+                raise _BrokenLayer(f"allowedPriorities.{tenant} names classes not in {owned['priorities']}")
     return owned
 
 
@@ -190,7 +190,7 @@ def ignored_fields(text: str, name: str, layer: str) -> list[str]:
     [] for a document that does not parse (:func:`parse_layer` says why)."""
     try:
         flat = _all_fields(yaml.safe_load(text), name)
-    except (yaml.YAMLError, BrokenLayer):
+    except (yaml.YAMLError, _BrokenLayer):
         return []
     return sorted(key for key in flat if layer not in FIELD_OWNERS[key])
 
@@ -202,8 +202,20 @@ def parse_layer(text: str, name: str, layer: str) -> dict[str, Any]:
         InvalidDefinition: broken YAML, wrong types, caps < 1, unknown fields.
     """
     try:
-        return owned_fields(yaml.safe_load(text), name, layer)
+        return _owned_fields(yaml.safe_load(text), name, layer)
     except yaml.YAMLError as exc:
         raise InvalidDefinition(f"lease {name} layer {layer}: YAML does not parse: {exc}") from None
-    except BrokenLayer as exc:
+    except _BrokenLayer as exc:
         raise InvalidDefinition(f"lease {name} layer {layer}: {exc}") from None
+
+
+def inline_fields(spec: dict[str, Any], name: str) -> dict[str, Any]:
+    """Validate an inline definition's fields (``name`` left out) as a project layer's.
+
+    Raises:
+        InvalidDefinition: wrong types or bounds.
+    """
+    try:
+        return _owned_fields(spec, name, "project")
+    except _BrokenLayer as exc:
+        raise InvalidDefinition(f"inline lease {name}: {exc}") from None
