@@ -13,11 +13,15 @@ from datetime import datetime
 from typing import Any
 
 from .. import ids
+from ..definitions.undefined import UndefinedName
+from ..definitions.view import DefinitionView
+from .history import History, MinuteRow
+from .reads import CounterView, HolderPage, HolderView, WaiterList, WaiterView
 from .tables import seconds, table, when
 
 
-def holders(page: Any) -> str:
-    """A page of holders (:class:`leases.ops.reads.HolderPage`)."""
+def holders(page: HolderPage) -> str:
+    """A page of holders."""
     if not page.items:
         return "No holders." if page.total == 0 else f"No holders on page {page.page} (of {page.pages})."
     rows = [(h.token, h.tenant_id, h.project_id, h.user_id, h.resource, h.type, h.pod or "(detached)",
@@ -33,8 +37,8 @@ HOLDER_FIELDS = ("token", "state", "tenant_id", "project_id", "user_id", "resour
                  "expires_at")
 
 
-def holder(view: Any) -> str:
-    """One holder in full (:class:`leases.ops.reads.HolderView`), one field a line."""
+def holder(view: HolderView) -> str:
+    """One holder in full, one field a line."""
     data = view.to_dict()
     lines = []
     for key in HOLDER_FIELDS:
@@ -46,8 +50,8 @@ def holder(view: Any) -> str:
     return "\n".join(lines)
 
 
-def counters(rows: Sequence[Any], *, drift_only: bool) -> str:
-    """Counters with BOOKED and a drift marker (:class:`leases.ops.reads.CounterView`)."""
+def counters(rows: Sequence[CounterView], *, drift_only: bool) -> str:
+    """Counters with BOOKED and a drift marker."""
     if not rows:
         return "No counters." if not drift_only else "No drift."
     body = table(["RESOURCE", "LEVEL", "SCOPE", "COUNT", "CAP", "BOOKED", "DRIFT"],
@@ -61,20 +65,20 @@ def counters(rows: Sequence[Any], *, drift_only: bool) -> str:
     return f"{body}\n\n{tail}."
 
 
-def _blocked(w: Any) -> str:
+def _blocked(w: WaiterView) -> str:
     if w.blocked_cap is None:
         return w.level
     return f"{w.level} {w.blocked_count}/{w.blocked_cap}"
 
 
-def _estimate(w: Any, now: datetime) -> str:
+def _estimate(w: WaiterView, now: datetime) -> str:
     if w.estimated_grant_at is None:
         return "-"
     return f"{max(0.0, (w.estimated_grant_at - now).total_seconds()):.1f}s"
 
 
-def waiters(result: Any) -> str:
-    """Waiting tickets with place, class, estimate and blocking level (:class:`leases.ops.reads.WaiterList`)."""
+def waiters(result: WaiterList) -> str:
+    """Waiting tickets with place, class, estimate and blocking level."""
     if not result.items:
         return "No waiting tickets."
     now = result.server_now
@@ -109,7 +113,7 @@ def weight_set(name: str, tenant: str, weight: float | None) -> str:
     return f"Tenant {tenant} now weighs {shown} on lease {name} (System layer; audited)."
 
 
-def undefined(rows: Sequence[Any], mode: str) -> str:
+def undefined(rows: Sequence[UndefinedName], mode: str) -> str:
     """Undefined lease names acquired recently, and what such acquisitions get under ``mode``."""
     if not rows:
         return "No undefined lease names acquired in the last hour."
@@ -120,8 +124,8 @@ def undefined(rows: Sequence[Any], mode: str) -> str:
             f"(lease_config put) or fix the caller's spelling.")
 
 
-def definition(view: Any, *, defined: bool) -> str:
-    """A merged definition, each field with its layer (:class:`leases.definitions.view.DefinitionView`)."""
+def definition(view: DefinitionView, *, defined: bool) -> str:
+    """A merged definition, each field with its layer."""
     head = f"lease {view.name} as seen from {view.tenant_id}/{view.project_id}"
     if not defined:
         head += f"  (lease {view.name!r} is not defined in any layer: acquisitions are NOOP)"
@@ -187,15 +191,15 @@ def reconciled(result: dict[str, Any]) -> str:
             f"{'; more remain' if result['hasMore'] else ''}.")
 
 
-def stats(data: Any, resource: str, tenant_id: str | None) -> str:
-    """A resource's per-minute history with a TOTAL row (:class:`leases.ops.history.History`)."""
+def stats(data: History, resource: str, tenant_id: str | None) -> str:
+    """A resource's per-minute history with a TOTAL row."""
     who = f"tenant {tenant_id}" if tenant_id else "all tenants (peak = sum of the tenants' peaks)"
     head = f"{resource}, {who}, {when(data.since)} .. {when(data.until)} UTC"
     if not data.rows:
         return f"{head}\n\nNo minutes recorded."
     reasons = sorted(data.totals.reaps)
 
-    def row(r: Any, label: str) -> list[Any]:
+    def row(r: MinuteRow, label: str) -> list[Any]:
         return [label, r.grants, r.busy, r.waits, r.wait_p50_ms, r.wait_p95_ms, r.peak,
                 *[r.reaps.get(x, 0) for x in reasons]]
 
