@@ -11,7 +11,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from leases.errors import InvalidLeaseRequest
-from leases.telemetry import history
+from leases.ops import history
 from leases.tenancy import TenantGrant
 
 from .access import tenant_admin_required

@@ -1,4 +1,5 @@
-"""Insights → Leases views: parse the request, call :mod:`leases.ops.reads` and :mod:`leases.ops.actions`, render.
+"""Insights → Leases views: parse the request, call :mod:`leases.ops.reads`, :mod:`leases.ops.actions` and
+:mod:`leases.definitions.view`, render.
 
 Access is decided by :func:`insights.access.tenant_admin_required`; the tenant's slug is
 then passed to every service call, which binds it in the MongoDB filter.
@@ -17,7 +18,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
 from leases.conf import lease_settings
-from leases.definitions import undefined
+from leases.definitions import undefined, view as definition_views
 from leases.errors import AuditEntryNotFound, HolderNotFound, InvalidLeaseRequest, LeaseUnavailable
 from leases.ops import actions, reads
 from leases.revocation import audit
@@ -146,7 +147,7 @@ def definition(request: HttpRequest, tenant: TenantGrant) -> HttpResponse:
     if request.GET:
         if form.is_valid():
             try:
-                view = reads.definition_view(form.cleaned_data["name"], tenant.slug, form.cleaned_data["project"])
+                view = definition_views.definition_view(form.cleaned_data["name"], tenant.slug, form.cleaned_data["project"])
             except LeaseUnavailable as exc:
                 error = str(exc)
             except InvalidLeaseRequest as exc:
@@ -227,16 +228,16 @@ def revoke(request: HttpRequest, tenant: TenantGrant, token: str) -> HttpRespons
 def _dispatch_note(handler_type: str, pod: str, pod_bound: bool) -> str:
     # Liveness read now: the dispatcher decides on the same definition right after the reap.
     from leases.pods import liveness as pod_liveness
-    from leases.revocation import dispatch
+    from leases.revocation import explain
 
     try:
         alive = pod_liveness.liveness.is_alive(pod)
     except pymongo.errors.PyMongoError:
         alive = False  # the dispatcher treats an unknown liveness as dead too
-    return dispatch.dispatch_note(handler_type, pod, pod_bound, alive)
+    return explain.dispatch_note(handler_type, pod, pod_bound, alive)
 
 
 def _holder_dispatch_note(holder: reads.HolderView) -> str:
-    from leases.revocation import dispatch
+    from leases.revocation import explain
 
-    return dispatch.dispatch_note(holder.type, holder.pod, holder.pod_bound, holder.pod_state == "alive")
+    return explain.dispatch_note(holder.type, holder.pod, holder.pod_bound, holder.pod_state == "alive")

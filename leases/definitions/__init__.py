@@ -1,7 +1,8 @@
 """Lease definitions: what a lease name means for a tenant and project.
 
-``model`` (the YAML schema, the bundled defaults, resolution through the layers, the
-process cache), ``layers`` (the stored System and tenant layers and their edits), ``caps``
+``model`` (the definition, the bundled defaults, resolution through the layers, the
+process cache), ``schema`` (a layer's YAML fields, owners and bounds), ``cache`` (the cache's
+rules), ``view`` (the merged definition as operators see it, read afresh), ``layers`` (the stored System and tenant layers and their edits), ``caps``
 (cap stamps: a lowered cap binds every process at once), ``undefined`` (names acquired
 without a definition) and ``invalidation`` (the cache's Redis subscription).
 

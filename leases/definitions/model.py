@@ -5,63 +5,57 @@ Layers, least to most specific: ``classpath`` (bundled defaults in ``leases/defa
 ``_tenant``), ``project`` (holder's tenant and project). A field set in a layer that may
 not own it is ignored; a layer that cannot be read or parsed fails the load with
 :class:`LeaseUnavailable`, and nothing is cached.
+
+This module holds the definition (:class:`LeaseDefinition`), the merge and the load, and
+the process's cache of merged definitions (:data:`cache`, :func:`resolve`). The layer
+schema and its constants are :mod:`leases.definitions.schema` (re-exported here), the
+cache's rules :mod:`leases.definitions.cache`.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import os
-import threading
 import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from importlib import resources
-from typing import Any, NamedTuple
+from typing import Any
 
 import pymongo.errors
-import yaml
 
 from .. import ids
 from ..errors import InvalidDefinition, InvalidLeaseRequest, LeaseUnavailable, PriorityNotAllowed
 from ..store import client as store, server_clock
-from ..validation import ID_RE, LEASE_NAME_RE, PRIORITY_RE, RESOURCE_RE, entity_id, lease_name, priority_class
+from ..validation import LEASE_NAME_RE, entity_id, lease_name
+from .cache import DefinitionCache
+from .schema import (
+    CHECK_ORDER,
+    DEFAULT_TTL_SECONDS,
+    DEFAULT_WAIT_MS,
+    FIELD_OWNERS,
+    INLINE_FIELDS,
+    LAYERS,
+    LEVELS,
+    MAX_PRIORITIES,
+    MAX_STARVATION_MS,
+    MAX_TTL_SECONDS,
+    MAX_WAIT_MS,
+    MAX_WEIGHT,
+    SYSTEM_TENANT,
+    TENANT_PROJECT,
+    TOP_FIELDS,
+    ignored_fields,
+    inline_fields,
+    parse_layer,
+)
 
 log = logging.getLogger(__name__)
 
-SYSTEM_TENANT = "_vance"
-TENANT_PROJECT = "_tenant"
-LAYERS = ("classpath", "system", "tenant", "project")
-LEVELS = ("global", "tenant", "project", "user")
-# Check order of the funnel: narrow to wide.
-CHECK_ORDER = ("user", "project", "tenant", "global")
-FIELD_OWNERS: dict[str, tuple[str, ...]] = {
-    "levels.global": ("classpath", "system"),
-    "resource": ("classpath", "system", "tenant"),
-    "levels.tenant": ("classpath", "system", "tenant"),
-    "levels.project": LAYERS,
-    "levels.user": LAYERS,
-    "ttlSeconds": LAYERS,
-    "waitMs": LAYERS,
-    # Who goes next: the operator decides tenants' weights and the classes (and who may use
-    # which), a tenant admin its projects' weights; a project cannot raise its own share.
-    "shares.tenants": ("classpath", "system"),
-    "shares.projects": ("classpath", "system", "tenant"),
-    "priorities": ("classpath", "system"),
-    "defaultPriority": ("classpath", "system"),
-    "allowedPriorities": ("classpath", "system"),
-    "maxStarvationMs": ("classpath", "system"),
-}
-TOP_FIELDS = ("name", "resource", "levels", "ttlSeconds", "waitMs", "shares", "priorities", "defaultPriority",
-              "allowedPriorities", "maxStarvationMs")
-MAX_PRIORITIES = 8
-MAX_WEIGHT = 1_000_000
-MAX_STARVATION_MS = 24 * 3600 * 1000
-INLINE_FIELDS = ("levels.project", "levels.user", "ttlSeconds", "waitMs")
-DEFAULT_TTL_SECONDS = 60
-DEFAULT_WAIT_MS = 0
-MAX_TTL_SECONDS = 7 * 24 * 3600
-MAX_WAIT_MS = 10 * 60 * 1000
+__all__ = ["CHECK_ORDER", "DEFAULT_TTL_SECONDS", "DEFAULT_WAIT_MS", "DefinitionCache", "FIELD_OWNERS",
+           "INLINE_FIELDS", "LAYERS", "LEVELS", "LeaseDefinition", "LevelSpec", "MAX_PRIORITIES",
+           "MAX_STARVATION_MS", "MAX_TTL_SECONDS", "MAX_WAIT_MS", "MAX_WEIGHT", "SYSTEM_TENANT", "TENANT_PROJECT",
+           "TOP_FIELDS", "cache", "document_path", "ignored_fields", "inline_definition", "load", "merge",
+           "parse_layer", "resolve"]
 
 
 def document_path(name: str) -> str:
@@ -173,160 +167,6 @@ class LeaseDefinition:
         }
 
 
-class _BrokenLayer(Exception):
-    pass
-
-
-def _number(value: Any, what: str, minimum: int, maximum: int) -> int:
-    # bool is an int in Python; ``cap: yes`` must not become 1.
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _BrokenLayer(f"{what} must be an integer, got {value!r}")
-    if not minimum <= value <= maximum:
-        raise _BrokenLayer(f"{what} must be between {minimum} and {maximum}, got {value}")
-    return value
-
-
-def _weights(value: Any, what: str) -> dict[str, float]:
-    if not isinstance(value, dict):
-        raise _BrokenLayer(f"{what} is not a mapping of id to weight")
-    out: dict[str, float] = {}
-    for key, weight in value.items():
-        if not isinstance(key, str) or ID_RE.fullmatch(key) is None:
-            raise _BrokenLayer(f"{what}: {key!r} is not a valid id")
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) \
-                or not 0 < weight <= MAX_WEIGHT:
-            raise _BrokenLayer(f"{what}.{key} must be a positive number up to {MAX_WEIGHT}, got {weight!r}")
-        out[key] = weight
-    return out
-
-
-def _class_name(value: Any, message: str) -> str:
-    """:func:`leases.validation.priority_class` inside a layer, where a refused name breaks
-    the layer (``message``) instead of answering a request.
-
-    Raises:
-        _BrokenLayer: ``value`` is no class name.
-    """
-    try:
-        return priority_class(value)
-    except InvalidLeaseRequest:
-        raise _BrokenLayer(message) from None
-
-
-def _classes(value: Any, what: str) -> list[str]:
-    if not isinstance(value, list) or not value or len(value) > MAX_PRIORITIES:
-        raise _BrokenLayer(f"{what} must be a list of 1 to {MAX_PRIORITIES} class names")
-    for name in value:
-        _class_name(name, f"{what}: {name!r} is not a class name (must match {PRIORITY_RE.pattern})")
-    if len(set(value)) != len(value):
-        raise _BrokenLayer(f"{what} names a class twice")
-    return list(value)
-
-
-def _all_fields(doc: Any, name: str) -> dict[str, Any]:
-    """One layer's parsed YAML flattened to ``{"levels.user": 1, ...}`` (shape checks only)."""
-    if doc is None:
-        return {}
-    if not isinstance(doc, dict):
-        raise _BrokenLayer("document is not a mapping")
-    unknown = set(doc) - set(TOP_FIELDS)
-    if unknown:
-        # Fail closed: a misspelt key could be the cap that protects the resource.
-        raise _BrokenLayer(f"unknown fields {sorted(map(str, unknown))}")
-    if "name" in doc and doc["name"] != name:
-        raise _BrokenLayer(f"name {doc['name']!r} does not match the file name {name!r}")
-    flat: dict[str, Any] = {}
-    levels = doc.get("levels")
-    if levels is not None:
-        if not isinstance(levels, dict):
-            raise _BrokenLayer("levels is not a mapping")
-        bad = set(levels) - set(LEVELS)
-        if bad:
-            raise _BrokenLayer(f"unknown levels {sorted(map(str, bad))}")
-        for level, cap in levels.items():
-            if cap is not None:
-                flat[f"levels.{level}"] = cap
-    shares = doc.get("shares")
-    if shares is not None:
-        if not isinstance(shares, dict) or set(shares) - {"tenants", "projects"}:
-            raise _BrokenLayer("shares must be a mapping with tenants and/or projects")
-        for part in ("tenants", "projects"):
-            if shares.get(part) is not None:
-                flat[f"shares.{part}"] = shares[part]
-    for key in ("resource", "ttlSeconds", "waitMs", "priorities", "defaultPriority", "allowedPriorities",
-                "maxStarvationMs"):
-        if doc.get(key) is not None:
-            flat[key] = doc[key]
-    return flat
-
-
-def _flatten(doc: Any, name: str, layer: str) -> dict[str, Any]:
-    """Validate one layer's parsed YAML and flatten it to its owned fields."""
-    flat = _all_fields(doc, name)
-    owned = {}
-    for key, value in flat.items():
-        if layer not in FIELD_OWNERS[key]:
-            log.info("lease %s: field %s in layer %s ignored (not owned by that layer)", name, key, layer)
-            continue
-        owned[key] = value
-    for key, value in owned.items():
-        if key.startswith("levels."):
-            _number(value, key, 1, 10**9)
-        elif key == "ttlSeconds":
-            _number(value, key, 1, MAX_TTL_SECONDS)
-        elif key == "waitMs":
-            _number(value, key, 0, MAX_WAIT_MS)
-        elif key == "maxStarvationMs":
-            _number(value, key, 1, MAX_STARVATION_MS)
-        elif key.startswith("shares."):
-            owned[key] = _weights(value, key)
-        elif key == "priorities":
-            owned[key] = _classes(value, key)
-        elif key == "defaultPriority":
-            _class_name(value, f"defaultPriority {value!r} is not a class name")
-        elif key == "allowedPriorities":
-            if not isinstance(value, dict):
-                raise _BrokenLayer("allowedPriorities is not a mapping of tenant id to classes")
-            for tenant, classes in value.items():
-                if not isinstance(tenant, str) or ID_RE.fullmatch(tenant) is None:
-                    raise _BrokenLayer(f"allowedPriorities: {tenant!r} is not a valid tenant id")
-                _classes(classes, f"allowedPriorities.{tenant}")
-        elif key == "resource":
-            if not isinstance(value, str) or RESOURCE_RE.fullmatch(value) is None or value.startswith("mcp-inline:"):
-                raise _BrokenLayer(f"resource {value!r} is not a valid resource name")
-    if "defaultPriority" in owned and "priorities" in owned and owned["defaultPriority"] not in owned["priorities"]:
-        raise _BrokenLayer(f"defaultPriority {owned['defaultPriority']!r} is not one of {owned['priorities']}")
-    if "allowedPriorities" in owned and "priorities" in owned:
-        for tenant, classes in owned["allowedPriorities"].items():
-            if set(classes) - set(owned["priorities"]):
-                raise _BrokenLayer(f"allowedPriorities.{tenant} names classes not in {owned['priorities']}")
-    return owned
-
-
-def ignored_fields(text: str, name: str, layer: str) -> list[str]:
-    """The fields of a layer document that its layer may not own (they are never applied);
-    [] for a document that does not parse (:func:`parse_layer` says why)."""
-    try:
-        flat = _all_fields(yaml.safe_load(text), name)
-    except (yaml.YAMLError, _BrokenLayer):
-        return []
-    return sorted(key for key in flat if layer not in FIELD_OWNERS[key])
-
-
-def parse_layer(text: str, name: str, layer: str) -> dict[str, Any]:
-    """Parse one YAML layer into its owned, validated fields.
-
-    Raises:
-        InvalidDefinition: broken YAML, wrong types, caps < 1, unknown fields.
-    """
-    try:
-        return _flatten(yaml.safe_load(text), name, layer)
-    except yaml.YAMLError as exc:
-        raise InvalidDefinition(f"lease {name} layer {layer}: YAML does not parse: {exc}") from None
-    except _BrokenLayer as exc:
-        raise InvalidDefinition(f"lease {name} layer {layer}: {exc}") from None
-
-
 def _bundled_text(name: str) -> str | None:
     path = resources.files("leases").joinpath("defaults", *document_path(name).split("/"))
     try:
@@ -336,7 +176,12 @@ def _bundled_text(name: str) -> str | None:
 
 
 def _read_layers(name: str, tenant_id: str, project_id: str) -> dict[str, str]:
-    """Raw YAML text per layer; one MongoDB command for the three stored layers."""
+    """Raw YAML text per layer; one MongoDB command for the three stored layers.
+
+    Raises:
+        LeaseUnavailable: a stored layer document has no text.
+        pymongo.errors.PyMongoError: the store is unreachable.
+    """
     texts: dict[str, str] = {}
     bundled = _bundled_text(name)
     if bundled is not None:
@@ -358,7 +203,7 @@ def _read_layers(name: str, tenant_id: str, project_id: str) -> dict[str, str]:
         for key, layer in wanted:
             if key == (doc.get("tenantId"), doc.get("projectId")):
                 if not isinstance(doc.get("text"), str):
-                    raise _BrokenLayer(f"layer {layer} document has no text")
+                    raise LeaseUnavailable(f"lease {name}: layer {layer} document has no text")
                 texts[layer] = doc["text"]
                 break
     return texts
@@ -419,8 +264,6 @@ def load(name: str, tenant_id: str, project_id: str) -> LeaseDefinition:
         texts = _read_layers(name, tenant_id, project_id)
     except pymongo.errors.PyMongoError as exc:
         raise LeaseUnavailable(store.unreachable(f"lease {name}: config store", exc)) from None
-    except _BrokenLayer as exc:
-        raise LeaseUnavailable(f"lease {name}: {exc}") from None
     layer_fields: dict[str, dict[str, Any]] = {}
     for layer, text in texts.items():
         try:
@@ -465,10 +308,7 @@ def inline_definition(spec: Any, tenant_id: str, project_id: str) -> LeaseDefini
     unknown = (set(spec) - {"name", "levels", "ttlSeconds", "waitMs"}) | (set(levels) - {"project", "user"})
     if unknown:
         raise InvalidDefinition(f"inline lease definition has unknown fields {sorted(map(str, unknown))}")
-    try:
-        fields = _flatten({k: v for k, v in spec.items() if k != "name"}, name, "project")
-    except _BrokenLayer as exc:
-        raise InvalidDefinition(f"inline lease {name}: {exc}") from None
+    fields = inline_fields({k: v for k, v in spec.items() if k != "name"}, name)
     definition = merge(name, {"project": fields})
     return LeaseDefinition(
         name=name,
@@ -482,103 +322,7 @@ def inline_definition(spec: Any, tenant_id: str, project_id: str) -> LeaseDefini
     )
 
 
-class _Entry(NamedTuple):
-    definition: LeaseDefinition
-    cached_at: float
-    epoch: int
-
-
-class DefinitionCache:
-    """Merged definitions per (tenant, project, name), invalidated by config changes.
-
-    The cache only serves while it has been told that changes from other processes reach
-    this one. The invalidation subscription (attached by the app, :mod:`leases.definitions.invalidation`)
-    tells it :meth:`live_until` — the current live epoch and until when (monotonic time) its
-    latest proof holds — and :meth:`not_live` when the connection is lost; the cache never
-    asks anyone. Without a live proof every read loads the layers. An entry is served only
-    in the epoch it was loaded in. A load that raced with an invalidation is not stored
-    (generation check), so a change published while a load was in flight can never leave a
-    stale entry behind.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._entries: dict[tuple[str, str, str], _Entry] = {}
-        self._generation = 0
-        # (epoch, monotonic deadline of the latest proof, pid told), replaced as a whole so
-        # a reader never sees one epoch with another epoch's deadline; None: not live. A
-        # forked child inherits the parent's proof but not the thread that earned it.
-        self._live: tuple[int, float, int] | None = None
-
-    def live_until(self, epoch: int, deadline: float) -> None:
-        """Told: every change published elsewhere reaches this process until ``deadline`` (monotonic)."""
-        self._live = (epoch, deadline, os.getpid())
-
-    def not_live(self) -> None:
-        """Told: changes may not reach this process any more; serve nothing until told again."""
-        self._live = None
-        self.clear()
-
-    def live_epoch(self) -> int | None:
-        """The epoch the cache serves in now, or None while it has no live proof."""
-        live = self._live
-        if live is None or time.monotonic() >= live[1] or live[2] != os.getpid():
-            return None
-        return live[0]
-
-    def get(self, name: str, tenant_id: str, project_id: str) -> LeaseDefinition:
-        """Cached merged definition, loading on a miss or while invalidation is not live.
-
-        Raises:
-            LeaseUnavailable: the load failed; nothing is cached.
-        """
-        from leases.conf import lease_settings
-
-        key = (tenant_id, project_id, name)
-        max_age = float(lease_settings.DEFINITION_CACHE_SECONDS)
-        epoch = self.live_epoch()
-        entry = self._entries.get(key)
-        started = time.monotonic()
-        if entry is not None and epoch is not None and entry.epoch == epoch and started - entry.cached_at < max_age:
-            return entry.definition
-        generation = self._generation
-        definition = load(name, tenant_id, project_id)
-        # Store only if invalidation was live for the whole load: otherwise another
-        # process's write could go unnoticed here.
-        if epoch is not None and self.live_epoch() == epoch:
-            with self._lock:
-                if generation == self._generation:
-                    self._entries[key] = _Entry(definition, started, epoch)
-        return definition
-
-    def invalidate(self, tenant_id: str | None, project_id: str | None, name: str | None) -> None:
-        """Drop entries touched by a change of (tenant, project, name).
-
-        A System-layer change drops the name for every tenant and project, a Tenant-layer
-        change for every project of that tenant; ``None`` everywhere drops all.
-        """
-        with self._lock:
-            self._generation += 1
-            if name is None:
-                self._entries.clear()
-                return
-            for key in list(self._entries):
-                t, p, n = key
-                if n != name:
-                    continue
-                if tenant_id == SYSTEM_TENANT and project_id == TENANT_PROJECT:
-                    del self._entries[key]
-                elif project_id == TENANT_PROJECT and t == tenant_id:
-                    del self._entries[key]
-                elif (t, p) == (tenant_id, project_id):
-                    del self._entries[key]
-
-    def clear(self) -> None:
-        """Drop everything."""
-        self.invalidate(None, None, None)
-
-
-cache = DefinitionCache()
+cache: DefinitionCache[LeaseDefinition] = DefinitionCache(load)
 
 
 def resolve(name: str, tenant_id: str, project_id: str) -> LeaseDefinition:

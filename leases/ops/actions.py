@@ -9,7 +9,9 @@ path as the sweeps. Tenant binding lives in the delete filter.
 
 from __future__ import annotations
 
+import getpass
 import logging
+import socket
 from typing import Any
 
 from .. import validation
@@ -23,6 +25,15 @@ from ..upkeep import reaper
 log = logging.getLogger(__name__)
 
 POD_REVOKE_BATCH = 200
+
+
+def cli_actor() -> str:
+    """The audit actor of an operator command run from a shell: ``cli:<login>@<host>``."""
+    try:
+        who = getpass.getuser()
+    except Exception:  # noqa: BLE001 - no login name in some containers
+        who = "unknown"
+    return f"cli:{who}@{socket.gethostname()}"
 
 
 def _record(action: str, holder: RevokedHolder, actor: str, reason: str, dispatched: bool) -> None:

@@ -112,3 +112,13 @@ def pod_view(*, now: datetime | None = None) -> list[dict[str, Any]]:
         rows.append({**doc, "podId": doc["_id"], "alive": doc["_id"] == me or LeasePodLiveness.doc_alive(doc, now),
                      "self": doc["_id"] == me})
     return rows
+
+
+def foreign_endpoints(*, now: datetime | None = None) -> list[tuple[str, str]]:
+    """``(pod_id, endpoint)`` of every alive pod but this one, for calls to its internal API.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store is unreachable.
+    """
+    return [(row["podId"], row["endpoint"]) for row in pod_view(now=now)
+            if row["alive"] and not row["self"] and row.get("endpoint")]

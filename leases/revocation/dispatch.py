@@ -113,23 +113,6 @@ def releases_only(pod: str, pod_bound: bool, pod_alive: bool) -> bool:
     return bool(pod) and pod_bound and not pod_alive
 
 
-def dispatch_note(handler_type: str, pod: str, pod_bound: bool, pod_alive: bool) -> str:
-    """What a revocation of this holder does, in words for operators ("…, and <note>").
-
-    The same rows as :meth:`LeaseRevocationDispatcher.dispatch`, so the UI never claims a
-    handler ran where the matrix only releases.
-    """
-    if pod and pod_alive:
-        return f"the {handler_type} handler is dispatched to pod {pod}, where the holder runs"
-    if releases_only(pod, pod_bound, pod_alive):
-        return (f"no handler runs: the holder was pod-bound to the dead pod {pod}, "
-                "so its resource died with it (release only)")
-    if not pod:
-        why = "a detached holder has no pod, so pod-bound does not apply" if pod_bound else "detached holder"
-        return f"the {handler_type} handler is dispatched with the stored payload ({why})"
-    return f"the {handler_type} handler is dispatched with the stored payload (pod {pod} is dead)"
-
-
 @dataclass(frozen=True)
 class Outcome:
     """What one dispatch did: ``path`` (one of the constants above) and the pod that ran or
@@ -294,10 +277,9 @@ class LeaseRevocationDispatcher:
         Raises:
             pymongo.errors.PyMongoError: the store is unreachable.
         """
-        from ..pods.liveness import pod_view
+        from ..pods.liveness import foreign_endpoints
 
-        return [(row["podId"], row["endpoint"]) for row in pod_view()
-                if row["alive"] and not row["self"] and row.get("endpoint")]
+        return foreign_endpoints()
 
     def _safe_endpoint(self, pod: str) -> str | None:
         try:

@@ -313,7 +313,7 @@ def loads_of(cache, times=2):
 
 
 def test_given_a_cache_never_told_it_is_live_then_every_read_loads_the_layers():
-    cache = definitions.DefinitionCache()
+    cache = definitions.DefinitionCache(definitions.load)
     assert cache.live_epoch() is None
     assert loads_of(cache) >= 2 and not cache._entries
 
@@ -321,7 +321,7 @@ def test_given_a_cache_never_told_it_is_live_then_every_read_loads_the_layers():
 def test_given_a_cache_told_live_until_a_deadline_then_it_serves_until_then_and_not_after():
     import time
 
-    cache = definitions.DefinitionCache()
+    cache = definitions.DefinitionCache(definitions.load)
     cache.live_until(7, time.monotonic() + 60)
     assert cache.live_epoch() == 7
     first = loads_of(cache, times=1)
@@ -335,7 +335,7 @@ def test_given_a_cache_told_live_until_a_deadline_then_it_serves_until_then_and_
 def test_given_a_new_epoch_then_entries_of_the_old_one_are_never_served():
     import time
 
-    cache = definitions.DefinitionCache()
+    cache = definitions.DefinitionCache(definitions.load)
     cache.live_until(1, time.monotonic() + 60)
     cache.get("tex", "acme", "p1")
     cache.live_until(2, time.monotonic() + 60)
@@ -345,7 +345,7 @@ def test_given_a_new_epoch_then_entries_of_the_old_one_are_never_served():
 def test_given_a_lost_subscription_then_the_cache_is_emptied_and_serves_nothing():
     import time
 
-    cache = definitions.DefinitionCache()
+    cache = definitions.DefinitionCache(definitions.load)
     cache.live_until(3, time.monotonic() + 60)
     cache.get("tex", "acme", "p1")
     cache.not_live()
@@ -356,7 +356,7 @@ def test_given_a_forked_child_then_it_does_not_serve_on_its_parents_proof():
     import os
     import time
 
-    cache = definitions.DefinitionCache()
+    cache = definitions.DefinitionCache(definitions.load)
     cache.live_until(5, time.monotonic() + 60)
     read_end, write_end = os.pipe()
     pid = os.fork()

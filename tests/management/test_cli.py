@@ -20,7 +20,7 @@ import leases
 from leases.definitions import layers as config
 from leases.definitions.model import document_path
 from leases.errors import LeaseLost
-from leases.ops import reads
+from leases.pods import liveness
 from leases.revocation import dispatch, handlers
 from leases.store import client as store
 from leases.store.embedded import free_port
@@ -162,7 +162,7 @@ def test_given_bad_input_from_a_shell_then_non_zero_exit_and_one_line_message():
 
 def test_given_no_live_pod_when_revoking_then_error_suggests_force_and_nothing_changes():
     # Runs before the module's app process starts, so no pod can (re-)register meanwhile.
-    assert reads.live_pod_endpoints() == []
+    assert liveness.foreign_endpoints() == []
     held = hold()
     with pytest.raises(CommandError, match="no live pod.*--force"):
         lease("revoke", "--", held.token)
@@ -171,7 +171,7 @@ def test_given_no_live_pod_when_revoking_then_error_suggests_force_and_nothing_c
 
 def test_sweep_without_a_live_pod_refuses_and_force_says_no_handler_ran(handler):
     # Runs before the module's app process starts: no pod can (re-)register meanwhile.
-    assert reads.live_pod_endpoints() == []
+    assert liveness.foreign_endpoints() == []
     orphan = hold(user="carol", pod="gone-pod")
     with pytest.raises(CommandError, match="no live pod.*--force to sweep"):
         lease("sweep")

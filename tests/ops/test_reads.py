@@ -8,7 +8,13 @@ from datetime import timedelta
 import pytest
 
 import leases
-from leases.definitions import invalidation, layers as config, model as definitions
+from leases.definitions import (
+    cache as definition_cache,
+    invalidation,
+    layers as config,
+    model as definitions,
+    view as definition_views,
+)
 from leases.definitions.model import document_path
 from leases.errors import HolderNotFound, InvalidLeaseRequest
 from leases.ops import reads
@@ -115,9 +121,9 @@ def test_definition_view_names_the_layer_of_each_field_and_discards_the_cache_fi
     # Plant a stale cache entry, as a process off the change-event chain could hold one.
     stale = definitions.merge("oplease", {"classpath": {"levels.user": 1}})
     assert invalidation.wait_listening()
-    definitions.cache._entries[("acme", "docs", "oplease")] = definitions._Entry(stale, 10**12, definitions.cache.live_epoch())
+    definitions.cache._entries[("acme", "docs", "oplease")] = definition_cache._Entry(stale, 10**12, definitions.cache.live_epoch())
 
-    view = reads.definition_view("oplease", "acme", "docs")
+    view = definition_views.definition_view("oplease", "acme", "docs")
 
     fields = {f.field: (f.value, f.layer) for f in view.fields}
     assert fields["resource"] == ("opres", "system")
@@ -129,7 +135,17 @@ def test_definition_view_names_the_layer_of_each_field_and_discards_the_cache_fi
     assert fields["waitMs"] == (0, "default")
     assert ("acme", "docs", "oplease") not in definitions.cache._entries
     with pytest.raises(InvalidLeaseRequest):
-        reads.definition_view("../x", "acme", "docs")
+        definition_views.definition_view("../x", "acme", "docs")
+
+
+def test_given_a_name_no_layer_defines_then_the_definition_view_says_it_is_not_defined():
+    # given: oplease in the System layer (the fixture), nothing for "nosuchlease"
+    defined = definition_views.definition_view("oplease", "acme", "docs")
+    undefined = definition_views.definition_view("nosuchlease", "acme", "docs")
+
+    # then: only the built-in defaults and unset levels make a name undefined
+    assert defined.defined is True and undefined.defined is False
+    assert {f.layer for f in undefined.fields} <= {"default", "unset"} and undefined.noop
 
 
 # --- waiting tickets ------------------------------------------------------------------------
@@ -195,6 +211,32 @@ def test_given_tickets_of_two_tenants_when_one_tenant_lists_then_only_its_own_wi
         ("acme", "alice", 1), ("acme", "bob", 2), ("globex", "g3", 3)]
     assert {(w.blocked_key, w.blocked_count, w.blocked_cap) for w in everyone.items} == {("wqres|global|*", 2, 2)}
     assert reads.list_waiters(tenant_id="initech").items == []
+
+
+def test_given_the_operator_narrows_waiters_to_a_tenant_then_its_rows_keep_the_shared_numbers(steady_tickets):
+    # given: globex fills the global level, then globex and acme queue
+    config.put_document("_vance", "_tenant", document_path("wqlease"),
+                        "resource: wqres\nlevels: {global: 1, user: 2}\nttlSeconds: 60\nwaitMs: 30000")
+    held = [wq_hold("globex", "research", "g1")]
+    waiters = [queue_up("globex", "research", "g2"), queue_up("acme", "docs", "alice")]
+    try:
+        # when: the operator narrows to acme (the CLI's ``waiters --tenant acme``)
+        narrowed = reads.operator_waiters(tenant_id="acme")
+        everyone = reads.operator_waiters()
+        tenants_own = reads.list_waiters(tenant_id="acme")
+    finally:
+        finish(held, waiters)
+
+    # then: only acme's row, with its place in the whole queue and the global level's numbers,
+    # which the tenant's own view never carries
+    assert [(w.tenant_id, w.user_id) for w in narrowed.items] == [("acme", "alice")]
+    (mine,) = narrowed.items
+    assert mine.position == next(w.position for w in everyone.items if w.user_id == "alice")
+    assert (mine.blocked_key, mine.blocked_count, mine.blocked_cap) == ("wqres|global|*", 1, 1)
+    assert [(w.blocked_count, w.blocked_cap) for w in tenants_own.items] == [(None, None)]
+    assert len(everyone.items) == 2
+    with pytest.raises(InvalidLeaseRequest):
+        reads.operator_waiters(tenant_id="$ne")
 
 
 def test_given_a_ticket_blocked_at_its_own_user_level_then_the_tenant_sees_that_level_with_its_numbers(steady_tickets):

@@ -22,7 +22,7 @@ from leases.engine import holders
 from leases.errors import BodyTooLarge, LeaseExpired
 from leases.pods import internal_server, leases as pod_leases
 from leases.pods.identity import self_pod_id
-from leases.revocation import dispatch, handlers, listener
+from leases.revocation import dispatch, explain, handlers, listener
 from leases.revocation.dispatch import LeaseRevocationDispatcher
 from leases.store import client as store
 from leases.store.embedded import free_port
@@ -193,7 +193,7 @@ def test_given_no_handler_here_then_peers_are_offered_it_until_one_accepts(recor
     ("", False, False, "the tex handler is dispatched with the stored payload (detached holder)"),
 ])
 def test_dispatch_note_follows_the_matrix_rows(pod, pod_bound, alive, expected):
-    assert dispatch.dispatch_note("tex", pod, pod_bound, alive).startswith(expected)
+    assert explain.dispatch_note("tex", pod, pod_bound, alive).startswith(expected)
     assert dispatch.releases_only(pod, pod_bound, alive) is expected.startswith("no handler runs")
 
 

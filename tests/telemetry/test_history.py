@@ -19,6 +19,7 @@ import leases
 from insights.models import Membership, Tenant
 from leases.definitions import layers as config
 from leases.definitions.model import TENANT_PROJECT, document_path
+from leases.ops import history as history_query
 from leases.revocation import handlers
 from leases.store import client as store
 from leases.telemetry import history
@@ -113,10 +114,10 @@ def test_percentiles_come_from_merged_buckets_and_are_capped_at_the_largest_wait
     for ms in [3] * 50 + [40] * 45 + [900] * 5:
         b = history.bucket_of(ms)
         buckets[b] = buckets.get(b, 0) + 1
-    assert history.percentile(buckets, 0.5, 900) <= 5  # half the waits are in the 0-5 ms bucket
-    assert 25 < history.percentile(buckets, 0.95, 900) <= 50  # the 95th wait is one of the 40 ms ones
-    assert 500 < history.percentile(buckets, 0.99, 900) <= 900  # inside 500-1000, never above the max
-    assert history.percentile({}, 0.5) is None
+    assert history_query.percentile(buckets, 0.5, 900) <= 5  # half the waits are in the 0-5 ms bucket
+    assert 25 < history_query.percentile(buckets, 0.95, 900) <= 50  # the 95th wait is one of the 40 ms ones
+    assert 500 < history_query.percentile(buckets, 0.99, 900) <= 900  # inside 500-1000, never above the max
+    assert history_query.percentile({}, 0.5) is None
 
 
 def test_occupancy_counts_the_tenants_entries_on_the_gate_and_never_more_than_it_held():
@@ -133,12 +134,12 @@ def test_occupancy_counts_the_tenants_entries_on_the_gate_and_never_more_than_it
 @pytest.mark.parametrize("bad", ["", "1", "h", "0h", "-1h", "1.5h", "1w", "$gt", "10 m"])
 def test_bad_since_is_a_typed_error(bad):
     with pytest.raises(leases.InvalidLeaseRequest):
-        history.parse_since(bad, default="")
+        history_query.parse_since(bad, default="")
 
 
 def test_since_is_capped_at_the_retention():
-    assert history.parse_since("30m") == timedelta(minutes=30)
-    assert history.parse_since("7d") == timedelta(hours=history.history_hours())
+    assert history_query.parse_since("30m") == timedelta(minutes=30)
+    assert history_query.parse_since("7d") == timedelta(hours=history.history_hours())
 
 
 # --- recording through the engine, flushing in one command --------------------------------------
@@ -227,7 +228,7 @@ def test_a_waiter_records_its_wait_and_the_tenants_peak_occupancy_at_the_gate():
     waiter.join(10)
     assert got, "the waiter was not granted"
     history.flush()
-    rows = history.query("hres", tenant_id="acme", since=timedelta(hours=1), fill=False).rows
+    rows = history_query.query("hres", tenant_id="acme", since=timedelta(hours=1), fill=False).rows
     assert len(rows) >= 1
     # c queued for a's slot; whether a and b (uncontended) pass through the queue too is the
     # engine's business, so only c's wait is certain.
@@ -406,9 +407,9 @@ def test_minutes_older_than_the_window_are_left_out():
     rec.aggregator.grant("win", "acme")
     rec.aggregator.grant("win", "acme")
     assert rec.flush() == 2
-    assert history.query("win", tenant_id="acme", since=timedelta(hours=1)).totals.grants == 2
-    assert history.query("win", tenant_id="acme", since=timedelta(hours=3)).totals.grants == 3
-    assert len(history.query("win", tenant_id="acme", since=timedelta(minutes=30)).rows) == 30  # one per minute
+    assert history_query.query("win", tenant_id="acme", since=timedelta(hours=1)).totals.grants == 2
+    assert history_query.query("win", tenant_id="acme", since=timedelta(hours=3)).totals.grants == 3
+    assert len(history_query.query("win", tenant_id="acme", since=timedelta(minutes=30)).rows) == 30  # one per minute
 
 
 def test_given_an_unreachable_store_when_flushing_then_nothing_is_lost_and_the_next_flush_writes_it():

@@ -16,6 +16,9 @@ network failures: fail closed), :class:`~leases.errors.LeaseLost` — precisely 
 subclasses :class:`~leases.errors.StaleLease` / :class:`~leases.errors.LeaseExpired` for
 ``410 STALE_LEASE`` / ``410 EXPIRED``. There is no background renewal unless you ask for
 one with :meth:`HttpLease.keepalive`.
+
+How an answer becomes a value or an error (status and problem code to the engine's
+exceptions, ``Retry-After``) is :mod:`leases.client.answers`.
 """
 
 from __future__ import annotations
@@ -24,93 +27,26 @@ import random
 import threading
 import time
 import urllib.parse
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import requests
 
-from .errors import (
+from ..errors import (
     ApiKeyRejected,
     HttpProblem,
     InvalidLeaseRequest,
     LeaseBusy,
     LeaseError,
-    LeaseExpired,
     LeaseLost,
     LeaseUnavailable,
-    StaleLease,
-    by_code,
 )
-from .service import NOOP
+from ..service import NOOP
+from .answers import error_from, parse_time, poll_pause
 
 __all__ = ["HttpLeaseClient", "HttpLease", "KeepAlive", "HttpProblem", "ApiKeyRejected"]
 
 USER_AGENT = "vance-leases-python/1"
-
-
-def _parse_time(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    return datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(UTC)
-
-
-def _error_from(response: requests.Response) -> LeaseError:
-    try:
-        body = response.json()
-        if not isinstance(body, dict):
-            body = {}
-    except ValueError:
-        body = {}
-    code = body.get("code") or ""
-    detail = body.get("detail") or f"HTTP {response.status_code}"
-    status = response.status_code
-    if status == 429 or code == "LEASE_BUSY":
-        return LeaseBusy(resource=body.get("resource", "?"), level=body.get("level", "?"),
-                         scope=body.get("scope", "?"), count=body.get("count"), cap=body.get("cap", 0),
-                         retry_after=_retry_after(response, body))
-    if status == 410 or code in ("STALE_LEASE", "EXPIRED"):
-        if code == "EXPIRED":
-            return LeaseExpired(detail, reason=body.get("reason"))
-        return StaleLease(detail)
-    if status == 503 or code == "LEASE_UNAVAILABLE":
-        return LeaseUnavailable(detail)
-    if status == 401:
-        return ApiKeyRejected(detail, status=status, problem_code=code or None, body=body)
-    known = by_code(code) if code else None
-    if known is not None and (issubclass(known, (HttpProblem, LeaseBusy, LeaseLost, LeaseUnavailable))):
-        known = None  # answered by status above; a code alone does not make them
-    if status == 400:
-        # The server's own class when the code names one (INVALID_BODY, UNKNOWN_LEASE_TYPE...).
-        if known is None or not issubclass(known, InvalidLeaseRequest):
-            known = InvalidLeaseRequest
-        return known(detail)
-    if status >= 500:
-        return LeaseUnavailable(f"lease server error {status}: {detail}")
-    if known is not None:
-        return known(detail)  # e.g. 403 PROJECT_FORBIDDEN
-    return HttpProblem(detail, status=status, problem_code=code or None, body=body)
-
-
-def _retry_after(response: requests.Response, body: dict[str, Any]) -> float:
-    """The server's suggested delay: ``Retry-After``, else ``retryAfterSeconds``, else 1 s."""
-    for value in (response.headers.get("Retry-After"), body.get("retryAfterSeconds")):
-        try:
-            return max(0.0, float(value))  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            continue
-    return 1.0
-
-
-def _poll_pause(response: requests.Response, ticket: dict[str, Any]) -> float:
-    """Seconds until the next ticket poll: ``Retry-After``, else ``pollIntervalSeconds``."""
-    for value in (response.headers.get("Retry-After"), ticket.get("pollIntervalSeconds")):
-        try:
-            pause = float(value)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            continue
-        if pause > 0:
-            return min(pause, 60.0)
-    return 1.0
 
 
 class HttpLeaseClient:
@@ -162,7 +98,7 @@ class HttpLeaseClient:
             where = urllib.parse.urlsplit(self.base_url).netloc.rpartition("@")[2]
             raise LeaseUnavailable(f"lease server unreachable at {where}: {exc.__class__.__name__}") from None
         if response.status_code >= 400:
-            raise _error_from(response)
+            raise error_from(response)
         if response.status_code == 204:
             return response, {}
         try:
@@ -233,7 +169,7 @@ class HttpLeaseClient:
                 remaining = until - time.monotonic()
                 if remaining <= 0:
                     raise self._give_up(path, ticket)
-                time.sleep(min(_poll_pause(response, ticket), remaining))
+                time.sleep(min(poll_pause(response, ticket), remaining))
                 response, answer = self._answer("GET", path)
                 if response.status_code == 201:
                     return HttpLease(self, answer)
@@ -280,8 +216,8 @@ class HttpLease:
     def _apply(self, grant: dict[str, Any]) -> None:
         self.ttl_seconds: int = int(grant["ttlSeconds"])
         self.interval_seconds: int = int(grant["intervalSeconds"])
-        self.expiry_deadline: datetime | None = _parse_time(grant.get("expiryDeadline"))
-        self.server_time: datetime | None = _parse_time(grant.get("serverTime"))
+        self.expiry_deadline: datetime | None = parse_time(grant.get("expiryDeadline"))
+        self.server_time: datetime | None = parse_time(grant.get("serverTime"))
         # Only the cadence is measured locally; the deadline itself is the server's.
         self._renewed_at = time.monotonic()
 
