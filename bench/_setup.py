@@ -15,7 +15,7 @@ sys.path.insert(0, REPO)
 def setup(db_name: str = "bench") -> None:
     """Start an embedded server if needed, point Django at a bench database, django.setup()."""
     if not os.environ.get("MONGODB_URI"):
-        from leases.embedded import start_server
+        from leases.store.embedded import start_server
 
         server = start_server(":memory:")
         atexit.register(server.stop)
@@ -46,7 +46,7 @@ class CommandCounter(monitoring.CommandListener):
 
 def register_bench_handler() -> None:
     """Register the no-op handler of the benchmarks' lease type ``bench``."""
-    from leases import handlers
+    from leases.revocation import handlers
 
     class BenchHandler(handlers.LeaseHandler):
         type = "bench"

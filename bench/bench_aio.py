@@ -21,8 +21,8 @@ from _setup import CommandCounter, register_bench_handler, setup  # noqa: E402
 
 
 def _define(name: str, body: str) -> None:
-    from leases import config
-    from leases.definitions import document_path
+    from leases.definitions import layers as config
+    from leases.definitions.model import document_path
 
     config.put_document("_vance", "_tenant", document_path(name), body)
 
@@ -44,7 +44,8 @@ def uncontended(cycles: int) -> int:
     from django.conf import settings
 
     import leases
-    from leases import aio, store
+    from leases import aio
+    from leases.store import client as store
 
     _define("aio4", "levels: {global: 1000, tenant: 1000, project: 1000, user: 1000}\nttlSeconds: 60")
     leases.acquire(_req("aio4")).release()  # counters exist, cache warm
@@ -106,7 +107,8 @@ def uncontended(cycles: int) -> int:
 
 def contended(waiters: int) -> None:
     import leases
-    from leases import aio, store
+    from leases import aio
+    from leases.store import client as store
 
     _define("aio1", "levels: {global: 1}\nwaitMs: 60000\nttlSeconds: 60")
     held = leases.acquire(leases.LeaseRequest(type="bench", lease="aio1", tenant_id="other", project_id="p",
@@ -150,7 +152,7 @@ def main() -> int:
     args = parser.parse_args()
     setup("bench_aio")
     register_bench_handler()
-    from leases import store
+    from leases.store import client as store
 
     for name in (store.HOLDERS, store.COUNTERS):
         store.db()[name].delete_many({})

@@ -16,7 +16,7 @@ leak, so a live process between two of its commands is not taken for one.
 
 Reported per run: kills, grants, the highest occupancy seen per level vs its cap (it must
 never exceed), slots leaked at the end, the longest time a slot stayed booked by no holder,
-slot-seconds lost (total and per kill); then ``leases.sweeps.reconcile(safety_ms=0)`` (what
+slot-seconds lost (total and per kill); then ``leases.upkeep.sweeps.reconcile(safety_ms=0)`` (what
 ``manage.py lease reconcile --safety-ms 0`` runs) and what it corrected.
 
 Run: ``python bench/bench_chaos.py [--seconds 60] [--runs N]`` (embedded server unless
@@ -68,7 +68,7 @@ def _child(index, tenant, grants, busy, ready, stop):
 
     django.setup()
     import leases
-    from leases import invalidation
+    from leases.definitions import invalidation
 
     register_bench_handler()
     invalidation.wait_listening()  # a long-running process: definitions come from its cache
@@ -260,8 +260,8 @@ class RunResult:
 
 
 def define() -> None:
-    from leases import config
-    from leases.definitions import document_path
+    from leases.definitions import layers as config
+    from leases.definitions.model import document_path
 
     body = ", ".join(f"{level}: {cap}" for level, cap in LEVELS.items())
     config.put_document("_vance", "_tenant", document_path(LEASE),
@@ -278,7 +278,8 @@ def _counts(db) -> dict[str, int]:
 
 
 def one_run(ctx, seconds: float) -> RunResult:
-    from leases import store, sweeps
+    from leases.store import client as store
+    from leases.upkeep import sweeps
 
     db = store.db()
     db.resource_lease_holders.delete_many({"resource": LEASE})
@@ -425,7 +426,7 @@ def main() -> None:
         parser.error("--runs must be ≥ 1 and --seconds > 0")
 
     setup("bench_chaos")
-    from leases import store
+    from leases.store import client as store
 
     store.client().drop_database(store.database_name())
     register_bench_handler()

@@ -258,7 +258,8 @@ def _project_child(index, load_name, proc, seconds, ready_q, start_event, start_
     from django.conf import settings
 
     import leases
-    from leases import invalidation, store
+    from leases.definitions import invalidation
+    from leases.store import client as store
 
     register_bench_handler()
     counter = CommandCounter()
@@ -447,7 +448,7 @@ class ZooKeeper:
             import kazoo  # noqa: F401
         except ImportError:
             raise RuntimeError("kazoo is not installed (pip install -e '.[bench]')") from None
-        from leases.embedded import free_port
+        from leases.store.embedded import free_port
 
         self.port = free_port()
         data = os.path.join(self.dir, "data")
@@ -505,8 +506,8 @@ class ZooKeeper:
 
 
 def define(load: Load) -> None:
-    from leases import config
-    from leases.definitions import document_path
+    from leases.definitions import layers as config
+    from leases.definitions.model import document_path
 
     body = ", ".join(f"{level}: {cap}" for level, cap in load.levels.items())
     config.put_document("_vance", "_tenant", document_path(_lease_name(load.name)),
@@ -519,7 +520,8 @@ def uncontended_commands(load: Load) -> int:
     from django.conf import settings
 
     import leases
-    from leases import invalidation, store
+    from leases.definitions import invalidation
+    from leases.store import client as store
 
     counter = CommandCounter()
     client = pymongo.MongoClient(settings.MONGODB_URI, event_listeners=[counter], tz_aware=False)
@@ -717,7 +719,7 @@ def main() -> None:
 
     external = bool(os.environ.get("MONGODB_URI"))
     setup("bench_contention")
-    from leases import store
+    from leases.store import client as store
 
     store.client().drop_database(store.database_name())
     register_bench_handler()

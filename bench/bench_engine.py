@@ -32,8 +32,8 @@ LEVEL_SETS = [
 RAW_CAP = 1000
 
 def _define(name, levels, cap=1000):
-    from leases import config
-    from leases.definitions import document_path
+    from leases.definitions import layers as config
+    from leases.definitions.model import document_path
 
     body = ", ".join(f"{level}: {cap}" for level in levels)
     config.put_document("_vance", "_tenant", document_path(name), f"levels: {{{body}}}\nttlSeconds: 60\nwaitMs: 5000")
@@ -120,7 +120,8 @@ def command_counts() -> bool:
     from django.conf import settings
 
     import leases
-    from leases import invalidation, store
+    from leases.definitions import invalidation
+    from leases.store import client as store
 
     recorder = CommandRecorder()
     client = pymongo.MongoClient(settings.MONGODB_URI, event_listeners=[recorder])
@@ -176,7 +177,7 @@ def command_counts() -> bool:
 
 
 def _raw_keys(levels: Sequence[str]) -> list[str]:
-    from leases.definitions import CHECK_ORDER
+    from leases.definitions.model import CHECK_ORDER
 
     return [f"raw|{level}|x" for level in CHECK_ORDER if level in levels]  # narrow → wide, as the engine
 
@@ -206,7 +207,7 @@ def _raw_cycle(db, levels: Sequence[str], i: int, *, recorder: CommandRecorder |
     keys = _raw_keys(levels)
     ttl_ms = 60 * 1000
     h, c = db.resource_lease_holders, db.resource_lease_counters
-    from leases.estimates import HOLDS_KEPT
+    from leases.queue.estimates import HOLDS_KEPT
 
     out: dict[str, list] = {}
     started = time.monotonic()
@@ -226,12 +227,12 @@ def _raw_cycle(db, levels: Sequence[str], i: int, *, recorder: CommandRecorder |
     # ... every level's conditional push, narrow → wide, in one ordered bulk of upserts (the
     # gate: only while nobody queues) ...
     # (Each push also fits under the lease's cap stamp unless its view is newer; then each
-    # level's cap is set by that view, leases.caps.)
+    # level's cap is set by that view, leases.definitions.caps.)
     ops = []
     newer_than = datetime.now(UTC).replace(tzinfo=None) - timedelta(seconds=61)
     stamp = f"capStamps.cmd{len(keys)}"  # the stamp field of the engine's lease of as many levels
     fresh = {f"{stamp}.at": {"$not": {"$gte": newer_than}}}
-    # The gate's push also proposes and records the grant's fence (leases.fences): slot 0 is
+    # The gate's push also proposes and records the grant's fence (leases.queue.fences): slot 0 is
     # free (the floor is alone), its generation above the last one (microseconds).
     generation = time.time_ns() // 1000
     for n, key in enumerate(keys):
@@ -304,7 +305,7 @@ def _raw_cycle(db, levels: Sequence[str], i: int, *, recorder: CommandRecorder |
 
 def overhead(cycles=300):
     import leases
-    from leases import store
+    from leases.store import client as store
 
     db = store.db()
     _create_raw_counters(db)
@@ -356,8 +357,8 @@ def _throughput_worker(args):
 
 
 def throughput(seconds=6.0, cap=2, processes=(1, 2, 4, 8)):
-    from leases import config
-    from leases.definitions import document_path
+    from leases.definitions import layers as config
+    from leases.definitions.model import document_path
 
     config.put_document("_vance", "_tenant", document_path("tput"), f"levels: {{global: {cap}}}\nttlSeconds: 60\nwaitMs: 5000")
     print(f"### Acquisitions per second, N processes on one cap-{cap} resource (acquire+check+release)\n")
@@ -380,7 +381,7 @@ def main(argv=None) -> int:
     parser.add_argument("--processes", default="1,2,4,8", help="throughput rows (comma-separated); empty: none")
     args = parser.parse_args(argv)
     setup("bench_engine")
-    from leases import store
+    from leases.store import client as store
 
     store.client().drop_database(store.database_name())
     register_bench_handler()

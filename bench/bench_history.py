@@ -24,8 +24,11 @@ def main() -> None:
     from django.conf import settings
 
     import leases
-    from leases import config, history, store
-    from leases.definitions import TENANT_PROJECT, document_path
+    from leases.definitions import layers as config
+    from leases.definitions.model import TENANT_PROJECT, document_path
+    from leases.ops import history as history_query
+    from leases.store import client as store
+    from leases.telemetry import history
 
     register_bench_handler()
     counter = CommandCounter()
@@ -80,7 +83,7 @@ def main() -> None:
                        "peak": 3, "reaps": {"idle": 1}} for m in range(1440)])
     counter.names.clear()
     started = time.perf_counter()
-    data = history.query("day", tenant_id="t1", since=timedelta(hours=24))
+    data = history_query.query("day", tenant_id="t1", since=timedelta(hours=24))
     read_ms = (time.perf_counter() - started) * 1000
     read_commands = len(counter.names)
 

@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with ExitStack() as stack:
         if not os.environ.get("MONGODB_URI"):
-            from leases.embedded import start_server
+            from leases.store.embedded import start_server
 
             server = stack.enter_context(start_server(":memory:"))
             os.environ["MONGODB_URI"] = server.uri
@@ -141,8 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         import django
 
         django.setup()
-        from leases import store
         from leases.api import keys
+        from leases.store import client as store
         from tests.http_server import running_server
 
         database = store.db()

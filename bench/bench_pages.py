@@ -49,8 +49,8 @@ def _mix(total: int) -> list[str]:
 
 def define(holders: int) -> None:
     """One System-layer definition per resource: the global level is the gate and ends full."""
-    from leases import config
-    from leases.definitions import TENANT_PROJECT, document_path
+    from leases.definitions import layers as config
+    from leases.definitions.model import TENANT_PROJECT, document_path
 
     per_resource = holders // len(RESOURCES)
     for name in RESOURCES:
@@ -62,7 +62,7 @@ def define(holders: int) -> None:
 def acquire_holders(total: int) -> None:
     """``total`` holders through the engine, spread over resources, tenants, projects, users, pods."""
     import leases
-    from leases import pod_leases
+    from leases.pods import leases as pod_leases
 
     for i in range(PODS):
         pod_leases.register(f"bench-pod-{i}", f"http://127.0.0.1:{20000 + i}", proposed_interval=60)
@@ -87,8 +87,8 @@ def acquire_holders(total: int) -> None:
 
 def queue_tickets(total: int) -> None:
     """``total`` waiting tickets in the gates' queues, each with its PENDING holder document,
-    in the shape the engine writes (``leases.waiting``, ``leases.service``)."""
-    from leases import store
+    in the shape the engine writes (``leases.queue.waiting``, ``leases.service``)."""
+    from leases.store import client as store
 
     now = store.server_now()
     tenants = _mix(total)
@@ -120,8 +120,9 @@ def queue_tickets(total: int) -> None:
 
 def record_history(minutes: int) -> None:
     """Flush what the engine recorded (the grants above), plus ``minutes`` earlier minutes
-    per tenant and resource in the shape ``leases.history`` writes."""
-    from leases import history, store
+    per tenant and resource in the shape ``leases.telemetry.history`` writes."""
+    from leases.store import client as store
+    from leases.telemetry import history
 
     history.flush()
     now = store.server_now()
@@ -211,7 +212,7 @@ def main() -> None:
     from django.test import Client
     from django.test.utils import setup_test_environment
 
-    from leases import store
+    from leases.store import client as store
 
     # The ORM's own MongoClient is created on first use from OPTIONS: listen there too.
     orm = TimedCounter()

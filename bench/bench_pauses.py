@@ -43,7 +43,7 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the history files (their directory is printed)")
     args = parser.parse_args()
 
-    from leases.embedded import start_server
+    from leases.store.embedded import start_server
 
     server = start_server(":memory:")
     os.environ["MONGODB_URI"] = server.uri
@@ -55,7 +55,7 @@ def main() -> int:
                                () if args.kinds == "none" else tuple(args.kinds.split(",")))
     os.environ["LEASES_MONGO_TIMEOUT_MS"] = str(config.mongo_timeout_ms)
     setup("bench_pauses")
-    from leases import store
+    from leases.store import client as store
 
     run_dir = tempfile.mkdtemp(prefix="lease-pauses-")
     began = time.monotonic()

@@ -31,7 +31,7 @@ def populate(total: int, expired_fraction: float = 0.01) -> int:
     import pymongo
     from django.conf import settings
 
-    from leases import store
+    from leases.store import client as store
 
     # Bulk loading is slower than the engine's 2 s operation bound: no timeout here.
     loader = pymongo.MongoClient(settings.MONGODB_URI, tz_aware=False)
@@ -44,7 +44,8 @@ def populate(total: int, expired_fraction: float = 0.01) -> int:
 
 
 def _populate(total: int, expired_fraction: float) -> int:
-    from leases import pod_leases, slots, store
+    from leases.pods import leases as pod_leases
+    from leases.store import client as store, entries
 
     store.holders().delete_many({})
     store.counters().delete_many({})
@@ -59,7 +60,7 @@ def _populate(total: int, expired_fraction: float) -> int:
         user_key = f"bench|user|t1/u{i % USERS}"
         levels = [user_key, "bench|global|*"]
         for key in levels:  # the counters list their bookings, as the engine writes them
-            booked.setdefault(key, []).append(slots.entry("t1", "p1", f"u{i % USERS}", f"benchtoken{i:012d}"))
+            booked.setdefault(key, []).append(entries.entry("t1", "p1", f"u{i % USERS}", f"benchtoken{i:012d}"))
         expires = now - timedelta(seconds=5) if i < expired else now + timedelta(hours=1)
         batch.append({"_id": f"benchtoken{i:012d}", "state": "HELD", "resource": "bench", "leaseName": "bench",
                       "type": "bench", "tenantId": "t1", "projectId": "p1", "userId": f"u{i % USERS}",
@@ -85,7 +86,7 @@ def measure(fn):
     import pymongo
     from django.conf import settings
 
-    from leases import store
+    from leases.store import client as store
 
     counter = CommandCounter()
     client = pymongo.MongoClient(settings.MONGODB_URI, event_listeners=[counter], tz_aware=False, timeoutMS=600000)
@@ -103,7 +104,7 @@ def measure(fn):
 
 
 def full_sweep(**kwargs):
-    from leases import sweeps
+    from leases.upkeep import sweeps
 
     done = rounds = 0
     has_more = True
@@ -115,7 +116,8 @@ def full_sweep(**kwargs):
 
 
 def bench_sizes(sizes: list[int], round_limit: int) -> list[str]:
-    from leases import listener, sweeps
+    from leases.revocation import listener
+    from leases.upkeep import sweeps
 
     register_bench_handler()
     listener.set_listener(None)  # measure the sweep, not handler dispatch (logged only)
@@ -129,7 +131,7 @@ def bench_sizes(sizes: list[int], round_limit: int) -> list[str]:
         (reaped, _), sweep_s, sweep_cmds = measure(lambda: sweeps.sweep(limit=round_limit, reconcile_counters=False))
         # Un-expire the rest (reaping them all would only repeat the measured round), so the
         # next measurement sees nothing expired.
-        from leases import store
+        from leases.store import client as store
 
         measure(lambda: store.holders().update_many({"expiresAt": {"$lt": store.server_now()}},
                                                     {"$set": {"expiresAt": store.server_now() + timedelta(hours=1)}}))
@@ -149,8 +151,10 @@ POD_CHILD = """
 import sys, time, django
 django.setup()
 import leases
-from leases import config, handlers, pod_renewer
-from leases.definitions import document_path
+from leases.definitions import layers as config
+from leases.revocation import handlers
+from leases.pods import renewer as pod_renewer
+from leases.definitions.model import document_path
 class H(handlers.LeaseHandler):
     type = "bench"
     def on_revoked(self, holder): pass
@@ -168,8 +172,10 @@ def bench_kill(interval: int, factor: int, reap_interval: float) -> list[str]:
     """kill -9 a pod holding 4 leases; sweep every ``reap_interval`` s (as beat would)."""
     from django.conf import settings
 
-    from leases import config, store, sweeps
-    from leases.definitions import document_path
+    from leases.definitions import layers as config
+    from leases.definitions.model import document_path
+    from leases.store import client as store
+    from leases.upkeep import sweeps
 
     config.put_document("_vance", "_tenant", document_path("benchkill"),
                         "levels: {global: 100, user: 1}\nttlSeconds: 600\nwaitMs: 0")

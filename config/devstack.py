@@ -214,12 +214,12 @@ def stack_environment(var: Path = VAR) -> dict[str, str]:
     All processes of the stack share one host, so they share one Prometheus multiprocess
     directory, emptied here (once per stack start, before any process writes to it): the
     sweeps and ``@leased`` tasks run in Celery pool children, and only web pods serve
-    ``/metrics``, which adds up every process's files (:mod:`leases.multiprocess_metrics`).
+    ``/metrics``, which adds up every process's files (:mod:`leases.telemetry.multiprocess`).
 
     Raises:
         OSError: the metrics directory cannot be emptied or created.
     """
-    from leases.multiprocess_metrics import ENV, prepare
+    from leases.telemetry.multiprocess import ENV, prepare
 
     metrics_dir = prepare(var / "prometheus-multiproc")
     return dict(os.environ, DJANGO_SETTINGS_MODULE="config.settings", PYTHONUNBUFFERED="1", **{ENV: str(metrics_dir)})
@@ -252,7 +252,7 @@ def main() -> int:
         return 1
     server = None
     if not os.environ.get("MONGODB_URI"):
-        from leases.embedded import start_server
+        from leases.store.embedded import start_server
 
         server = start_server(str(VAR / "secantus-data"), log_path=str(VAR / "secantusd.log"))
         os.environ["MONGODB_URI"] = server.uri

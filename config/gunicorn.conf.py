@@ -5,7 +5,7 @@ the command line). With ``PROMETHEUS_MULTIPROC_DIR`` set by the start-up script,
 writes its metrics to files of its own pid in that directory and ``/metrics`` adds them all
 up, whichever worker answers; a worker that exits (recycled, crashed, killed by the master's
 timeout) must hand back its live gauges, or a request it had waiting would be counted as
-waiting forever. See :mod:`leases.multiprocess_metrics`.
+waiting forever. See :mod:`leases.telemetry.multiprocess`.
 """
 
 from __future__ import annotations

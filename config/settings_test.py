@@ -8,7 +8,7 @@ processes inherit MONGODB_URI and reuse the server. tests/conftest.py stops it a
 of the session (an atexit hook and PR_SET_PDEATHSIG are the fallbacks).
 """
 
-from leases.embedded import ensure_test_server
+from leases.store.embedded import ensure_test_server
 
 ensure_test_server()
 
@@ -35,11 +35,11 @@ STORAGES = {
 
 LOGGING["root"]["level"] = "WARNING"  # noqa: F405
 
-# The crash-window tests stop the engine inside a window (leases.pausepoints); off elsewhere.
+# The crash-window tests stop the engine inside a window (leases.engine.pausepoints); off elsewhere.
 LEASES_TEST_PAUSE_POINTS = True
 
 # Pods: tests start the pod lease renewal explicitly (no thread on the first test request).
 LEASES_POD_AUTOSTART = False
 
-# History: no flusher thread; tests flush explicitly (leases.history.flush) when they read it.
+# History: no flusher thread; tests flush explicitly (leases.telemetry.history.flush) when they read it.
 LEASES_HISTORY_FLUSH_SECONDS = 0

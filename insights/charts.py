@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from leases.history import MinuteRow
+from leases.ops.history import MinuteRow
 
 WIDTH = 720
 HEIGHT = 150

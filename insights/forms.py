@@ -12,7 +12,7 @@ from typing import Any
 from django import forms
 
 from leases import validation
-from leases.definitions import TENANT_PROJECT
+from leases.definitions.model import TENANT_PROJECT
 from leases.errors import InvalidLeaseRequest
 
 
@@ -60,7 +60,7 @@ class HolderFilterForm(forms.Form):
     FILTERS = ("resource", "type", "pod", "project", "user", "counter")
 
     def service_filters(self) -> dict[str, Any]:
-        """Keyword arguments for :func:`leases.reads.list_holders` (valid form only)."""
+        """Keyword arguments for :func:`leases.ops.reads.list_holders` (valid form only)."""
         data = self.cleaned_data
         return {
             "resource": data.get("resource") or None,

@@ -10,8 +10,8 @@ import pymongo.errors
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from leases import history
 from leases.errors import InvalidLeaseRequest
+from leases.ops import history
 from leases.tenancy import TenantGrant
 
 from .access import tenant_admin_required

@@ -14,9 +14,11 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 from django.views.defaults import permission_denied
 
-from leases import definitions, reads, shares
-from leases.definitions import TENANT_PROJECT
+from leases.definitions import model as definitions
+from leases.definitions.model import TENANT_PROJECT
 from leases.errors import InvalidLeaseRequest, LeaseUnavailable
+from leases.ops import reads
+from leases.queue import shares
 from leases.tenancy import TenantGrant
 
 from .access import tenant_member_required

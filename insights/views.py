@@ -1,4 +1,5 @@
-"""Insights → Leases views: parse the request, call :mod:`leases.reads` and :mod:`leases.actions`, render.
+"""Insights → Leases views: parse the request, call :mod:`leases.ops.reads`, :mod:`leases.ops.actions` and
+:mod:`leases.definitions.view`, render.
 
 Access is decided by :func:`insights.access.tenant_admin_required`; the tenant's slug is
 then passed to every service call, which binds it in the MongoDB filter.
@@ -16,9 +17,11 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
-from leases import actions, audit, reads, undefined
 from leases.conf import lease_settings
+from leases.definitions import undefined, view as definition_views
 from leases.errors import AuditEntryNotFound, HolderNotFound, InvalidLeaseRequest, LeaseUnavailable
+from leases.ops import actions, reads
+from leases.revocation import audit
 from leases.tenancy import TenantGrant, tenant_access
 
 from .access import grants_of, tenant_admin_required
@@ -144,7 +147,7 @@ def definition(request: HttpRequest, tenant: TenantGrant) -> HttpResponse:
     if request.GET:
         if form.is_valid():
             try:
-                view = reads.definition_view(form.cleaned_data["name"], tenant.slug, form.cleaned_data["project"])
+                view = definition_views.definition_view(form.cleaned_data["name"], tenant.slug, form.cleaned_data["project"])
             except LeaseUnavailable as exc:
                 error = str(exc)
             except InvalidLeaseRequest as exc:
@@ -185,7 +188,7 @@ def holder_detail(request: HttpRequest, tenant: TenantGrant, token: str) -> Http
 def _definition_url(tenant: TenantGrant, holder: reads.HolderView, projects: list[str]) -> str:
     """The definition tab for the holder's lease, seen from its project when Insights
     knows that project (else tenant-wide, which the form accepts)."""
-    from leases.definitions import TENANT_PROJECT
+    from leases.definitions.model import TENANT_PROJECT
 
     project = holder.project_id if holder.project_id in projects else TENANT_PROJECT
     return (reverse("insights:definition", args=[tenant.slug]) + "?"
@@ -224,16 +227,17 @@ def revoke(request: HttpRequest, tenant: TenantGrant, token: str) -> HttpRespons
 
 def _dispatch_note(handler_type: str, pod: str, pod_bound: bool) -> str:
     # Liveness read now: the dispatcher decides on the same definition right after the reap.
-    from leases import dispatch, pod_liveness
+    from leases.pods import liveness as pod_liveness
+    from leases.revocation import explain
 
     try:
         alive = pod_liveness.liveness.is_alive(pod)
     except pymongo.errors.PyMongoError:
         alive = False  # the dispatcher treats an unknown liveness as dead too
-    return dispatch.dispatch_note(handler_type, pod, pod_bound, alive)
+    return explain.dispatch_note(handler_type, pod, pod_bound, alive)
 
 
 def _holder_dispatch_note(holder: reads.HolderView) -> str:
-    from leases import dispatch
+    from leases.revocation import explain
 
-    return dispatch.dispatch_note(holder.type, holder.pod, holder.pod_bound, holder.pod_state == "alive")
+    return explain.dispatch_note(holder.type, holder.pod, holder.pod_bound, holder.pod_state == "alive")

@@ -3,7 +3,7 @@
 from django import forms
 from django.contrib import admin, messages
 
-from . import config
+from .definitions import layers as config
 from .errors import LeaseError
 from .models import ConfigDocument, Counter, Holder, Pod
 
@@ -34,7 +34,7 @@ class ConfigDocumentAdmin(admin.ModelAdmin):
     readonly_fields = ("updated_at",)
 
     # Every admin write is a document change event: every process drops the affected
-    # cached definitions, exactly as after leases.config.put_document().
+    # cached definitions, exactly as after leases.definitions.layers.put_document().
     def save_model(self, request, obj, form, change):
         previous = None
         if change and obj.pk is not None:

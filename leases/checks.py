@@ -268,7 +268,7 @@ def check_metrics_directory(app_configs: Any = None, **kwargs: Any) -> list:
     """
     import os
 
-    from leases.multiprocess_metrics import ENV, directory
+    from leases.telemetry.multiprocess import ENV, directory
 
     path = directory()
     if path is None or (os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK)):

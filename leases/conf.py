@@ -60,12 +60,12 @@ DEFAULTS: dict[str, Any] = {
     "TENANT_ACCESS": "insights.access.ModelTenantAccess",
     # Reference consumers
     "SESSION_TOOLS": {},
-    # Metrics: every series is <namespace>_lease_<name>; read once at import (leases.metrics)
+    # Metrics: every series is <namespace>_lease_<name>; read once at import (leases.telemetry.metrics)
     "METRICS_NAMESPACE": "vance",
     # The name the Insights pages carry ("<brand> Insights", "<page> · <brand>"): the seed's
     # platform name unless the host sets its own.
     "BRAND": "Vance",
-    # Crash-window tests only (leases.pausepoints): off, so LEASES_TEST_PAUSE alone is inert.
+    # Crash-window tests only (leases.engine.pausepoints): off, so LEASES_TEST_PAUSE alone is inert.
     "TEST_PAUSE_POINTS": False,
 }
 

@@ -5,7 +5,7 @@ passes ``check()`` and then stalls past its TTL is reaped, its slot goes to some
 and when it wakes it would use the resource anyway. Every grant carries a *fence*
 (``Lease.fence``, ``"fence"`` over HTTP): the counter it was granted on, the slot in that
 counter and the slot's generation, which strictly increases each time the slot is granted
-again (:mod:`leases.fences`). The resource keeps, in its own store, the highest generation
+again (:mod:`leases.queue.fences`; the string: :mod:`leases.store.fence_codec`). The resource keeps, in its own store, the highest generation
 it has admitted per (counter, slot) and refuses anything older::
 
     guard = FenceGuard(my_db["lease_fences"], resource="tex2pdf")   # once
@@ -29,9 +29,9 @@ from typing import Any
 import pymongo.errors
 from pymongo import ReturnDocument
 
-from . import metrics
 from .errors import InvalidFence, StaleFence
-from .fence_codec import Fence, decode
+from .store.fence_codec import Fence, decode
+from .telemetry import metrics
 from .validation import RESOURCE_RE
 
 __all__ = ["FenceGuard", "RedisFenceGuard", "StaleFence", "InvalidFence"]

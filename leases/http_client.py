@@ -1,6 +1,6 @@
 """The one JSON-over-HTTP client for the calls lease processes make, and their time bounds.
 
-Used for a pod's revocation POST to another pod (:mod:`leases.dispatch`), the operator CLI's
+Used for a pod's revocation POST to another pod (:mod:`leases.revocation.dispatch`), the operator CLI's
 calls to a pod (``manage.py lease``), a session consumer's calls to its remote service
 (:mod:`leases.contrib.sessions`) and the demo consumer's job calls
 (:mod:`leases.contrib.demo`). Every call is bounded: the timeouts below are the only ones,

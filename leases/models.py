@@ -1,6 +1,6 @@
 """ORM mappings of the collections the lease engine writes with pymongo.
 
-The engine (``leases.store`` and friends) owns the documents; these models exist for the
+The engine (``leases.store.client`` and friends) owns the documents; these models exist for the
 admin and read-side views. ``db_column`` values are the exact MongoDB field names.
 
 Only :class:`ConfigDocument` is managed (its collection and unique index come from the

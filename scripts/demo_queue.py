@@ -40,8 +40,8 @@ def main() -> None:
 
     django.setup()
     import leases
-    from leases import history
     from leases.errors import LeaseError
+    from leases.telemetry import history
 
     stop = threading.Event()
     stats = {"granted": 0, "busy": 0, "errors": 0}

@@ -1,4 +1,4 @@
-"""URLs of an ASGI view that uses the async lease API (tests/test_aio.py routes here)."""
+"""URLs of an ASGI view that uses the async lease API (tests/engine/test_aio.py routes here)."""
 
 from django.http import JsonResponse
 from django.urls import path

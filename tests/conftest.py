@@ -4,7 +4,7 @@ Order of events (pytest-django imports DJANGO_SETTINGS_MODULE in its
 ``pytest_load_initial_conftests`` hook, *before* this file is imported):
 
 1. pytest-django imports ``config.settings_test``; when ``MONGODB_URI`` is unset that
-   module calls ``leases.embedded.ensure_test_server()``, which spawns ONE in-memory
+   module calls ``leases.store.embedded.ensure_test_server()``, which spawns ONE in-memory
    ``secantusd-py`` process and exports ``MONGODB_URI`` (children inherit it). With
    ``MONGODB_URI`` set, that server is used instead and nothing is spawned.
 2. This conftest is imported (the fallback below covers runs where settings were not
@@ -32,7 +32,7 @@ import os
 
 import pytest
 
-from leases import embedded
+from leases.store import embedded
 
 # Fallback: settings not imported yet (pytest-django disabled or DSM not configured).
 embedded.ensure_test_server()

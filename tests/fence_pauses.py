@@ -59,8 +59,8 @@ def child(argv: list[str]) -> None:
     from pymongo import monitoring
 
     import leases
-    from leases import handlers
     from leases.fencing import FenceGuard
+    from leases.revocation import handlers
 
     class Quiet(handlers.LeaseHandler):
         type = "fence"
@@ -209,7 +209,7 @@ def judge(events: list[dict[str, Any]], ended_at: dict[str, float], cap: int = C
 
 def sweep_until(stop: threading.Event) -> None:
     """Reap idle holders every 100 ms (beat's sweep, made frequent)."""
-    from leases import reaper
+    from leases.upkeep import reaper
 
     while not stop.wait(0.1):
         try:
@@ -224,8 +224,10 @@ def run(env: dict[str, str], *, processes: int = 6, pauses_each: int = 4, second
 
     The caller has set up Django for the store of ``env`` (``MONGODB_URI``/``MONGODB_DB``).
     """
-    from leases import config, handlers, store
-    from leases.definitions import document_path
+    from leases.definitions import layers as config
+    from leases.definitions.model import document_path
+    from leases.revocation import handlers
+    from leases.store import client as store
 
     class Quiet(handlers.LeaseHandler):
         type = "fence"

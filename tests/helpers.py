@@ -1,4 +1,5 @@
-"""Test helpers: command counting over a real client, child-process environments."""
+"""Test helpers: requests and definitions with the suite's defaults, command counting over a real client,
+child-process environments, waiters and pods."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pymongo
 import pytest
 from pymongo import monitoring
 
-from leases import handlers, store
+from leases.revocation import handlers
+from leases.store import client as store
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -112,6 +114,29 @@ def private_redis():
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(timeout=10)
+
+
+def lease_request(lease: str = "res", *, lease_type: str = "test", tenant: str = "acme", project: str = "p1",
+                  user: str = "u1", **fields):
+    """A :class:`leases.LeaseRequest` with the suite's defaults: the caller passes only what differs.
+
+    ``fields`` are the request's other fields (``pod``, ``wait_ms``, ``priority``, ``holder_ref`` …);
+    a module whose requests all differ the same way binds it once
+    (``req = partial(lease_request, pod="")``).
+    """
+    import leases
+
+    return leases.LeaseRequest(type=lease_type, lease=lease, tenant_id=tenant, project_id=project, user_id=user,
+                               **fields)
+
+
+def define(name: str, text: str, *, tenant: str = "_vance", project: str = "_tenant"):
+    """Write the YAML ``text`` as the definition of lease ``name`` in the layer (tenant, project):
+    the operator's layer by default."""
+    from leases.definitions import layers as config
+    from leases.definitions.model import document_path
+
+    return config.put_document(tenant, project, document_path(name), text)
 
 
 def ensure_tenant(slug: str, *projects: str):
@@ -246,12 +271,8 @@ class RecordingHandler(handlers.LeaseHandler):
 @contextmanager
 def operator_leases():
     """Register :class:`RecordingHandler` and the ``oplease`` definition (resource ``opres``); yields the handler."""
-    from leases import config
-    from leases.definitions import document_path
-
     handler = handlers.register_handler(RecordingHandler())
-    config.put_document("_vance", "_tenant", document_path("oplease"),
-                        "resource: opres\nlevels: {global: 50, tenant: 20, project: 10, user: 5}\nttlSeconds: 60")
+    define("oplease", "resource: opres\nlevels: {global: 50, tenant: 20, project: 10, user: 5}\nttlSeconds: 60")
     try:
         yield handler
     finally:
@@ -262,8 +283,8 @@ def hold(tenant="acme", project="docs", user="alice", pod=None, ref=""):
     """Acquire an ``oplease`` lease (see :func:`operator_leases`)."""
     import leases
 
-    return leases.acquire(leases.LeaseRequest(type="optest", lease="oplease", tenant_id=tenant, project_id=project,
-                                              user_id=user, pod=pod, holder_ref=ref))
+    return leases.acquire(lease_request("oplease", lease_type="optest", tenant=tenant, project=project, user=user,
+                                        pod=pod, holder_ref=ref))
 
 
 class QuietHandler(handlers.LeaseHandler):

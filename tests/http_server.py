@@ -17,7 +17,7 @@ from pathlib import Path
 
 import requests
 
-from leases.embedded import free_port
+from leases.store.embedded import free_port
 from tests.helpers import REPO, child_env
 
 START_TIMEOUT_SECONDS = 30.0

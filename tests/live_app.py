@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from leases.embedded import free_port
+from leases.store.embedded import free_port
 from tests.helpers import PYTHON, REPO, child_env
 
 START_TIMEOUT_SECONDS = 30.0
@@ -38,7 +38,7 @@ class LiveApp:
 
 def register_pod(app: LiveApp) -> None:
     """Make the server's pod alive in the (freshly emptied) registry."""
-    from leases import pod_leases
+    from leases.pods import leases as pod_leases
 
     pod_leases.register(app.pod_id, app.url)
 

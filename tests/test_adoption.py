@@ -53,7 +53,7 @@ import pytest
 from django.conf import settings
 from prometheus_client.parser import text_string_to_metric_families
 
-from leases.embedded import free_port
+from leases.store.embedded import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "hostsite"
@@ -86,7 +86,7 @@ MIGRATE = """\
 /tmp/host/venv/bin/python manage.py migrate --database leases    # the lease apps, on MongoDB
 """
 # One empty multiprocess directory for the processes started after it (prometheus_client's
-# multiprocess mode, leases/multiprocess_metrics.py): each writes its counts there, /metrics adds them up.
+# multiprocess mode, leases/telemetry/multiprocess.py): each writes its counts there, /metrics adds them up.
 METRICS_DIR = ('export PROMETHEUS_MULTIPROC_DIR=/tmp/host/prometheus && rm -rf "$PROMETHEUS_MULTIPROC_DIR"'
                ' && mkdir -p "$PROMETHEUS_MULTIPROC_DIR"   # worker, beat and uvicorn: their metrics, one scrape')
 WORKER = "/tmp/host/venv/bin/celery -A hostsite worker --pool prefork --concurrency 2 --loglevel WARNING"
@@ -242,21 +242,11 @@ def workdir(tmp_path):
             f".execute('DROP SCHEMA IF EXISTS {schema} CASCADE')")], timeout=60, check=False)
 
 
-@pytest.mark.parametrize(("series", "interpreter"), SERIES)
-def test_given_a_fresh_clone_when_a_new_postgresql_project_adopts_the_wheel_then_leases_and_insights_work(
-        workdir, series, interpreter):
-    tmp, schema, mongo = workdir
-    source = tmp / "src"
-    shutil.copytree(REPO, source, ignore=_IGNORE)  # what a fresh clone holds
-    env = {**_host_env(schema), "REPO": str(source)}  # the README's REPO=$PWD, typed in the clone
-    started = time.monotonic()
+# The README's scrape: the grants of tex2pdf (views in uvicorn, the @leased task in a worker pool child).
+GRANTED = ("vance_lease_acquire_total", (("outcome", "success"), ("resource", "tex2pdf")))
 
-    # 1. The README's install lines: a venv of the newcomer's interpreter, the wheel built by its
-    #    pip from the clone, installed with the embedded server and the PostgreSQL driver.
-    _bash(_host(INSTALL, tmp, python=interpreter), cwd=tmp, env=env)
-    venv = tmp / "venv"
-    python = str(venv / "bin" / "python")
-    (wheel,) = (tmp / "wheels").glob("django_leases-*.whl")
+
+def _then_the_wheel_ships_both_packages_their_data_and_metadata(wheel: Path, source: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     top_level = sorted({n.split("/", 1)[0] for n in names if ".dist-info/" not in n})
     print("wheel top-level names:", top_level)
@@ -278,6 +268,13 @@ def test_given_a_fresh_clone_when_a_new_postgresql_project_adopts_the_wheel_then
         assert field in metadata, field
     assert "# django-leases" in metadata  # the long description is the README
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names
+
+
+def _then_the_venv_runs_the_installed_wheel_on_the_series(tmp: Path, env: dict[str, str], series: str,
+                                                           interpreter: str) -> str:
+    """The venv's python (asserted to import the wheel's ``leases`` under the series' Django)."""
+    venv = tmp / "venv"
+    python = str(venv / "bin" / "python")
     located = _run([python, "-c", "import django, leases; print(leases.__file__); print(django.get_version())"],
                    cwd=tmp, env=env).split()
     assert str(venv) in located[0]  # the installed wheel, not this checkout
@@ -285,8 +282,12 @@ def test_given_a_fresh_clone_when_a_new_postgresql_project_adopts_the_wheel_then
     assert located[1].startswith(series + "."), f"Django {located[1]} installed for the {series} run"
     # The README starts the embedded server from the installed package (the test's server stands in).
     assert os.access(_host(EMBEDDED_SERVER, tmp).split()[0], os.X_OK)
+    return python
 
-    # 2. A new project: PostgreSQL default, the lease apps on their MongoDB alias.
+
+def _when_a_new_postgresql_project_adopts_the_apps(tmp: Path, schema: str, env: dict[str, str],
+                                                   python: str) -> Path:
+    """The README's site and migrate steps; the project's directory."""
     _run([python, "-c", (
         "import psycopg; psycopg.connect('host=127.0.0.1 port=5432 dbname=test user=postgres', autocommit=True)"
         f".execute('CREATE SCHEMA {schema}')")], cwd=tmp, env=env)
@@ -302,8 +303,12 @@ def test_given_a_fresh_clone_when_a_new_postgresql_project_adopts_the_wheel_then
     print(checked.strip())
     assert "leases.W006" not in checked  # the settings block's beat entry schedules the sweep
     _bash(_host(MIGRATE, tmp), cwd=site, env=env)
+    return site
 
-    # The router kept each side to its own: users in PostgreSQL, the lease apps in MongoDB.
+
+def _then_the_router_kept_each_side_to_its_own(python: str, site: Path, schema: str, env: dict[str, str],
+                                               mongo: pymongo.MongoClient) -> None:
+    """Users in PostgreSQL, the lease apps in MongoDB."""
     tables = _run([python, "-c", (
         "import psycopg; c = psycopg.connect('host=127.0.0.1 port=5432 dbname=test user=postgres');"
         f"print(sorted(r[0] for r in c.execute(\"select table_name from information_schema.tables "
@@ -314,94 +319,147 @@ def test_given_a_fresh_clone_when_a_new_postgresql_project_adopts_the_wheel_then
     assert {"api_keys", "lease_config_documents", "insights_tenant"} <= collections, collections
     assert not {"auth_user", "django_session"} & collections
 
-    # 4. Real HTTP against the project under uvicorn, a Celery worker and Celery beat of the project,
-    #    all started with the README's multiprocess directory (its line exports it to them).
+
+def _when_uvicorn_a_worker_and_beat_start(tmp: Path, site: Path, env: dict[str, str],
+                                          port: int) -> tuple[dict[str, str], dict[str, subprocess.Popen]]:
+    """The project under uvicorn, a Celery worker and beat of the project, all started with the
+    README's multiprocess directory (its line exports it to them); (their env, the processes)."""
     metrics_dir = Path(_bash(_host(METRICS_DIR, tmp) + '\nprintf %s "$PROMETHEUS_MULTIPROC_DIR"', cwd=site, env=env))
     assert metrics_dir.is_dir() and not any(metrics_dir.iterdir()) and metrics_dir.is_relative_to(tmp), metrics_dir
     env = {**env, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
-    port = free_port()
     processes = {name: subprocess.Popen(shlex.split(_host(command, tmp, port)), cwd=site,
                                         env={**env, "LEASES_REAP_INTERVAL": str(REAP_INTERVAL)} if name == "beat" else env,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                  for name, command in (("uvicorn", UVICORN), ("worker", WORKER), ("beat", BEAT))}
-    server = processes["uvicorn"]
-    base = f"http://127.0.0.1:{port}"
-    holders = mongo[LEASE_DB]["resource_lease_holders"]
+    return env, processes
+
+
+def _stopped(processes: dict[str, subprocess.Popen]) -> dict[str, str]:
+    """Terminate each process (kill after 20 s); their logs by name."""
     logs: dict[str, str] = {}
+    for name, process in processes.items():
+        process.terminate()
+        try:
+            logs[name], _ = process.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            logs[name], _ = process.communicate()
+        print(f"{name} log tail:\n" + logs[name][-1500:])
+    return logs
+
+
+def _then_the_views_and_the_leased_task_are_granted_and_scraped(python: str, tmp: Path, site: Path, port: int,
+                                                                env: dict[str, str], holders) -> None:
+    base = f"http://127.0.0.1:{port}"
+    for view in ("/compile/", "/acompile/"):
+        status, body, _ = _get(base + view)
+        assert status == 200, body
+        compiled = json.loads(body)
+        assert compiled["released"] is True and len(compiled["token"]) == 32
+        assert holders.find_one({"_id": compiled["token"]}) is None  # released
+
+    # The README's scrape, before and after the @leased task: uvicorn serves /metrics and
+    # acquires nothing in between, so the grant added comes from the worker's pool child.
+    assert _scrape(tmp, port, cwd=site, env=env).get(GRANTED) == 2  # /compile/ and /acompile/
+
+    result = json.loads(_run([python, "manage.py", "shell", "-c", (
+        "import json; from hostsite.tasks import compile_pdf\n"
+        "print(json.dumps(compile_pdf.delay('acme', 'docs', 'carol').get(timeout=60)))")],
+        cwd=site, env=env, timeout=120).strip().splitlines()[-1])
+    assert len(result["token"]) == 32
+    assert holders.find_one({"_id": result["token"]}) is None  # released after the body
+    assert _scrape(tmp, port, cwd=site, env=env).get(GRANTED) == 3, "the worker's grant is not in the scrape"
+
+
+def _then_the_insights_step_answers_as_the_readme_says(tmp: Path, site: Path, port: int, env: dict[str, str],
+                                                       holders) -> str:
+    """The README's Insights step as typed, under bash (a failing grep fails the step); the
+    token of the lease its ``/hold/`` keeps."""
+    base = f"http://127.0.0.1:{port}"
+    lines = _bash(_host(INSIGHTS_STEP, tmp, port), cwd=site, env=env).strip().splitlines()
+    print("\n".join(lines))
+    held = json.loads(lines[0])["token"]
+    assert holders.find_one({"_id": held})["tenantId"] == "acme"
+    assert lines[1:] == [f'data-token="{held}"', "200", "404",
+                         f"302 {base}/accounts/login/?next=/t/acme/insights/leases",
+                         "<title>Sign in · Vance</title>"]
+    # Beyond what the step greps: the tenant's name comes from the hook, the login page is a 200.
+    cookies = dict(line.split() for line in (tmp / "sessions").read_text().splitlines() if len(line.split()) == 2)
+    status, page, _ = _get(base + "/t/acme/insights/leases", cookie=cookies["ada"])
+    assert status == 200 and held in page and "Acme" in page, page[-2000:]
+    status, login, _ = _get(base + "/accounts/login/")
+    assert status == 200 and 'name="password"' in login, login[-2000:]
+    return held
+
+
+def _then_a_busy_resource_is_a_429_with_retry_after(tmp: Path, site: Path, port: int, env: dict[str, str]) -> None:
+    """The README's busy step: the example's /hold/ does not wait, and a busy resource is a
+    429 with Retry-After (whole seconds, at least 1), not a server error."""
+    (busy,) = _bash(_host(BUSY_STEP, tmp, port), cwd=site, env=env).strip().splitlines()
+    print(busy)
+    code, _, retry_after = busy.partition(" Retry-After: ")
+    assert code == "429" and int(retry_after) >= 1, busy
+    status, body, _ = _get(f"http://127.0.0.1:{port}/hold/")
+    assert status == 429 and json.loads(body)["code"] == "LEASE_BUSY", body
+
+
+def _then_beats_sweep_reaps_the_expired_holder_and_the_scrape_shows_every_process(
+        held: str, tmp: Path, site: Path, port: int, env: dict[str, str], mongo: pymongo.MongoClient) -> None:
+    """Beat's sweep: the held lease, its TTL made to have run out an hour ago, is reaped (reason
+    "idle"). Nothing acquires "tex" from here on, so no acquire's lazy reap of the resource can
+    take it instead: only a sweep run by the worker can."""
+    holders = mongo[LEASE_DB]["resource_lease_holders"]
+    holders.update_one({"_id": held}, {"$set": {"expiresAt": datetime.now(UTC) - timedelta(hours=1)}})
+    planted = time.monotonic()
+    while holders.find_one({"_id": held}) is not None:
+        assert time.monotonic() - planted < 5 * REAP_INTERVAL + 10, "no sweep reaped the expired holder"
+        time.sleep(0.2)
+    print(f"swept {time.monotonic() - planted:.1f} s after the holder expired")
+    assert mongo[LEASE_DB]["lease_tombstones"].find_one({"_id": held})["reason"] == "idle"
+
+    # The README's scrape line as typed: the sweep's reap (the worker's pool child counts it
+    # just after the delete, so it may take a moment), and every grant of both processes.
+    reaped = ("vance_lease_reap_total", (("reason", "idle"),))
+    while (samples := _scrape(tmp, port, cwd=site, env=env)).get(reaped, 0) < 1:
+        assert time.monotonic() - planted < 5 * REAP_INTERVAL + 20, "the sweep's reap is not in the scrape"
+        time.sleep(0.5)
+    assert samples[GRANTED] == 4  # /compile/, /acompile/ and /hold/ in uvicorn, the task in the worker
+    assert samples[("vance_lease_acquire_total", (("outcome", "busy"), ("resource", "tex2pdf")))] == 2
+
+
+@pytest.mark.parametrize(("series", "interpreter"), SERIES)
+def test_given_a_fresh_clone_when_a_new_postgresql_project_adopts_the_wheel_then_leases_and_insights_work(
+        workdir, series, interpreter):
+    tmp, schema, mongo = workdir
+    source = tmp / "src"
+    shutil.copytree(REPO, source, ignore=_IGNORE)  # what a fresh clone holds
+    env = {**_host_env(schema), "REPO": str(source)}  # the README's REPO=$PWD, typed in the clone
+    started = time.monotonic()
+
+    # 1. The README's install lines: a venv of the newcomer's interpreter, the wheel built by its
+    #    pip from the clone, installed with the embedded server and the PostgreSQL driver.
+    _bash(_host(INSTALL, tmp, python=interpreter), cwd=tmp, env=env)
+    (wheel,) = (tmp / "wheels").glob("django_leases-*.whl")
+    _then_the_wheel_ships_both_packages_their_data_and_metadata(wheel, source)
+    python = _then_the_venv_runs_the_installed_wheel_on_the_series(tmp, env, series, interpreter)
+
+    # 2. A new project: PostgreSQL default, the lease apps on their MongoDB alias.
+    site = _when_a_new_postgresql_project_adopts_the_apps(tmp, schema, env, python)
+    _then_the_router_kept_each_side_to_its_own(python, site, schema, env, mongo)
+
+    # 4. Real HTTP against the project under uvicorn, a Celery worker and Celery beat of the project.
+    port = free_port()
+    env, processes = _when_uvicorn_a_worker_and_beat_start(tmp, site, env, port)
+    holders = mongo[LEASE_DB]["resource_lease_holders"]
     try:
-        _wait_http(base + "/admin/login/", server)
-        for view in ("/compile/", "/acompile/"):
-            status, body, _ = _get(base + view)
-            assert status == 200, body
-            compiled = json.loads(body)
-            assert compiled["released"] is True and len(compiled["token"]) == 32
-            assert holders.find_one({"_id": compiled["token"]}) is None  # released
-
-        # The README's scrape, before and after the @leased task: uvicorn serves /metrics and
-        # acquires nothing in between, so the grant added comes from the worker's pool child.
-        granted = ("vance_lease_acquire_total", (("outcome", "success"), ("resource", "tex2pdf")))
-        assert _scrape(tmp, port, cwd=site, env=env).get(granted) == 2  # /compile/ and /acompile/
-
-        result = json.loads(_run([python, "manage.py", "shell", "-c", (
-            "import json; from hostsite.tasks import compile_pdf\n"
-            "print(json.dumps(compile_pdf.delay('acme', 'docs', 'carol').get(timeout=60)))")],
-            cwd=site, env=env, timeout=120).strip().splitlines()[-1])
-        assert len(result["token"]) == 32
-        assert holders.find_one({"_id": result["token"]}) is None  # released after the body
-        assert _scrape(tmp, port, cwd=site, env=env).get(granted) == 3, "the worker's grant is not in the scrape"
-
-        # The README's Insights step as typed, under bash (a failing grep fails the step).
-        lines = _bash(_host(INSIGHTS_STEP, tmp, port), cwd=site, env=env).strip().splitlines()
-        print("\n".join(lines))
-        held = json.loads(lines[0])["token"]
-        assert holders.find_one({"_id": held})["tenantId"] == "acme"
-        assert lines[1:] == [f'data-token="{held}"', "200", "404",
-                             f"302 {base}/accounts/login/?next=/t/acme/insights/leases",
-                             "<title>Sign in · Vance</title>"]
-        # Beyond what the step greps: the tenant's name comes from the hook, the login page is a 200.
-        cookies = dict(line.split() for line in (tmp / "sessions").read_text().splitlines() if len(line.split()) == 2)
-        status, page, _ = _get(base + "/t/acme/insights/leases", cookie=cookies["ada"])
-        assert status == 200 and held in page and "Acme" in page, page[-2000:]
-        status, login, _ = _get(base + "/accounts/login/")
-        assert status == 200 and 'name="password"' in login, login[-2000:]
-
-        # The README's busy step: the example's /hold/ does not wait, and a busy resource is a
-        # 429 with Retry-After (whole seconds, at least 1), not a server error.
-        (busy,) = _bash(_host(BUSY_STEP, tmp, port), cwd=site, env=env).strip().splitlines()
-        print(busy)
-        code, _, retry_after = busy.partition(" Retry-After: ")
-        assert code == "429" and int(retry_after) >= 1, busy
-        status, body, _ = _get(base + "/hold/")
-        assert status == 429 and json.loads(body)["code"] == "LEASE_BUSY", body
-
-        # Beat's sweep: the held lease, its TTL made to have run out an hour ago, is reaped
-        # (reason "idle"). Nothing acquires "tex" from here on, so no acquire's lazy reap of
-        # the resource can take it instead: only a sweep run by the worker can.
-        holders.update_one({"_id": held}, {"$set": {"expiresAt": datetime.now(UTC) - timedelta(hours=1)}})
-        planted = time.monotonic()
-        while holders.find_one({"_id": held}) is not None:
-            assert time.monotonic() - planted < 5 * REAP_INTERVAL + 10, "no sweep reaped the expired holder"
-            time.sleep(0.2)
-        print(f"swept {time.monotonic() - planted:.1f} s after the holder expired")
-        assert mongo[LEASE_DB]["lease_tombstones"].find_one({"_id": held})["reason"] == "idle"
-
-        # The README's scrape line as typed: the sweep's reap (the worker's pool child counts it
-        # just after the delete, so it may take a moment), and every grant of both processes.
-        reaped = ("vance_lease_reap_total", (("reason", "idle"),))
-        while (samples := _scrape(tmp, port, cwd=site, env=env)).get(reaped, 0) < 1:
-            assert time.monotonic() - planted < 5 * REAP_INTERVAL + 20, "the sweep's reap is not in the scrape"
-            time.sleep(0.5)
-        assert samples[granted] == 4  # /compile/, /acompile/ and /hold/ in uvicorn, the task in the worker
-        assert samples[("vance_lease_acquire_total", (("outcome", "busy"), ("resource", "tex2pdf")))] == 2
+        _wait_http(f"http://127.0.0.1:{port}/admin/login/", processes["uvicorn"])
+        _then_the_views_and_the_leased_task_are_granted_and_scraped(python, tmp, site, port, env, holders)
+        held = _then_the_insights_step_answers_as_the_readme_says(tmp, site, port, env, holders)
+        _then_a_busy_resource_is_a_429_with_retry_after(tmp, site, port, env)
+        _then_beats_sweep_reaps_the_expired_holder_and_the_scrape_shows_every_process(held, tmp, site, port, env,
+                                                                                       mongo)
     finally:
-        for name, process in processes.items():
-            process.terminate()
-            try:
-                logs[name], _ = process.communicate(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                logs[name], _ = process.communicate()
-            print(f"{name} log tail:\n" + logs[name][-1500:])
+        logs = _stopped(processes)
     sent = [line for line in logs["beat"].splitlines() if "Sending due task lease-sweep (leases.tasks.sweep)" in line]
     assert sent, logs["beat"][-3000:]
     print(f"beat sent lease-sweep {len(sent)} times; adoption steps took {time.monotonic() - started:.1f} s")

@@ -17,7 +17,7 @@ from django.conf import settings
 settings.configure(INSTALLED_APPS=json.loads(sys.argv[1]), MONGODB_URI="mongodb://127.0.0.1:1/",
                    LEASES_POD_AUTOSTART=False)
 django.setup()
-from leases import handlers
+from leases.revocation import handlers
 print(json.dumps(handlers.registered_types()))
 """
 

@@ -12,9 +12,10 @@ from django.contrib.auth.hashers import PBKDF2PasswordHasher
 
 import leases
 from insights.models import Membership, Project, Tenant
-from leases import config, store
-from leases.definitions import TENANT_PROJECT, document_path
+from leases.definitions import layers as config
+from leases.definitions.model import TENANT_PROJECT, document_path
 from leases.errors import LeaseLost
+from leases.store import client as store
 from tests.browser import SHOTS, chromium
 from tests.helpers import queue_up
 from tests.live_app import register_pod, running_app
@@ -92,112 +93,134 @@ def _shot(page, name):
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
+def _then_the_login_page_leads_to_the_tenants_own_holders_only(page, app, acme, globex):
+    # Login page, then straight on to the requested page.
+    page.goto(f"{app.url}/t/acme/insights/leases")
+    _shot(page, "login")
+    _login(page, f"{app.url}/t/acme/insights/leases", "acme-admin")
+    assert page.url == f"{app.url}/t/acme/insights/leases"
+
+    rows = page.locator("tr[data-token]")
+    assert sorted(rows.evaluate_all("rs => rs.map(r => r.dataset.token)")) == sorted(h.token for h in acme)
+    body = page.content()
+    assert "compile:handbook.tex" in body and globex[0].token not in body and "compile:paper.tex" not in body
+    _shot(page, "holders")
+
+
+def _then_filters_survive_the_live_refresh_and_a_new_holder_shows_up(page, acme):
+    """Filters survive the live refresh (the fragment URL carries them)."""
+    page.fill("#id_user", "alice")
+    page.click("text=Apply filters")
+    page.wait_for_load_state()
+    assert page.locator("tr[data-token]").count() == 2
+    assert "user=alice" in page.locator("#live").get_attribute("data-fragment-url")
+    # A new holder shows up by itself (live-region refresh), the filter stays applied
+    # and the page is not reloaded (the marker set on window survives).
+    page.evaluate("window.__noReload = true")
+    config.put_document("acme", TENANT_PROJECT, document_path("search"), "levels: {tenant: 10}\nttlSeconds: 600")
+    late = _hold("browser", "search", "acme", "web", "alice", "mcp:late", {})
+    acme.append(late)
+    page.wait_for_selector(f'tr[data-token="{late.token}"]', timeout=12_000)
+    assert page.locator("tr[data-token]").count() == 3
+    assert page.evaluate("window.__noReload") is True and page.input_value("#id_user") == "alice"
+
+
+def _then_counters_show_the_tenants_own_keys_and_flag_the_drift(page):
+    page.click("nav.tabs >> text=Counters")
+    page.wait_for_load_state()
+    keys = page.locator("tr[data-key]").evaluate_all("rs => rs.map(r => r.dataset.key)")
+    assert "tex2pdf|tenant|acme" in keys and "tex2pdf|project|acme/docs" in keys
+    assert not any(k.endswith("|*") or "globex" in k for k in keys)
+    drift_row = page.locator('tr[data-key="tex2pdf|tenant|acme"]')
+    assert "drift 4≠3" in drift_row.inner_text()
+    assert "1 counter drifted" in page.content()
+    _shot(page, "counters")
+
+
+def _then_the_definition_names_each_levels_source(page):
+    page.click("nav.tabs >> text=Definition")
+    page.fill("#id_name", "tex")
+    page.select_option("#id_project", "docs")
+    page.click("text=Show definition")
+    page.wait_for_load_state()
+    table = page.locator("table").inner_text()
+    assert "levels.project\t2\tproject" in table and "levels.tenant\t3\ttenant" in table
+    assert "levels.global\t6\tclasspath" in table
+    _shot(page, "definition")
+
+
+def _when_the_admin_revokes_a_holder_after_confirming(page, app, victim):
+    """Revoke alice's compile: details → confirmation step → revoked."""
+    page.goto(f"{app.url}/t/acme/insights/leases/holders/{victim.token}")
+    assert "job-7f3a" in page.content() and "compile:handbook.tex" in page.content()
+    _shot(page, "holder-detail")
+    page.goto(f"{app.url}/t/acme/insights/leases")
+    page.click(f'tr[data-token="{victim.token}"] >> text=Revoke…')
+    page.wait_for_load_state()
+    assert "Revoke lease?" in page.content()
+    page.click("button.danger")  # without the confirmation tick the form is not sent
+    assert page.url.endswith("/revoke") and page.locator("#id_confirm").evaluate("e => !e.validity.valid")
+    victim.check()
+    page.check("#id_confirm")
+    page.fill("#id_reason", "stuck compile")
+    _shot(page, "revoke-confirm")
+    page.click("button.danger")
+    page.wait_for_load_state()
+
+
+def _then_it_is_gone_lost_tombstoned_audited_and_handled_on_the_app_pod(page, app, acme, victim):
+    assert page.url == f"{app.url}/t/acme/insights/leases"
+    assert "revoked" in page.locator(".notice.success").inner_text()
+    assert page.locator(f'tr[data-token="{victim.token}"]').count() == 0
+    assert page.locator("tr[data-token]").count() == len(acme) - 1
+    _shot(page, "holders-after-revoke")
+    with pytest.raises(LeaseLost):
+        victim.check()
+    acme[1].check()
+    tombstone = store.tombstones().find_one({"_id": victim.token})
+    assert tombstone["reason"] == "revoke"
+    audit = store.audit().find_one({"token": victim.token})
+    assert audit["actor"] == "acme-admin" and audit["tenantId"] == "acme"
+    # The app's dispatcher ran the tex handler (detached, so on the revoking pod).
+    deadline = time.monotonic() + 5
+    while not (store.tombstones().find_one({"_id": victim.token}) or {}).get("handledBy") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert store.tombstones().find_one({"_id": victim.token})["handledBy"] == APP_POD
+
+
+def _then_the_other_tenants_admin_finds_none_of_its_data(page, app, acme, globex):
+    """Tenant B's admin finds none of A's data."""
+    page.click("text=Log out")
+    page.wait_for_load_state()
+    _login(page, f"{app.url}/t/globex/insights/leases", "globex-admin")
+    body = page.content()
+    assert page.locator("tr[data-token]").evaluate_all("rs => rs.map(r => r.dataset.token)") == [globex[0].token]
+    assert not any(h.token in body for h in acme) and "handbook" not in body
+    _shot(page, "globex-holders")
+    page.goto(f"{app.url}/t/globex/insights/leases/counters")
+    assert "acme" not in page.locator("#live").inner_text()
+    for url in ("/t/acme/insights/leases", "/t/acme/insights/leases/counters",
+                f"/t/acme/insights/leases/holders/{acme[1].token}",
+                f"/t/globex/insights/leases/holders/{acme[1].token}"):
+        response = page.goto(app.url + url)
+        assert response.status == 404, url
+        assert acme[1].token not in page.content()
+    _shot(page, "globex-404")
+    acme[1].check()
+
+
 def test_admin_sees_holders_counters_definition_revokes_and_other_tenant_sees_nothing(app, browser, world):
     acme, globex = world
     context = browser.new_context(viewport={"width": 1440, "height": 900})
     page = context.new_page()
     try:
-        # Login page, then straight on to the requested page.
-        page.goto(f"{app.url}/t/acme/insights/leases")
-        _shot(page, "login")
-        _login(page, f"{app.url}/t/acme/insights/leases", "acme-admin")
-        assert page.url == f"{app.url}/t/acme/insights/leases"
-
-        rows = page.locator("tr[data-token]")
-        assert sorted(rows.evaluate_all("rs => rs.map(r => r.dataset.token)")) == sorted(h.token for h in acme)
-        body = page.content()
-        assert "compile:handbook.tex" in body and globex[0].token not in body and "compile:paper.tex" not in body
-        _shot(page, "holders")
-
-        # Filters survive the live refresh (the fragment URL carries them).
-        page.fill("#id_user", "alice")
-        page.click("text=Apply filters")
-        page.wait_for_load_state()
-        assert page.locator("tr[data-token]").count() == 2
-        assert "user=alice" in page.locator("#live").get_attribute("data-fragment-url")
-        # A new holder shows up by itself (live-region refresh), the filter stays applied
-        # and the page is not reloaded (the marker set on window survives).
-        page.evaluate("window.__noReload = true")
-        config.put_document("acme", TENANT_PROJECT, document_path("search"), "levels: {tenant: 10}\nttlSeconds: 600")
-        late = _hold("browser", "search", "acme", "web", "alice", "mcp:late", {})
-        acme.append(late)
-        page.wait_for_selector(f'tr[data-token="{late.token}"]', timeout=12_000)
-        assert page.locator("tr[data-token]").count() == 3
-        assert page.evaluate("window.__noReload") is True and page.input_value("#id_user") == "alice"
-
-        page.click("nav.tabs >> text=Counters")
-        page.wait_for_load_state()
-        keys = page.locator("tr[data-key]").evaluate_all("rs => rs.map(r => r.dataset.key)")
-        assert "tex2pdf|tenant|acme" in keys and "tex2pdf|project|acme/docs" in keys
-        assert not any(k.endswith("|*") or "globex" in k for k in keys)
-        drift_row = page.locator('tr[data-key="tex2pdf|tenant|acme"]')
-        assert "drift 4≠3" in drift_row.inner_text()
-        assert "1 counter drifted" in page.content()
-        _shot(page, "counters")
-
-        page.click("nav.tabs >> text=Definition")
-        page.fill("#id_name", "tex")
-        page.select_option("#id_project", "docs")
-        page.click("text=Show definition")
-        page.wait_for_load_state()
-        table = page.locator("table").inner_text()
-        assert "levels.project\t2\tproject" in table and "levels.tenant\t3\ttenant" in table
-        assert "levels.global\t6\tclasspath" in table
-        _shot(page, "definition")
-
-        # Revoke alice's compile: details → confirmation step → revoked.
-        victim = acme[0]
-        page.goto(f"{app.url}/t/acme/insights/leases/holders/{victim.token}")
-        assert "job-7f3a" in page.content() and "compile:handbook.tex" in page.content()
-        _shot(page, "holder-detail")
-        page.goto(f"{app.url}/t/acme/insights/leases")
-        page.click(f'tr[data-token="{victim.token}"] >> text=Revoke…')
-        page.wait_for_load_state()
-        assert "Revoke lease?" in page.content()
-        page.click("button.danger")  # without the confirmation tick the form is not sent
-        assert page.url.endswith("/revoke") and page.locator("#id_confirm").evaluate("e => !e.validity.valid")
-        victim.check()
-        page.check("#id_confirm")
-        page.fill("#id_reason", "stuck compile")
-        _shot(page, "revoke-confirm")
-        page.click("button.danger")
-        page.wait_for_load_state()
-        assert page.url == f"{app.url}/t/acme/insights/leases"
-        assert "revoked" in page.locator(".notice.success").inner_text()
-        assert page.locator(f'tr[data-token="{victim.token}"]').count() == 0
-        assert page.locator("tr[data-token]").count() == len(acme) - 1
-        _shot(page, "holders-after-revoke")
-        with pytest.raises(LeaseLost):
-            victim.check()
-        acme[1].check()
-        tombstone = store.tombstones().find_one({"_id": victim.token})
-        assert tombstone["reason"] == "revoke"
-        audit = store.audit().find_one({"token": victim.token})
-        assert audit["actor"] == "acme-admin" and audit["tenantId"] == "acme"
-        # The app's dispatcher ran the tex handler (detached, so on the revoking pod).
-        deadline = time.monotonic() + 5
-        while not (store.tombstones().find_one({"_id": victim.token}) or {}).get("handledBy") and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert store.tombstones().find_one({"_id": victim.token})["handledBy"] == APP_POD
-
-        # Tenant B's admin finds none of A's data.
-        page.click("text=Log out")
-        page.wait_for_load_state()
-        _login(page, f"{app.url}/t/globex/insights/leases", "globex-admin")
-        body = page.content()
-        assert page.locator("tr[data-token]").evaluate_all("rs => rs.map(r => r.dataset.token)") == [globex[0].token]
-        assert not any(h.token in body for h in acme) and "handbook" not in body
-        _shot(page, "globex-holders")
-        page.goto(f"{app.url}/t/globex/insights/leases/counters")
-        assert "acme" not in page.locator("#live").inner_text()
-        for url in ("/t/acme/insights/leases", "/t/acme/insights/leases/counters",
-                    f"/t/acme/insights/leases/holders/{acme[1].token}",
-                    f"/t/globex/insights/leases/holders/{acme[1].token}"):
-            response = page.goto(app.url + url)
-            assert response.status == 404, url
-            assert acme[1].token not in page.content()
-        _shot(page, "globex-404")
-        acme[1].check()
+        _then_the_login_page_leads_to_the_tenants_own_holders_only(page, app, acme, globex)
+        _then_filters_survive_the_live_refresh_and_a_new_holder_shows_up(page, acme)
+        _then_counters_show_the_tenants_own_keys_and_flag_the_drift(page)
+        _then_the_definition_names_each_levels_source(page)
+        _when_the_admin_revokes_a_holder_after_confirming(page, app, acme[0])
+        _then_it_is_gone_lost_tombstoned_audited_and_handled_on_the_app_pod(page, app, acme, acme[0])
+        _then_the_other_tenants_admin_finds_none_of_its_data(page, app, acme, globex)
     finally:
         context.close()
 
@@ -310,7 +333,7 @@ def test_waiting_tab_shows_own_queue_places_and_blocking_levels_and_counters_fla
 
 def test_holder_links_to_its_definition_revocation_to_its_audit_entry_and_api_keys_is_a_tab(app, browser, world):
     acme, _ = world
-    from leases import actions
+    from leases.ops import actions
 
     actions.revoke_holder(acme[1].token, tenant_id="acme", acting_user="acme-admin", reason="stuck compile")
     context = browser.new_context(viewport={"width": 1440, "height": 900})

@@ -28,11 +28,14 @@ from collections import Counter
 import pytest
 import redis
 
-from leases import config, dispatch, handlers, reaper, slots, store, sweeps
 from leases.contrib.demo import DemoRemoteServer
-from leases.definitions import document_path
-from leases.embedded import free_port
-from leases.pod_liveness import liveness
+from leases.definitions import layers as config
+from leases.definitions.model import document_path
+from leases.pods.liveness import liveness
+from leases.revocation import dispatch, handlers
+from leases.store import client as store, entries
+from leases.store.embedded import free_port
+from leases.upkeep import reaper, sweeps
 from tests.helpers import PYTHON, REPO, child_env, wait_for
 
 REDIS_TEST_DB = 13
@@ -193,7 +196,7 @@ REPAIR_INTERVAL_MS = 500  # set for the children explicitly: the bound below dep
 # other processes mostly wait in the queue and look again at their keep-alive (≤ 1.25 s);
 # the rest is slack for a loaded 2-core machine (one 4.4 s case was seen while other test
 # runs loaded it; quiet runs stay under 0.2 s). The precise 1 s bound, with fresh arrivals,
-# is tests/test_crash_windows.py's. The old engine's leaks lasted to the end of the run.
+# is tests/engine/test_crash_windows.py's. The old engine's leaks lasted to the end of the run.
 LOST_BOUND_S = REPAIR_INTERVAL_MS / 1000 + 1.25 + 4.0
 LOST_SAMPLE_S = 0.05  # how often the sampler looks for lost slots (one holders query each)
 
@@ -213,7 +216,7 @@ def lost_entries(before: dict[str, dict], alive: set[str], after: dict[str, dict
         if prior is None or min(prior["count"], doc["count"]) < CHAOS_CAPS[doc["level"]]:
             continue
         for booking in set(prior.get("holders") or ()) & set(doc.get("holders") or ()):
-            if slots.token_of(booking) not in alive:
+            if entries.token_of(booking) not in alive:
                 lost.add((key, booking))
     return lost
 
@@ -267,94 +270,109 @@ def sample_lost(before: dict[str, dict]) -> tuple[set[tuple[str, str]], dict[str
     Returns:
         ``(lost entries, the counters read after the holders)``.
     """
-    tokens = {slots.token_of(b) for doc in before.values() for b in doc.get("holders") or ()}
+    tokens = {entries.token_of(b) for doc in before.values() for b in doc.get("holders") or ()}
     alive = {d["_id"] for d in store.holders().find({"_id": {"$in": sorted(tokens)}}, {"_id": 1})}
     after = {d["_id"]: d for d in store.counters().find({}, {"count": 1, "level": 1, "holders": 1})}
     return lost_entries(before, alive, after), after
 
 
-def test_given_processes_killed_at_random_while_cycling_then_one_sweep_leaves_zero_drift_and_handlers_ran_at_most_once(settings):
-    settings.LEASES_RECONCILE_SAFETY_MS = CHAOS_SAFETY_MS
-    handlers.register_handler(ChaosRecorder())
-    config.put_document("_vance", "_tenant", document_path("chaos"),
-                        "levels: {global: 7, tenant: 5, project: 4, user: 3}\n"
-                        f"ttlSeconds: {CHAOS_TTL_S}\nwaitMs: 300")
-    rng = random.Random(20261202)
-    env = child_env(LEASES_POD_AUTOSTART="0", DJANGO_LOG_LEVEL="ERROR",
-                    LEASES_REPAIR_INTERVAL_MS=str(REPAIR_INTERVAL_MS))
-    stop_file = os.path.join(tempfile.mkdtemp(prefix="lease-chaos-"), "stop")
-    spawned: list[subprocess.Popen] = []
-    live: list[subprocess.Popen] = []
-    progress: Counter = Counter()
-    samples = violations = kills = 0
-    lost_slots = LostSlots()
-    next_lost_sample = 0.0
-    selector = selectors.DefaultSelector()
+class Cyclers:
+    """The chaos worker processes (``tests.workers.chaos``): spawned, their progress lines read,
+    killed with SIGKILL, stopped through the stop file; :meth:`close` kills what is left."""
 
-    def spawn():
-        proc = subprocess.Popen([PYTHON, "-m", "tests.workers.chaos", str(len(spawned)), stop_file], cwd=REPO,
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        spawned.append(proc)
-        live.append(proc)
-        selector.register(proc.stdout, selectors.EVENT_READ, proc)
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.stop_file = os.path.join(tempfile.mkdtemp(prefix="lease-chaos-"), "stop")
+        self.spawned: list[subprocess.Popen] = []
+        self.live: list[subprocess.Popen] = []
+        self.progress: Counter = Counter()  # cycles done, by pid
+        self.selector = selectors.DefaultSelector()
 
-    def read_progress(timeout):
-        for key, _ in selector.select(timeout=timeout):
+    def spawn(self) -> None:
+        proc = subprocess.Popen([PYTHON, "-m", "tests.workers.chaos", str(len(self.spawned)), self.stop_file],
+                                cwd=REPO, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.spawned.append(proc)
+        self.live.append(proc)
+        self.selector.register(proc.stdout, selectors.EVENT_READ, proc)
+
+    def read_progress(self, timeout: float) -> None:
+        for key, _ in self.selector.select(timeout=timeout):
             line = key.fileobj.readline()
             if not line:
-                selector.unregister(key.fileobj)
+                self.selector.unregister(key.fileobj)
             elif line.startswith("C"):
-                progress[key.data.pid] += 1
+                self.progress[key.data.pid] += 1
 
-    try:
-        for _ in range(PROCESSES):
-            spawn()
-        next_kill = time.monotonic() + 2.0
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and (sum(progress.values()) < CYCLES or kills < KILLS):
-            read_progress(0.05)
-            readings = [{d["_id"]: d for d in store.counters().find({}, {"count": 1, "level": 1, "holders": 1})}]
-            if time.monotonic() >= next_lost_sample:
-                next_lost_sample = time.monotonic() + LOST_SAMPLE_S
-                lost, after = sample_lost(readings[0])
-                lost_slots.observe(lost, time.monotonic())
-                readings.append(after)
-            for doc in (doc for reading in readings for doc in reading.values()):
-                samples += 1
-                if not 0 <= doc["count"] <= CHAOS_CAPS[doc["level"]]:
-                    violations += 1
-            cycling = [p for p in live if progress[p.pid] > 0]  # not one still importing Django
-            if time.monotonic() >= next_kill and kills < KILLS and cycling:
-                victim = rng.choice(cycling)
-                victim.send_signal(signal.SIGKILL)  # anywhere: mid-acquire, mid-release, holding
-                victim.wait(5)
-                live.remove(victim)
-                kills += 1
-                spawn()  # keep PROCESSES cycling
-                next_kill = time.monotonic() + rng.uniform(0.5, 2.0)
-        lost_slots.finish()  # traffic stops here: a counter nobody asks for waits for the sweep
-        open(stop_file, "w").close()  # the survivors finish their cycle and exit
-        for proc in live:
+    def cycling(self) -> list[subprocess.Popen]:
+        """The live processes that finished a cycle (not one still importing Django)."""
+        return [p for p in self.live if self.progress[p.pid] > 0]
+
+    def kill_and_replace(self, victim: subprocess.Popen) -> None:
+        victim.send_signal(signal.SIGKILL)  # anywhere: mid-acquire, mid-release, holding
+        victim.wait(5)
+        self.live.remove(victim)
+        self.spawn()  # keep PROCESSES cycling
+
+    def stop(self) -> None:
+        """The survivors finish their cycle and exit; their last lines are read."""
+        open(self.stop_file, "w").close()
+        for proc in self.live:
             proc.wait(timeout=30)
-        while selector.get_map():
-            read_progress(0.1)
-    finally:
-        for proc in spawned:
+        while self.selector.get_map():
+            self.read_progress(0.1)
+
+    def close(self) -> None:
+        for proc in self.spawned:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(5)
-        selector.close()
-        shutil.rmtree(os.path.dirname(stop_file), ignore_errors=True)
-    cycles_done = sum(progress.values())
-    assert kills == KILLS, kills
-    assert cycles_done >= CYCLES, cycles_done
-    assert samples > 200 and violations == 0
-    # While traffic continued, no slot stayed booked by nobody on a full counter past the bound.
-    longest, worst = lost_slots.longest
-    assert lost_slots.samples >= 100, lost_slots.samples
-    assert longest <= LOST_BOUND_S, f"{worst} lost for {longest:.2f}s (bound {LOST_BOUND_S}s)"
+        self.selector.close()
+        shutil.rmtree(os.path.dirname(self.stop_file), ignore_errors=True)
 
-    # One sweep, past TTL and safety margin (on server time: wait for it, then sweep).
+
+def when_cycling_with_random_kills(cyclers: Cyclers, rng: random.Random,
+                                   lost_slots: LostSlots) -> tuple[int, int, int]:
+    """Run PROCESSES cyclers until CYCLES cycles and KILLS kills (at most 300 s), reading every
+    counter between them and sampling lost slots; the survivors are stopped at the end.
+
+    Returns:
+        ``(counter readings, readings outside 0..cap, kills)``.
+    """
+    samples = violations = kills = 0
+    next_lost_sample = 0.0
+    for _ in range(PROCESSES):
+        cyclers.spawn()
+    next_kill = time.monotonic() + 2.0
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and (sum(cyclers.progress.values()) < CYCLES or kills < KILLS):
+        cyclers.read_progress(0.05)
+        readings = [{d["_id"]: d for d in store.counters().find({}, {"count": 1, "level": 1, "holders": 1})}]
+        if time.monotonic() >= next_lost_sample:
+            next_lost_sample = time.monotonic() + LOST_SAMPLE_S
+            lost, after = sample_lost(readings[0])
+            lost_slots.observe(lost, time.monotonic())
+            readings.append(after)
+        for doc in (doc for reading in readings for doc in reading.values()):
+            samples += 1
+            if not 0 <= doc["count"] <= CHAOS_CAPS[doc["level"]]:
+                violations += 1
+        cycling = cyclers.cycling()
+        if time.monotonic() >= next_kill and kills < KILLS and cycling:
+            cyclers.kill_and_replace(rng.choice(cycling))
+            kills += 1
+            next_kill = time.monotonic() + rng.uniform(0.5, 2.0)
+    lost_slots.finish()  # traffic stops here: a counter nobody asks for waits for the sweep
+    cyclers.stop()
+    return samples, violations, kills
+
+
+def then_one_sweep_leaves_no_holder_and_zero_drift() -> tuple[int, Counter]:
+    """One sweep, past TTL and safety margin (on server time: wait for it, then sweep); a second
+    one after the margin leaves no counter.
+
+    Returns:
+        ``(what the first sweep reaped or corrected, the holders the kills left by (state, podBound))``.
+    """
     time.sleep(max(CHAOS_TTL_S, CHAOS_SAFETY_MS / 1000) + 0.5)
     # Left by kills: HELD holders (revoked: handler, tombstone) and PENDING ones of attempts
     # killed mid-acquire or while waiting (reaped without a handler; the reap returns any
@@ -374,15 +392,49 @@ def test_given_processes_killed_at_random_while_cycling_then_one_sweep_leaves_ze
     # after the margin deletes those.
     time.sleep(CHAOS_SAFETY_MS / 1000 + 0.2)
     sweeps.sweep(limit=500)
-    # (A gate that issued fences stays, empty, with its slots' generations: leases.fences.)
+    # (A gate that issued fences stays, empty, with its slots' generations: leases.queue.fences.)
     left = list(store.counters().find({}))
     assert all(d.get("fence") and not d.get("count") and not d.get("holders") for d in left), left
+    return done, leftover
+
+
+def then_handlers_ran_at_most_once_and_only_for_revocations() -> Counter:
+    """The handler runs by token (each at most one, each of a tombstoned holder)."""
     runs = Counter(doc["token"] for doc in store.db()["chaos_handler_runs"].find({}, {"token": 1}))
     assert max(runs.values(), default=0) <= 1
     assert store.tombstones().count_documents({}) >= 1  # the kills did leave holders to revoke
     # Each run belongs to a revocation (a tombstone), never to a regular release.
     tombstoned = {doc["_id"] for doc in store.tombstones().find({"_id": {"$in": list(runs)}}, {"_id": 1})}
     assert tombstoned == set(runs)
+    return runs
+
+
+def test_given_processes_killed_at_random_while_cycling_then_one_sweep_leaves_zero_drift_and_handlers_ran_at_most_once(settings):
+    settings.LEASES_RECONCILE_SAFETY_MS = CHAOS_SAFETY_MS
+    handlers.register_handler(ChaosRecorder())
+    config.put_document("_vance", "_tenant", document_path("chaos"),
+                        "levels: {global: 7, tenant: 5, project: 4, user: 3}\n"
+                        f"ttlSeconds: {CHAOS_TTL_S}\nwaitMs: 300")
+    rng = random.Random(20261202)
+    env = child_env(LEASES_POD_AUTOSTART="0", DJANGO_LOG_LEVEL="ERROR",
+                    LEASES_REPAIR_INTERVAL_MS=str(REPAIR_INTERVAL_MS))
+    lost_slots = LostSlots()
+    cyclers = Cyclers(env)
+    try:
+        samples, violations, kills = when_cycling_with_random_kills(cyclers, rng, lost_slots)
+    finally:
+        cyclers.close()
+    cycles_done = sum(cyclers.progress.values())
+    assert kills == KILLS, kills
+    assert cycles_done >= CYCLES, cycles_done
+    assert samples > 200 and violations == 0
+    # While traffic continued, no slot stayed booked by nobody on a full counter past the bound.
+    longest, worst = lost_slots.longest
+    assert lost_slots.samples >= 100, lost_slots.samples
+    assert longest <= LOST_BOUND_S, f"{worst} lost for {longest:.2f}s (bound {LOST_BOUND_S}s)"
+
+    done, leftover = then_one_sweep_leaves_no_holder_and_zero_drift()
+    runs = then_handlers_ran_at_most_once_and_only_for_revocations()
     print(f"\nchaos: {cycles_done} cycles, {kills} kills, {samples} samples, {sum(runs.values())} handler runs, "
           f"sweep reaped/corrected {done}; left by kills (state, podBound): {dict(leftover)}; "
           f"tombstones {Counter(t['reason'] for t in store.tombstones().find({}))}")

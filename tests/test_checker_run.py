@@ -18,8 +18,9 @@ import time
 
 import pytest
 
-from leases import definitions, store
-from leases.embedded import start_server
+from leases.definitions import model as definitions
+from leases.store import client as store
+from leases.store.embedded import start_server
 from tests.checker import harness, rules
 
 SLACK_S = 5.0  # busy bound: longest fault + TTL + this (a loaded 2-core machine)

@@ -9,12 +9,15 @@ import uuid
 import pytest
 
 import leases
-from leases import LeaseBusy, LeaseLost, LeaseUnavailable, actions, config, store
+from leases import LeaseBusy, LeaseLost, LeaseUnavailable
 from leases.api import keys
 from leases.client import ApiKeyRejected, HttpLease, HttpLeaseClient
-from leases.definitions import document_path
-from leases.embedded import free_port
+from leases.definitions import layers as config
+from leases.definitions.model import document_path
 from leases.errors import InvalidBody, LeaseExpired, StaleLease
+from leases.ops import actions
+from leases.store import client as store
+from leases.store.embedded import free_port
 from tests.helpers import ensure_tenant
 from tests.http_server import running_server
 

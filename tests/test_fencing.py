@@ -10,10 +10,12 @@ import pytest
 import redis
 
 import leases
-from leases import config, fence_codec, metrics
-from leases.definitions import document_path
+from leases.definitions import layers as config
+from leases.definitions.model import document_path
 from leases.errors import InvalidFence, LeaseError, StaleFence
 from leases.fencing import FenceGuard, RedisFenceGuard
+from leases.store import fence_codec
+from leases.telemetry import metrics
 from tests.helpers import quiet_handler_fixture
 
 handler = quiet_handler_fixture()

@@ -10,8 +10,11 @@ import threading
 import pytest
 
 import leases
-from leases import config, handlers, history, reaper
-from leases.definitions import TENANT_PROJECT, document_path
+from leases.definitions import layers as config
+from leases.definitions.model import TENANT_PROJECT, document_path
+from leases.revocation import handlers
+from leases.telemetry import history
+from leases.upkeep import reaper
 from tests.browser import SHOTS, chromium, requires_chromium
 from tests.live_app import register_pod, running_app
 from tests.test_browser import _login, _tenant
@@ -64,7 +67,7 @@ def _traffic():
     waiters = [threading.Thread(target=wait_for_one, args=(f"q{n}",)) for n in range(2)]
     for t in waiters:
         t.start()
-    _until(lambda: len((leases.store.counters().find_one({"_id": "tex2pdf|global|*"}) or {}).get("queue") or []) == 2)
+    _until(lambda: len((leases.store.client.counters().find_one({"_id": "tex2pdf|global|*"}) or {}).get("queue") or []) == 2)
     held.pop().release()
     held.pop().release()
     for t in waiters:

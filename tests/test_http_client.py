@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from leases import http_client
-from leases.embedded import free_port
+from leases.store.embedded import free_port
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -13,10 +13,11 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import Client, override_settings
 
 import leases
-from leases import config, handlers
 from leases.api import keys
-from leases.definitions import document_path
+from leases.definitions import layers as config
+from leases.definitions.model import document_path
 from leases.errors import UnknownProject, UnknownTenant
+from leases.revocation import handlers
 from leases.tenancy import ADMIN, MEMBER, TenantAccess, TenantGrant, tenant_access
 
 HOOK = "tests.test_tenancy.GroupTenantAccess"

@@ -4,7 +4,7 @@ The ``lease`` CLI reads MongoDB directly but revokes and sweeps through a pod, b
 pods hold the handler registry (types their code registers) and know the pod routing. Machine-to-machine: the shared secret in
 ``X-Lease-Secret`` (``LEASES_INTERNAL_SECRET``, constant-time comparison) is the only
 credential — a tenant UI session cookie authorizes nothing here — hence ``csrf_exempt``.
-Views only parse and authenticate; :mod:`leases.actions` acts.
+Views only parse and authenticate; :mod:`leases.ops.actions` acts.
 """
 
 from __future__ import annotations
@@ -18,11 +18,13 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from leases import actions, dispatch, tasks
 from leases.api.internal_auth import authorized, error
-from leases.dispatch import SECRET_HEADER, get_dispatcher
 from leases.errors import Forbidden, HolderNotFound, InvalidLeaseRequest, LeaseUnavailable
-from leases.identity import self_pod_id
+from leases.ops import actions
+from leases.pods.identity import self_pod_id
+from leases.revocation import dispatch
+from leases.revocation.dispatch import SECRET_HEADER, get_dispatcher
+from leases.upkeep import tasks
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ import hmac
 from django.http import HttpRequest, JsonResponse
 
 from leases.conf import lease_settings
-from leases.dispatch import SECRET_HEADER
 from leases.errors import InternalError, RouteNotFound
+from leases.revocation.dispatch import SECRET_HEADER
 
 
 def error(status: int, code: str, message: str) -> JsonResponse:

@@ -2,7 +2,7 @@
 
 Machine-to-machine with a shared secret (``X-Lease-Secret`` = ``LEASES_INTERNAL_SECRET``,
 compared in constant time), hence ``csrf_exempt``: there is no browser session to ride on.
-The view only parses and authenticates; ``leases.dispatch.accept_remote`` schedules the
+The view only parses and authenticates; ``leases.revocation.dispatch.accept_remote`` schedules the
 local handler asynchronously and the answer is ``202`` at once.
 """
 
@@ -16,9 +16,9 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from leases import dispatch
 from leases.api.internal_auth import authorized, error
 from leases.errors import BodyTooLarge, Forbidden, InvalidLeaseRequest, LeaseUnavailable, UnknownLeaseType
+from leases.revocation import dispatch
 
 log = logging.getLogger(__name__)
 

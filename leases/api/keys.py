@@ -26,7 +26,7 @@ import pymongo.errors
 from django.db import DatabaseError
 from django.utils import timezone
 
-from leases import audit, validation
+from leases import validation
 from leases.errors import (
     ApiKeyNotFound,
     ApiKeyScopeGone,
@@ -36,6 +36,7 @@ from leases.errors import (
     UnknownProject,
     UnknownTenant,
 )
+from leases.revocation import audit
 
 from .models import ApiKey
 

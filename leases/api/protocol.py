@@ -6,7 +6,7 @@ answers exactly like a token that never existed (``STALE_LEASE``).
 
 Renewal follows the server-issued lease: the server decides the interval, the deadline is
 ``expiresAt`` on MongoDB's clock, and a renewal moves it to ``max(previous, now + ttl)`` —
-the rule of every path, :mod:`leases.holders`, which this module only translates to HTTP
+the rule of every path, :mod:`leases.engine.holders`, which this module only translates to HTTP
 answers. Unknown (``STALE_LEASE``) and ended (``EXPIRED``) tokens are terminal.
 """
 
@@ -19,11 +19,14 @@ from typing import Any
 
 import pymongo.errors
 
-from leases import holders, metrics, service, store, validation
+from leases import service, validation
 from leases.conf import lease_settings
-from leases.documents import HolderDoc
+from leases.engine import holders
+from leases.engine.intervals import choose_interval, interval_bounds
 from leases.errors import LeaseUnavailable, ProjectForbidden, StaleLease
-from leases.holders import choose_interval, interval_bounds
+from leases.store import client as store
+from leases.store.documents import HolderDoc
+from leases.telemetry import metrics
 
 from .models import ApiKey
 

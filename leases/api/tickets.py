@@ -18,8 +18,10 @@ from typing import Any
 
 import pymongo.errors
 
-from leases import holders, service, store, validation
+from leases import service, validation
+from leases.engine import holders
 from leases.errors import LeaseUnavailable, StaleLease
+from leases.store import client as store
 
 from . import protocol
 from .models import ApiKey

@@ -47,7 +47,8 @@ from typing import Any
 
 import pymongo.errors
 
-from leases import commands, holders, service, store
+from leases import service
+from leases.engine import commands, holders
 from leases.errors import (
     InvalidLeaseRequest,
     LeaseBusy,
@@ -57,7 +58,8 @@ from leases.errors import (
     LeaseUnavailable,
     StaleLease,
 )
-from leases.identity import self_pod_id
+from leases.pods.identity import self_pod_id
+from leases.store import client as store
 
 log = logging.getLogger(__name__)
 

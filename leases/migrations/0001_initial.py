@@ -7,7 +7,7 @@ CONFIG_DOCUMENT_INDEX = "tenant_project_path"
 
 
 def create_config_document_index(apps, schema_editor):
-    """Same keys, options and name as leases.store.ensure_indexes() (idempotent)."""
+    """Same keys, options and name as leases.store.client.ensure_indexes() (idempotent)."""
     model = apps.get_model("leases", "ConfigDocument")
     collection = schema_editor.connection.get_collection(model._meta.db_table)
     collection.create_index(

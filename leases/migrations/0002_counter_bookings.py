@@ -8,7 +8,7 @@ from django.db import migrations
 
 
 def convert(apps, schema_editor):
-    from leases import sweeps
+    from leases.upkeep import sweeps
 
     sweeps.convert_legacy_counters()
 

@@ -1,6 +1,6 @@
 """One checker run: real client processes on this run's own store and Redis, faults, the history.
 
-The caller starts the store server (``leases.embedded.start_server``: its own, never the
+The caller starts the store server (``leases.store.embedded.start_server``: its own, never the
 session's shared one, since it gets SIGSTOPped) and points this process's Django at it; this
 module writes the lease definition, starts a private redis-server, the clients
 (``tests.workers.history_client``, ``per_tenant`` per tenant, one user each), injects the
@@ -160,9 +160,9 @@ def run(config: RunConfig, *, run_dir: str, store_pid: int, mongo_uri: str, db_n
     Raises:
         HarnessError: a client crashed or did not start in time.
     """
-    from leases import config as lease_config
-    from leases.definitions import document_path
-    from leases.embedded import free_port
+    from leases.definitions import layers as lease_config
+    from leases.definitions.model import document_path
+    from leases.store.embedded import free_port
 
     levels = ", ".join(f"{level}: {cap}" for level, cap in config.levels.items())
     lease_config.put_document("_vance", "_tenant", document_path(LEASE),

@@ -19,7 +19,8 @@ django.setup()
 from pymongo import ReturnDocument  # noqa: E402
 
 import leases  # noqa: E402
-from leases import handlers, store  # noqa: E402
+from leases.revocation import handlers  # noqa: E402
+from leases.store import client as store  # noqa: E402
 
 
 class Handler(handlers.LeaseHandler):

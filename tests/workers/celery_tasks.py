@@ -1,4 +1,4 @@
-"""Tasks a real Celery worker runs in tests/test_contrib_celery.py (``-I tests.workers.celery_tasks``).
+"""Tasks a real Celery worker runs in tests/contrib/test_contrib_celery.py (``-I tests.workers.celery_tasks``).
 
 Each task reports what it saw as its result (the test reads it from the Redis result
 backend): the lease token, the holder's state in MongoDB while the body ran, the retries.
@@ -11,8 +11,9 @@ import time
 
 from celery import shared_task
 
-from leases import handlers, store
 from leases.contrib.celery import leased
+from leases.revocation import handlers
+from leases.store import client as store
 
 TYPE = "celerytest"
 

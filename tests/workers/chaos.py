@@ -17,7 +17,8 @@ import django
 django.setup()
 
 import leases  # noqa: E402
-from leases import handlers, store  # noqa: E402
+from leases.revocation import handlers  # noqa: E402
+from leases.store import client as store  # noqa: E402
 
 
 class RecordingHandler(handlers.LeaseHandler):

@@ -23,7 +23,9 @@ import pymongo.errors  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 import leases  # noqa: E402
-from leases import handlers, pausepoints, slots  # noqa: E402
+from leases.engine import pausepoints  # noqa: E402
+from leases.queue import slots  # noqa: E402
+from leases.revocation import handlers  # noqa: E402
 
 
 class Handler(handlers.LeaseHandler):

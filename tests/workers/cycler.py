@@ -13,7 +13,7 @@ import django
 django.setup()
 
 import leases  # noqa: E402
-from leases import handlers  # noqa: E402
+from leases.revocation import handlers  # noqa: E402
 
 
 class Handler(handlers.LeaseHandler):

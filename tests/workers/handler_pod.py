@@ -18,8 +18,11 @@ import django
 
 django.setup()
 
-from leases import LeaseRequest, acquire, handlers, internal_server, process, store  # noqa: E402
-from leases.identity import self_pod_id  # noqa: E402
+from leases import LeaseRequest, acquire  # noqa: E402
+from leases.pods import internal_server, process  # noqa: E402
+from leases.pods.identity import self_pod_id  # noqa: E402
+from leases.revocation import handlers  # noqa: E402
+from leases.store import client as store  # noqa: E402
 
 TYPE = "podonly"
 RUNS = "test_handler_runs"

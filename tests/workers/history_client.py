@@ -24,7 +24,8 @@ import django
 django.setup()
 
 import leases  # noqa: E402
-from leases import handlers, invalidation  # noqa: E402
+from leases.definitions import invalidation  # noqa: E402
+from leases.revocation import handlers  # noqa: E402
 from tests.checker.history import Recorder  # noqa: E402
 
 CHECKS = 3

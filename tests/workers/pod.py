@@ -17,8 +17,8 @@ import django
 
 django.setup()
 
-from leases import internal_server, pod_renewer, process  # noqa: E402
 from leases.contrib import jobs, sessions  # noqa: E402
+from leases.pods import internal_server, process, renewer as pod_renewer  # noqa: E402
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""Tasks a real prefork worker runs in tests/test_tasks.py (``-I tests.workers.prefork_tasks``).
+"""Tasks a real prefork worker runs in tests/upkeep/test_tasks.py (``-I tests.workers.prefork_tasks``).
 
 The handler of the ``preforktest`` type records in MongoDB (collection ``prefork_probe``)
 which process ran it, so the test can tell that a revocation reached the very child that
@@ -13,8 +13,9 @@ import time
 from celery import shared_task
 
 import leases
-from leases import handlers, store
-from leases.identity import self_pod_id
+from leases.pods.identity import self_pod_id
+from leases.revocation import handlers
+from leases.store import client as store
 
 TYPE = "preforktest"
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import leases
 from leases.errors import InvalidLeaseRequest, JobAborted, JobTimeout
-from leases.handlers import LeaseHandler, RevokedHolder
+from leases.revocation.handlers import LeaseHandler, RevokedHolder
 
 JOB_TYPE = "tex"
 

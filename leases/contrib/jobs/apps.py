@@ -12,7 +12,7 @@ class JobsConfig(AppConfig):
     def ready(self) -> None:
         # Every process of the host (web, worker) registers the handler, so whichever pod
         # reaps a lost ``tex`` lease can run it.
-        from leases.handlers import register_handler
+        from leases.revocation.handlers import register_handler
 
         from . import JobHandler
 

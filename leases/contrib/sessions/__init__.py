@@ -35,8 +35,8 @@ from typing import Any
 import leases
 from leases import http_client, validation
 from leases.errors import InvalidLeaseRequest, LeaseLost, SessionError, SessionRevoked, UnknownTool
-from leases.handlers import LeaseHandler, RevokedHolder
-from leases.identity import self_pod_id
+from leases.pods.identity import self_pod_id
+from leases.revocation.handlers import LeaseHandler, RevokedHolder
 
 log = logging.getLogger(__name__)
 

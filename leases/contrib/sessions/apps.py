@@ -12,7 +12,7 @@ class SessionsConfig(AppConfig):
     def ready(self) -> None:
         # Every process registers the handler: a session of a dead pod is closed by whichever
         # pod reaps its lease.
-        from leases.handlers import register_handler
+        from leases.revocation.handlers import register_handler
 
         from . import SessionHandler
 

@@ -7,7 +7,7 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
-from leases import config, definitions
+from leases.definitions import layers as config, model as definitions
 from leases.errors import LeaseError
 
 

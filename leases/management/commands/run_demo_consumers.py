@@ -11,8 +11,8 @@ import threading
 
 from django.core.management.base import BaseCommand
 
-from leases import process
 from leases.contrib.demo import DemoRemoteServer, run_demo_consumers
+from leases.pods import process
 
 
 class Command(BaseCommand):
@@ -30,8 +30,8 @@ class Command(BaseCommand):
         server = None
         remote_url = options["remote_url"]
         if not remote_url:
-            from leases import store
             from leases.fencing import FenceGuard
+            from leases.store import client as store
 
             # The compile service's own fence records (here in the lease store's database).
             server = DemoRemoteServer(guard=FenceGuard(store.db()["demo_compile_fences"], resource="tex2pdf")).start()

@@ -13,9 +13,11 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 import leases
-from leases import config, service, slots, store, validation
-from leases.definitions import TENANT_PROJECT, document_path
+from leases import service, validation
+from leases.definitions import layers as config
+from leases.definitions.model import TENANT_PROJECT, document_path
 from leases.errors import LeaseError
+from leases.store import client as store, entries
 
 DEFAULT_PASSWORD = "demo-pass-123"
 
@@ -112,7 +114,7 @@ class Command(BaseCommand):
             key = "browser|tenant|acme"
             # What a crash between a release's delete and its pull leaves: an entry whose
             # holder is gone. Repair returns it when the counter is next found full.
-            leaked = slots.entry("acme", "docs", "crashed", "demo-leaked-slot")
+            leaked = entries.entry("acme", "docs", "crashed", "demo-leaked-slot")
             current = store.counters().find_one({"_id": key}, {"cap": 1}) or {}
             if current and store.counters().update_one(
                     {"_id": key, "holders": {"$ne": leaked}, "count": {"$lt": int(current.get("cap", 0))}},

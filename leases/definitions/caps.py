@@ -1,0 +1,159 @@
+"""Cap stamps: a lowered cap is in force on every process the moment its write returns.
+
+Definitions are cached per process and a change reaches the other processes over Redis
+(:mod:`leases.definitions.invalidation`); while Redis is frozen a process keeps serving its cached
+definition for up to ``LEASES_INVALIDATION_LIVENESS_MS``, and a waiting attempt keeps the
+definition it started with for its whole wait. The counters live in MongoDB with the
+writer, so the writer puts the new cap there too:
+
+* A definition write *stamps* every existing counter it governs with the cap it now has:
+  ``capStamps.<lease>: {cap, at}`` (``at`` on MongoDB's clock), and ``cap`` itself.
+* Every definition records when its load began (``loaded_at``, MongoDB's clock estimated
+  low, :mod:`leases.store.server_clock`). A booking from a view loaded before the lease's stamp on
+  that counter (with :data:`MARGIN` to spare) must fit under the stamped cap as well as its
+  own: ``count < min(own cap, stamped cap)``. A view loaded after it has the write in it and
+  books on its own cap alone.
+* Only a *fresh* view (loaded after the stamp) sets ``cap`` when it books; an older view
+  never raises it. So the queue (:mod:`leases.queue.order`), which reads ``cap`` to decide who
+  fits, sees the lowered cap too.
+
+The stamp binds the views of the lease that wrote it (``capStamps`` is keyed by lease name):
+another lease on the same resource is not held to it. A raise needs no stamp to be safe;
+it is stamped as well, and views loaded before it keep their own lower cap until they
+reload (the liveness window delays raising, never lowering). What a stamp cannot reach: a
+counter that does not exist yet (nobody booked it) is created by the first booking with
+that booking's cap; and a user counter is shared by the projects of its tenant, whose
+project layers may give the user level different caps, so its stamp is the largest of them
+(a project that lowered it below another project's cap is held to the larger one until
+its views reload).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from pymongo import UpdateOne
+
+from ..store import client as store
+from . import model as definitions
+from .model import SYSTEM_TENANT, TENANT_PROJECT, LeaseDefinition, LevelSpec, document_path
+
+# A view counts as loaded after a stamp only when its load began this long after it: spare
+# for the clock estimate and the millisecond resolution of stored times. A view inside the
+# margin obeys the stamp, which is then its own cap.
+MARGIN = timedelta(seconds=1)
+
+
+def _stamp_at(spec: LevelSpec) -> dict[str, Any]:
+    """The filter part "this counter's stamp of ``spec.lease``, if any, is older than the view"."""
+    path = f"capStamps.{spec.lease}.at"
+    if spec.loaded_at is None:
+        return {path: {"$exists": False}}  # a view of unknown age is older than any stamp
+    return {path: {"$not": {"$gte": spec.loaded_at - MARGIN}}}
+
+
+def obeyed(spec: LevelSpec) -> dict[str, Any]:
+    """The booking filter's clause: the view is newer than the lease's stamp on the counter,
+    or the counter's count is below the stamped cap (field against field; no clock)."""
+    if not spec.lease:
+        return {}
+    return {"$or": [_stamp_at(spec), {"$expr": {"$lt": ["$count", f"$capStamps.{spec.lease}.cap"]}}]}
+
+
+def refresh_op(spec: LevelSpec) -> UpdateOne | None:
+    """Set the counter's ``cap`` to ``spec``'s when its view is newer than the lease's
+    stamp there (a raise no write stamped: a new bundled default); None for a view of
+    unknown age. Never upserts, so it never fails the ordered bulk it is part of."""
+    if not spec.lease or spec.loaded_at is None:
+        return None
+    # "$ne": the common case (the cap is already this view's) writes nothing.
+    return UpdateOne({"_id": spec.key, "cap": {"$ne": spec.cap}, **_stamp_at(spec)}, {"$set": {"cap": spec.cap}})
+
+
+class _Views:
+    """Fresh loads (never the cache) of one lease as seen from (tenant, project), memoised."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._loaded: dict[tuple[str, str], LeaseDefinition] = {}
+        self.own_projects: dict[str, set[str]] = {}  # tenant -> projects with a layer of their own
+        for doc in store.config_documents().find({"path": document_path(name)}, {"tenantId": 1, "projectId": 1}):
+            tenant, project = doc.get("tenantId"), doc.get("projectId")
+            if isinstance(tenant, str) and isinstance(project, str) and tenant != SYSTEM_TENANT:
+                projects = self.own_projects.setdefault(tenant, set())
+                if project != TENANT_PROJECT:
+                    projects.add(project)
+
+    def of(self, tenant: str, project: str = TENANT_PROJECT) -> LeaseDefinition:
+        """The view from (tenant, project); a project without a layer of its own sees its tenant's.
+
+        Raises:
+            LeaseUnavailable: the layers could not be read or do not merge.
+        """
+        if project not in self.own_projects.get(tenant, ()):
+            project = TENANT_PROJECT
+        key = (tenant, project)
+        if key not in self._loaded:
+            self._loaded[key] = definitions.load(self.name, tenant, project)
+        return self._loaded[key]
+
+    def of_tenant(self, tenant: str) -> list[LeaseDefinition]:
+        """Every distinct view inside ``tenant``: its own and each of its projects' with a layer."""
+        return [self.of(tenant)] + [self.of(tenant, p) for p in sorted(self.own_projects.get(tenant, ()))]
+
+
+def _cap(views: _Views, counter: dict[str, Any]) -> int | None:
+    """The cap ``counter`` has now under the lease, or None when no view caps it there."""
+    level, tenant, scope, resource = counter.get("level"), counter.get("tenantId"), counter.get("scope", ""), \
+        counter.get("resource")
+    if level == "global":
+        # Owned by the classpath and System layers: the same in every view.
+        return views.of(SYSTEM_TENANT).levels.get("global")
+    if not isinstance(tenant, str):
+        return None
+    if level == "tenant":
+        candidates = [views.of(tenant)]
+    elif level == "project":
+        candidates = [views.of(tenant, scope.split("/", 1)[-1])]
+    elif level == "user":
+        candidates = views.of_tenant(tenant)  # a user counter is booked from every project
+    else:
+        return None
+    caps = [v.levels[level] for v in candidates if v.resource == resource and level in v.levels]
+    return max(caps) if caps else None
+
+
+def stamp(tenant_id: str, project_id: str, name: str) -> int:
+    """Stamp the caps a write of lease ``name``'s layer at (tenant, project) put in force onto
+    the existing counters it governs: a System write every counter of the lease's resources,
+    a Tenant write that tenant's, a Project write that project's counter and its tenant's
+    user counters. Call it after the document is stored, before the change event.
+
+    Returns:
+        How many counters were stamped.
+
+    Raises:
+        LeaseUnavailable: a view of the lease could not be loaded (nothing stamped).
+        pymongo.errors.PyMongoError: the store failed (some counters may be stamped).
+    """
+    views = _Views(name)
+    if tenant_id == SYSTEM_TENANT and project_id == TENANT_PROJECT:
+        resources = {views.of(SYSTEM_TENANT).resource} | {views.of(t).resource for t in views.own_projects}
+        query: dict[str, Any] = {"resource": {"$in": sorted(resources)}}
+    elif project_id == TENANT_PROJECT:
+        query = {"resource": views.of(tenant_id).resource, "tenantId": tenant_id,
+                 "level": {"$in": ["tenant", "project", "user"]}}
+    else:
+        query = {"resource": views.of(tenant_id).resource, "tenantId": tenant_id,
+                 "$or": [{"level": "project", "scope": f"{tenant_id}/{project_id}"}, {"level": "user"}]}
+    ops = []
+    for counter in store.counters().find(query, {"level": 1, "tenantId": 1, "scope": 1, "resource": 1}):
+        cap = _cap(views, counter)
+        if cap is not None:
+            ops.append(UpdateOne({"_id": counter["_id"]},
+                                 {"$set": {"cap": cap, f"capStamps.{name}.cap": cap},
+                                  "$currentDate": {f"capStamps.{name}.at": True}}))
+    if ops:
+        store.counters().bulk_write(ops, ordered=False)
+    return len(ops)

@@ -1,0 +1,153 @@
+"""The async acquire: ``aacquire``, its uncontended path on the event loop's client.
+
+Holder, the one ordered bulk over the stacked levels, HELD — the same commands as the sync
+funnel (``leases.engine.commands``, ``slots.take_ops``) under the same store bound. A level found
+full (or a queue at the gate) hands the attempt to :mod:`leases.engine.aio_waiter`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import pymongo.errors
+from pymongo import ReturnDocument
+
+from ..errors import LeaseUnavailable
+from ..queue import fences, slots, waiting
+from ..store import client as store
+from . import commands
+from .aio_counters import give_back
+from .aio_lease import ANOOP, AsyncLease, AsyncNoopLease
+from .aio_waiter import EXECUTOR, wait_in_queue
+from .lease import Lease
+from .outcome import outcome
+from .prepare import prepare
+from .request import LeaseRequest
+from .step import store_bound
+
+log = logging.getLogger(__name__)
+
+
+class _Acquiring:
+    """What :func:`aacquire` returns: await it for the lease, or ``async with`` it."""
+
+    def __init__(self, request: LeaseRequest):
+        self._request = request
+        self._lease: AsyncLease | AsyncNoopLease | None = None
+
+    def __await__(self):
+        return _acquire(self._request).__await__()
+
+    async def __aenter__(self) -> "AsyncLease | AsyncNoopLease":
+        self._lease = await _acquire(self._request)
+        return self._lease
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._lease is not None:
+            await self._lease.__aexit__(*exc)
+
+
+def aacquire(request: LeaseRequest) -> _Acquiring:
+    """Acquire like :func:`leases.acquire`, without blocking the event loop.
+
+    ``await aacquire(request)`` answers the lease; ``async with aacquire(request) as lease``
+    also releases it at the end of the block.
+
+    Returns:
+        An awaitable async context manager giving an :class:`AsyncLease`, or ``ANOOP``
+        (no MongoDB traffic) when no lease is referenced or the definition has no caps.
+
+    Raises:
+        The errors of :func:`leases.acquire`, when awaited: ``InvalidLeaseRequest`` (and its
+        ``UnknownLeaseType``, ``InvalidDefinition``), ``LeaseBusy`` after ``waitMs``,
+        ``LeaseUnavailable`` within ``LEASES_MONGO_TIMEOUT_MS`` per step.
+    """
+    return _Acquiring(request)
+
+
+async def _acquire(request: LeaseRequest) -> "AsyncLease | AsyncNoopLease":
+    # Validation and the definition (cached; a miss reads the store) in a thread: the cache
+    # and the config reads are the engine's own, and they block.
+    prepared = await asyncio.to_thread(prepare, request)
+    if prepared is None:
+        return ANOOP
+    attempt, wait_ms = prepared
+    started = time.monotonic()
+    with outcome(attempt) as record:
+        lease = await _uncontended(attempt, queues=wait_ms > 0)
+        if lease is None:
+            lease = await wait_in_queue(attempt, wait_ms, started)
+        return AsyncLease(record(lease))
+
+
+async def _uncontended(attempt: Any, *, queues: bool) -> Lease | None:
+    """Holder, one ordered bulk over every level, HELD: the lease; None when a level had no
+    room (what this took is given back) or the gate has a queue, so the engine decides.
+
+    Raises:
+        LeaseUnavailable: the store failed; the attempt was rolled back (same bound).
+    """
+    try:
+        if not store.indexed():
+            await asyncio.to_thread(store.db)
+        db = store.async_db()
+        with store_bound():
+            try:
+                doc = await db[store.HOLDERS].find_one_and_update(
+                    *commands.holder_upsert(attempt.token, definition=attempt.definition, request=attempt.request,
+                                            pod=attempt.pod, keys=attempt.keys, attempt_id=attempt.attempt_id,
+                                            priority=attempt.priority[1]),
+                    upsert=True, projection={"acquiredAt": 1}, return_document=ReturnDocument.AFTER)
+                assert doc is not None  # an upsert returning the document after always has one
+                attempt.acquired_at = attempt.acquired_at or doc["acquiredAt"]
+                attempt.written_at = doc["acquiredAt"]
+                attempt.created_at = time.monotonic()
+                if queues and waiting.queue_likely(attempt.gate.key):
+                    return None  # tickets wait at the gate: the push would be refused
+                plan = fences.plan(attempt.fence_spec, attempt.booking, floor=fences.floor_of(attempt.written_at))
+                ops = slots.take_ops(attempt.specs, attempt.booking, attempt.definition.resource,
+                                     gate_key=attempt.gate.key, fence=plan)
+                try:
+                    await db[store.COUNTERS].bulk_write(ops, ordered=True)
+                    booked = len(attempt.specs)
+                except pymongo.errors.BulkWriteError as exc:
+                    booked = slots.booked_before(exc)
+                if booked < len(attempt.specs):
+                    if booked:
+                        await give_back(attempt.keys[:booked], attempt.booking)
+                    return None
+                held = await db[store.HOLDERS].find_one_and_update(
+                    *commands.mark_held(attempt.token, keys=attempt.keys, ttl_seconds=attempt.definition.ttl_seconds,
+                                        attempt_id=attempt.attempt_id, fence=plan.fence),
+                    projection=commands.HELD_PROJECTION,
+                    return_document=ReturnDocument.AFTER)
+                if held is None:
+                    await asyncio.to_thread(_rollback, attempt)
+                    raise LeaseUnavailable(f"lease attempt on {attempt.definition.resource} was reaped mid-acquire")
+            except pymongo.errors.PyMongoError:
+                await asyncio.to_thread(_rollback, attempt)
+                raise
+            except asyncio.CancelledError:
+                # Cancelled between two commands: undo off the loop (the caller is gone).
+                EXECUTOR.submit(_rollback, attempt)
+                raise
+    except pymongo.errors.PyMongoError as exc:
+        log.warning("store step failed: %r", exc)
+        raise LeaseUnavailable(f"lease store error at {store.where()} mid-acquire: {exc.__class__.__name__}") from None
+    return Lease(attempt.token, attempt.definition, attempt.request, list(attempt.keys),
+                         expires_at=held.get("expiresAt"), acquired_at=held.get("acquiredAt"),
+                         last_seen_at=held.get("lastSeenAt"), interval_seconds=held.get("intervalSeconds"),
+                         attempt_id=attempt.attempt_id, fence=held.get("fence"))
+
+
+def _rollback(attempt: Any) -> None:
+    """The sync engine's rollback, under its own bound (what it cannot undo is left to reap
+    and repair)."""
+    try:
+        with store_bound():
+            attempt.rollback()
+    except pymongo.errors.PyMongoError as exc:
+        log.warning("rollback of %s failed (%s); reap and repair clean up", attempt.token, exc)

@@ -1,0 +1,37 @@
+"""Booking entries given back on the async client (``waiting.give_back``'s commands)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from pymongo import ReturnDocument
+
+from ..queue import slots, waiting
+from ..store import client as store
+from ..store.documents import CounterDoc
+
+
+async def give_back(keys: list[str], booking: str, *, record: dict[str, Any] | None = None) -> CounterDoc | None:
+    """``waiting.give_back`` on the async client: the narrower levels in one bulk, the last
+    one returning its document (:func:`leases.queue.slots.gate_pull`, as ``slots.give_back``); a
+    queue there is handed off (in a thread: the hand-off's wake-up publish and prune are
+    the engine's).
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed part-way (repair returns the rest).
+    """
+    if not keys:
+        return None
+    counters = store.async_db()[store.COUNTERS]
+    *narrow, gate_key = keys
+    if narrow:
+        await counters.bulk_write(slots.pull_ops(narrow, booking), ordered=False)
+    gate = await counters.find_one_and_update(*slots.gate_pull(gate_key, booking, record),
+                                              return_document=ReturnDocument.AFTER)
+    waiting.note_queue(gate)
+    if gate is not None and gate.get("queue"):
+        await asyncio.to_thread(waiting.hand_off, gate)
+    return gate
+
+

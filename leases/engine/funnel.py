@@ -1,0 +1,232 @@
+"""The acquisition funnel of one attempt: holder first, then one booking entry per level.
+
+:class:`Attempt` writes its holder document (PENDING, server time, the counter ``keys`` it
+sets out to book, a fresh ``attemptId``), pushes its booking entry onto each level's
+counter narrow → wide with a conditional update (``count < cap``; at the gate only when
+nobody queues or the order rule picked it), then marks the holder HELD. A full level
+raises :class:`_Blocked` after giving back what this call took; a holder that vanished
+mid-funnel raises :class:`_Vanished`. The entries name the token and the ``attemptId``, so
+rollback, release, reap and repair pull them by value, each exactly once.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from datetime import datetime, timedelta
+from typing import Any
+
+from pymongo import ReturnDocument
+
+from ..definitions.model import LeaseDefinition, LevelSpec
+from ..queue import fences, shares, slots, waiting
+from ..store import client as store
+from ..store.documents import CounterDoc, TicketDoc
+from . import commands
+from .lease import Lease
+from .pausepoints import pause_point as _pause_point
+from .request import LeaseRequest
+from .shapes import new_ticket, ticket_in
+
+log = logging.getLogger(__name__)
+
+
+# _Blocked and _Vanished are control flow inside the engine package: no caller ever sees
+# them (every error a caller gets is in leases.errors), hence the underscore.
+class _Blocked(Exception):
+    """A level had no room for this attempt (nothing of the attempt stays booked)."""
+
+    def __init__(self, spec: LevelSpec, counter: CounterDoc | None):
+        self.spec = spec
+        self.counter = counter  # the blocking counter as read (None: not read)
+
+
+class Attempt:
+    """One acquisition: its holder document, its booking entry and its funnel."""
+
+    def __init__(self, request: LeaseRequest, definition: LeaseDefinition, specs: list[LevelSpec], pod: str,
+                 *, priority: tuple[int, str | None] | None = None):
+        self.request = request
+        self.definition = definition
+        self.specs = specs
+        self.pod = pod
+        self.token = secrets.token_urlsafe(24)
+        self.attempt_id: str | None = None
+        self.booking = ""
+        self.named(slots.new_attempt_id())
+        self.keys = [spec.key for spec in specs]
+        self.gate = specs[-1]
+        self.fence_spec = fences.spec_of(definition, specs)
+        self.acquired_at: datetime | None = None
+        self.created_at = 0.0  # monotonic, when the holder document was (re)written
+        self.written_at: datetime | None = None  # MongoDB's clock then: a (re)queued ticket is seen then
+        # (rank, class): resolved once from the definition, carried in the ticket; a resumed
+        # ticket brings the one it queued with (``priority``).
+        self.priority: tuple[int, str | None] = (
+            priority if priority is not None else definition.priority_of(request.tenant_id, request.priority))
+
+    def named(self, attempt_id: str | None) -> None:
+        """Book from now on as the holder written with ``attempt_id`` (its entries name it)."""
+        self.attempt_id = attempt_id
+        self.booking = slots.entry(self.request.tenant_id, self.request.project_id, self.request.user_id,
+                                   self.token, attempt_id)
+
+    def create_holder(self) -> None:
+        """Write the holder document (PENDING) on server time, so a waiter whose document
+        was reaped while it waited writes it again before it books.
+
+        Each writing is a new attempt (a new ``attemptId``, and the entries booked after it
+        name it): whatever an earlier one left booked under this token is told apart, so
+        repair pulling it by value never takes this attempt's slot. Only called while the
+        attempt books nothing (its earlier entries were given back first).
+        """
+        attempt_id = slots.new_attempt_id()
+        self.named(attempt_id)
+        doc = store.holders().find_one_and_update(
+            *commands.holder_upsert(self.token, definition=self.definition, request=self.request, pod=self.pod,
+                                    keys=self.keys, attempt_id=attempt_id, priority=self.priority[1]),
+            upsert=True,
+            projection={"acquiredAt": 1},
+            return_document=ReturnDocument.AFTER,
+        )
+        assert doc is not None  # an upsert returning the document after always has one
+        self.acquired_at = self.acquired_at or doc["acquiredAt"]
+        self.written_at = doc["acquiredAt"]
+        self.created_at = time.monotonic()
+
+    def book(self, *, privileged: bool, allow_queue: bool, charge: dict[str, Any] | None = None) -> Lease:
+        """Take every level narrow → wide, then mark the holder HELD.
+
+        ``privileged``: the order rule picked this ticket, so it may take the gate while
+        others queue (and leaves the queue in the same update).
+
+        Raises:
+            _Blocked: a level had no room; what this call took is given back.
+            pymongo.errors.PyMongoError: the store failed; the caller rolls back.
+        """
+        taken: list[str] = []
+        if allow_queue and not privileged and waiting.queue_likely(self.gate.key):
+            # Tickets wait at the gate: the push would be refused, and narrower slots taken
+            # on the way would only stand in the way of the waiter whose turn it is.
+            raise _Blocked(self.gate, None)
+        try:
+            retried: set[str] = set()
+            fence: fences.Plan | None = None
+            read: CounterDoc | None = None
+            proposals = 0  # fence proposals a fresh read showed room for, beyond the one retry
+            while len(taken) < len(self.specs):
+                rest = self.specs[len(taken):]
+                keys = [spec.key for spec in rest]
+                plan, plan_key = None, self.fence_spec.key
+                if plan_key in keys:
+                    # Proposed from the counter just read, else from this process's view of it.
+                    plan = fences.plan(self.fence_spec, self.booking, floor=fences.floor_of(self.written_at),
+                                       counter=read if read is not None and read.get("_id") == plan_key else None)
+                booked = slots.take(rest, self.booking, self.definition.resource, gate_key=self.gate.key,
+                                    privileged=privileged, ticket=self.token, charge=charge, fence=plan)
+                if plan is not None and keys.index(plan.key) < booked:
+                    fence = plan
+                taken.extend(spec.key for spec in rest[:booked])
+                if booked == len(rest):
+                    break
+                spec = rest[booked]
+                is_gate = spec is self.gate
+                if is_gate and allow_queue and not privileged:
+                    raise _Blocked(spec, None)  # queueing reads the gate in the same command
+                # Full, queued, or raced: a full level is diagnosed (and repaired) from this
+                # document; a counter with room was created or freed meanwhile: try again.
+                counter = read = waiting.read_gate(spec.key)
+                fences.note(counter)
+                if counter is not None and "holders" not in counter:  # written before entries
+                    booked_by = slots.entries_by_key([spec.key])
+                    slots.convert_legacy(counter, booked_by, safety=timedelta(0),
+                                         now=counter["clock"] + timedelta(days=1))
+                    read = {**counter, "holders": booked_by.get(spec.key, [])}  # as converted: propose from it
+                elif plan is not None and spec.key == plan.key and proposals < fences.PROPOSALS and not (
+                        waiting.is_full(counter) or counter is None or counter.get("queue")):
+                    # Room, but another booking took the proposed slot (or a newer generation
+                    # landed) since this process looked: propose again from what was just read.
+                    proposals += 1
+                    continue
+                elif spec.key in retried or waiting.is_full(counter) or (
+                        is_gate and not privileged and counter is not None and counter.get("queue")) or (
+                        is_gate and privileged and counter is not None and not queued(counter, self.token)):
+                    # A privileged take without its ticket queued (pruned) is refused for good.
+                    raise _Blocked(spec, counter)
+                retried.add(spec.key)
+            _pause_point("acquire")
+            held = store.holders().find_one_and_update(
+                *commands.mark_held(self.token, keys=self.keys, ttl_seconds=self.definition.ttl_seconds,
+                                    attempt_id=self.attempt_id, fence=fence.fence if fence else None),
+                projection=commands.HELD_PROJECTION,
+                return_document=ReturnDocument.AFTER,
+            )
+            if held is None:
+                # Reaped while it stalled (or while it waited), or written again by another
+                # attempt at the same ticket: its entries have no holder.
+                raise _Vanished()
+        except _Blocked:
+            if taken:
+                self.give_back(taken)
+            raise
+        return Lease(self.token, self.definition, self.request, list(self.keys),
+                     expires_at=held.get("expiresAt"), acquired_at=held.get("acquiredAt"),
+                     last_seen_at=held.get("lastSeenAt"), interval_seconds=held.get("intervalSeconds"),
+                     attempt_id=self.attempt_id, fence=held.get("fence"))
+
+    def ticket(self, level: str, arrived: datetime | None, *, waker: str | None = None,
+               seen: datetime | None = None) -> TicketDoc:
+        """This attempt's ticket in the gate's queue, arrived at ``arrived`` and last kept
+        alive at ``seen`` (default: ``arrived``), blocked last at ``level``; ``waker`` is its
+        process's wake-up channel."""
+        request = self.request
+        caps = {spec.level: spec.cap for spec in self.specs if spec is not self.gate}
+        ticket = new_ticket(token=self.token, tenant=request.tenant_id, project=request.project_id,
+                            user=request.user_id, arrived=arrived, seen=seen, ttl_ms=waiting.ticket_ttl_ms(),
+                            caps=caps, level=level, waker=waker)
+        # Weights and class resolved now, so the order rule needs nothing but the gate.
+        ticket.update(shares.ticket_fields(self.definition, request, self.priority))
+        return ticket
+
+    def give_back(self, keys: list[str]) -> None:
+        waiting.give_back(keys, self.booking)
+
+    def discard(self) -> None:
+        """Drop the holder document of an attempt that books nothing (it gave back what it
+        took when it found a level full)."""
+        store.holders().delete_one({"_id": self.token})
+
+    def rollback(self) -> None:
+        """Undo the attempt: whoever deletes the holder returns every entry it may have."""
+        doc = store.holders().find_one_and_delete({"_id": self.token}, projection={"_id": 1})
+        _pause_point("rollback")
+        # Entries are pulled by value, so also when the holder was already reaped: nobody
+        # else can pull an entry a second time.
+        waiting.give_back(self.keys, self.booking)
+        if doc is None:
+            log.debug("rollback of %s: holder already gone", self.token)
+
+
+def queued(gate: CounterDoc, token: str) -> bool:
+    """Whether ``token``'s ticket is in the gate's queue (as the document says)."""
+    return ticket_in(gate, token) is not None
+
+
+class _Vanished(Exception):
+    """The holder document disappeared mid-funnel (reaped during a stall)."""
+
+
+def first(attempt: Attempt, *, allow_queue: bool) -> "Lease | _Blocked":
+    """Write the attempt's holder and book every level: the lease, or where it blocked.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed (the caller's step rolls back).
+        _Vanished: the holder disappeared before HELD.
+    """
+    attempt.create_holder()
+    try:
+        return attempt.book(privileged=False, allow_queue=allow_queue)
+    except _Blocked as blocked:
+        return blocked
+

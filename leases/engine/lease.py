@@ -1,0 +1,197 @@
+"""A held lease: check-at-use and renew, replace the payload, release (idempotent).
+
+The renewal and the release are the store's (:func:`leases.engine.holders.renew`,
+:func:`leases.engine.holders.release`); a release whose first try failed part-way returns its
+own booking entries by value, which nobody can pull twice. ``NOOP`` is the lease of an
+unlimited resource: it sends no command at all.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime
+from typing import Any
+
+import pymongo.errors
+
+from .. import validation
+from ..definitions.model import LeaseDefinition
+from ..errors import LeaseLost, LeaseUnavailable
+from ..queue import slots, waiting
+from ..store import client as store
+from ..telemetry import metrics
+from . import holders
+from .request import LeaseRequest
+
+log = logging.getLogger(__name__)
+
+
+class Lease:
+    """A held lease. Use as a context manager or call :meth:`release` (idempotent)."""
+
+    is_noop = False
+    #: Seconds the wait estimate said this grant would take when the request queued (None:
+    #: it did not queue, or the gate had no hold history yet).
+    estimated_wait_s: float | None = None
+
+    def __init__(self, token: str, definition: LeaseDefinition, request: LeaseRequest, levels: list[str],
+                 expires_at: datetime | None = None, acquired_at: datetime | None = None,
+                 last_seen_at: datetime | None = None, interval_seconds: int | None = None,
+                 attempt_id: str | None = None, fence: str | None = None):
+        self.token = token
+        #: The fence its grant issued (:mod:`leases.fencing`): an opaque string the resource
+        #: checks with ``FenceGuard.admit``; None only for a lease granted before fences existed.
+        self.fence = fence
+        self.attempt_id = attempt_id  # the holder's attemptId, named by its booking entries
+        self.definition = definition
+        self.request = request
+        self.levels = levels
+        self.expires_at = expires_at  # MongoDB's clock, as of the grant or the last renewal
+        self.acquired_at = acquired_at
+        self.last_seen_at = last_seen_at  # MongoDB's clock at the grant or the last renewal
+        self.interval_seconds = interval_seconds  # the server-issued renewal interval
+        self._released = False
+        self._release_failed = False
+        self._granted = time.monotonic()  # a duration for wait estimates, never a TTL
+
+    @property
+    def resource(self) -> str:
+        return self.definition.resource
+
+    def __enter__(self) -> "Lease":
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        try:
+            self.release()
+        except LeaseUnavailable:
+            if exc_type is None:
+                raise
+            # The body's own error matters more; the slot comes back through reap/repair.
+            log.warning("release of %s failed after an error in the lease's block", self.token)
+
+    def __repr__(self) -> str:
+        return f"<Lease {self.definition.name} {self.token[:8]}… on {self.resource}>"
+
+    def _scope(self) -> holders.Scope:
+        return holders.scope(self.request.tenant_id, self.request.project_id)
+
+    def _renew(self, payload: dict[str, Any] | None = None) -> None:
+        doc = holders.renew(self.token, bound=self._scope(), payload=payload)
+        self.expires_at, self.last_seen_at = doc["expiresAt"], doc["lastSeenAt"]
+
+    def check(self) -> None:
+        """Check-at-use and renew: call at every usage step; the TTL runs from here.
+
+        The renewal rule is the one of every path (:func:`leases.engine.holders.renew`): a lease
+        past its deadline is not revived but ends (``LeaseExpired``, reaped now).
+
+        Raises:
+            LeaseLost: the lease ended: ``LeaseExpired`` (reaped, revoked, released — the
+                reason says which) or ``StaleLease`` (the store forgot it).
+            LeaseUnavailable: the store is unreachable.
+        """
+        if self._released:
+            metrics.CHECK.labels(resource=metrics.resource_tag(self.resource), outcome="lost").inc()
+            raise LeaseLost(f"lease {self.token} was released")
+        self._renew()
+
+    def update_payload(self, payload: dict[str, Any]) -> None:
+        """Replace the payload the revocation handler will get (also a renewal).
+
+        Raises:
+            InvalidLeaseRequest: the payload is not a safe JSON-like dict.
+            LeaseLost: the lease is no longer held (``LeaseExpired`` / ``StaleLease``).
+            LeaseUnavailable: the store is unreachable.
+        """
+        validation.payload(payload)
+        if self._released:
+            raise LeaseLost(f"lease {self.token} was released")
+        self._renew(payload)
+
+    def release(self) -> bool:
+        """Give the slots back. Idempotent; True only for the call that actually released.
+
+        A regular release never calls the type's handler: the holder cleans up itself.
+
+        Raises:
+            LeaseUnavailable: the store failed before the holder was deleted; nothing was
+                released and calling ``release()`` again retries it.
+        """
+        tag = metrics.resource_tag(self.resource)
+        if self._released:
+            metrics.RELEASE.labels(resource=tag, outcome="already-released").inc()
+            return False
+        try:
+            held_ms = (time.monotonic() - self._granted) * 1000
+            doc = holders.release(self.token, bound=self._scope(), hold_ms=held_ms)
+            if doc is None and self._release_failed:
+                # The failed call's delete may have landed after all (a timeout does not say):
+                # return our own entries by value; nobody can pull one twice.
+                gate = waiting.give_back(list(self.levels), self._booking(), hold_ms=held_ms)
+                self._released = True
+                return gate is not None
+        except pymongo.errors.PyMongoError as exc:
+            self._release_failed = True
+            metrics.RELEASE.labels(resource=tag, outcome="error").inc()
+            raise LeaseUnavailable(store.unreachable("lease store", exc, " during release")) from None
+        self._released = True
+        if doc is None:
+            metrics.RELEASE.labels(resource=tag, outcome="already-released").inc()
+        return doc is not None
+
+    def _booking(self) -> str:
+        r = self.request
+        return slots.entry(r.tenant_id, r.project_id, r.user_id, self.token, self.attempt_id)
+
+
+class NoopLease:
+    """The lease of an unlimited resource: every operation succeeds without MongoDB."""
+
+    is_noop = True
+    token = None
+    resource = None
+    definition = None
+    fence = None  # an unlimited resource is never fenced
+
+    def __enter__(self) -> "NoopLease":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def check(self) -> None:
+        return None
+
+    def update_payload(self, payload: dict[str, Any]) -> None:
+        validation.payload(payload)
+
+    def release(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return "<Lease NOOP>"
+
+
+NOOP = NoopLease()
+
+
+def release_token(token: str, *, resource: str | None = None) -> bool:
+    """Release the holder ``token``.
+
+    Returns:
+        True if this call deleted the holder, False if it was already gone.
+
+    Raises:
+        LeaseUnavailable: the store failed before the holder was deleted (retryable).
+    """
+    try:
+        doc = holders.release(token)
+    except pymongo.errors.PyMongoError as exc:
+        metrics.RELEASE.labels(resource=metrics.resource_tag(resource or "unknown"), outcome="error").inc()
+        raise LeaseUnavailable(store.unreachable("lease store", exc, " during release")) from None
+    if doc is None:
+        metrics.RELEASE.labels(resource=metrics.resource_tag(resource or "unknown"), outcome="already-released").inc()
+        return False
+    return True

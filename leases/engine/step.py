@@ -1,0 +1,53 @@
+"""The step and timeout policy: one store bound per step, rollback on failure.
+
+Every store step of an acquisition (an attempt with its rollback, one keep-alive, one
+turn) runs under one ``pymongo.timeout`` of ``LEASES_MONGO_TIMEOUT_MS``, so an outage ends
+the step within that bound instead of once per command. A step that fails rolls the
+attempt back under the same bound; what it cannot undo is left to reap and repair, and the
+caller gets ``LeaseUnavailable``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pymongo
+import pymongo.errors
+
+from ..conf import lease_settings
+from ..errors import LeaseUnavailable
+from ..store import client as store
+from .funnel import Attempt, _Vanished
+
+log = logging.getLogger(__name__)
+
+
+def store_bound() -> Any:
+    """One store timeout for a whole step (an attempt with its rollback, one keep-alive):
+    an outage ends the step within this bound instead of once per command."""
+    return pymongo.timeout(int(lease_settings.MONGO_TIMEOUT_MS) / 1000.0)
+
+
+def step(attempt: Attempt, fn: Any) -> Any:
+    """Run one store step under one bound; on a store failure roll the attempt back (same
+    bound: what it cannot undo is left to reap and repair) and answer LeaseUnavailable.
+
+    Raises:
+        LeaseUnavailable: the store failed, or the holder vanished mid-acquire.
+    """
+    try:
+        with store_bound():
+            try:
+                return fn()
+            except (pymongo.errors.PyMongoError, _Vanished) as exc:
+                try:
+                    attempt.rollback()
+                except pymongo.errors.PyMongoError as again:
+                    log.warning("rollback of %s failed (%s); reap and repair clean up", attempt.token, again)
+                if isinstance(exc, _Vanished):
+                    raise LeaseUnavailable(f"lease attempt on {attempt.definition.resource} was reaped mid-acquire") from None
+                raise
+    except pymongo.errors.PyMongoError as exc:
+        log.warning("store step failed: %r", exc)
+        raise LeaseUnavailable(f"lease store error at {store.where()} mid-acquire: {exc.__class__.__name__}") from None

@@ -1,0 +1,44 @@
+"""A place kept in a resource's queue for a caller that polls it (the HTTP protocol)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from ..definitions.model import LeaseDefinition
+from ..queue import estimates, order
+from ..store.documents import CounterDoc, TicketDoc
+from .shapes import ticket_deadline, ticket_in
+
+if TYPE_CHECKING:
+    from .funnel import _Blocked
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """A place in a resource's queue, kept for a caller that polls it (the HTTP protocol).
+
+    ``deadline`` is on MongoDB's clock: a ticket not polled by then is dropped (EXPIRED).
+    ``level`` is the level that blocked it last; ``position`` its place in the grant order.
+    """
+
+    id: str
+    resource: str
+    lease_name: str
+    level: str
+    position: int | None
+    server_time: datetime
+    deadline: datetime
+    estimated_grant_at: datetime | None = None
+
+    @classmethod
+    def of(cls, token: str, definition: LeaseDefinition, gate: CounterDoc, blocked: _Blocked | None) -> "Ticket":
+        now = gate["clock"]
+        mine: TicketDoc = ticket_in(gate, token) or TicketDoc()
+        return cls(id=token, resource=definition.resource, lease_name=definition.name,
+                   level=order.blocking_level(gate, mine, now) if mine else (
+                       blocked.spec.level if blocked else "global"),
+                   position=order.position(gate, token, now), server_time=now,
+                   deadline=ticket_deadline(mine, now),
+                   estimated_grant_at=estimates.grant_at(gate, token, now))

@@ -1,0 +1,275 @@
+"""The waiter: a request in the gate's queue until granted, out of time, or kept.
+
+Its state machine: enqueue a ticket (the gate is created on first use) → decide on the
+gate as read: prune stale tickets, take its turn when the order rule picks it (booking
+with the gate privilege), wake whoever's turn it is, or repair a gate whose entries block
+everyone → sleep until woken or the keep-alive poll is due → decide again. A turn that
+finds a narrower level full retries once, then sits out and passes the turn on. At the
+wait bound it leaves the queue with a Busy answer, or keeps its ticket (``keep_ms``).
+
+:meth:`Waiter.steps` is the same machine as a generator, so the async executor drives it
+with its sleeps on the event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Generator
+
+import pymongo.errors
+
+from ..errors import LeaseBusy
+from ..queue import estimates, fences, order, shares, slots, waiting, wakeups
+from ..store.documents import CounterDoc, TicketDoc
+from ..telemetry import history, metrics
+from .busy import busy
+from .funnel import Attempt, _Blocked, _Vanished, first
+from .lease import Lease
+from .step import step, store_bound
+from .ticket import Ticket
+
+log = logging.getLogger(__name__)
+
+# A waiter whose turn it is but whose narrower level is full tries once more after this
+# long: a newcomer of its tenant that booked that level on its way to the queue gives it
+# back with its next command.
+NARROW_RETRY_S = 0.02
+
+
+class Waiter:
+    """A request waiting in the gate's queue until granted or out of time."""
+
+    def __init__(self, attempt: Attempt, deadline: float, started: float, keep_ms: int | None = None):
+        self.keep_ms = keep_ms  # on timeout keep the ticket (HTTP clients poll it) this long
+        self.attempt = attempt
+        self.deadline = deadline
+        self.started = started
+        self.gate_key = attempt.gate.key
+        self.blocked: _Blocked | None = None
+        self.gate: CounterDoc | None = None
+        self.tag = metrics.resource_tag(attempt.definition.resource)
+        self.estimate_s: float | None = None
+        self.raw_estimate_ms: float | None = None  # uncalibrated, for the gate's record
+        self.queued_at = 0.0  # monotonic
+        self.sat_out = False  # our last turn found a narrower level full (see order.sits_out)
+
+    def _ticket(self) -> TicketDoc:
+        # Arrived when the request first asked (its place among its tenant's tickets), but
+        # alive as of the holder document's last write (MongoDB's clock): a ticket queued
+        # again after a stall past the ticket TTL must not be born stale, or the next reader
+        # (the waiter itself) prunes it at once, again and again — the waiter would never
+        # be seen in the queue while the others take every slot.
+        return self.attempt.ticket(self.blocked.spec.level if self.blocked else self.attempt.gate.level,
+                                   self.attempt.acquired_at, waker=wakeups.process_id(),
+                                   seen=self.attempt.written_at)
+
+    def wait(self, blocked: _Blocked) -> "Lease | Ticket":
+        """Wait in the queue until granted, out of time (Busy) or kept as a ticket.
+
+        Raises:
+            LeaseBusy, LeaseUnavailable: as :func:`acquire`.
+        """
+        steps = self.steps(blocked)
+        woken: bool | None = None
+        try:
+            while True:
+                try:
+                    event, timeout = steps.send(woken)
+                except StopIteration as done:
+                    return done.value
+                woken = event.wait(timeout)
+        finally:
+            steps.close()
+
+    def steps(self, blocked: _Blocked, event: threading.Event | None = None) -> Generator[
+            "tuple[threading.Event, float]", "bool | None", "Lease | Ticket"]:
+        """The waiting as steps: each ``yield (event, timeout)`` asks the driver to sleep until
+        the wake-up ``event`` is set or ``timeout`` passes, and to send back whether it was
+        woken. The store work between two yields is blocking; the async executor runs it in
+        a thread and sleeps on the event loop. Closed at a yield (the caller went away), it
+        leaves the queue and drops its holder document.
+        """
+        counter = blocked.counter
+        if blocked.spec is not self.attempt.gate and counter is not None and waiting.is_full(counter) and step(
+                self.attempt, lambda: waiting.repair(counter, counter["clock"])):
+            # A slot nobody booked came back: try again before queueing.
+            lease = step(self.attempt, lambda: first(self.attempt, allow_queue=True))
+            if isinstance(lease, Lease):
+                return lease
+            blocked = lease
+        self.blocked = blocked
+        event = wakeups.register(self.attempt.token, event)
+        metrics.WAITING.labels(resource=self.tag).inc()
+        outcome = "error"
+        try:
+            self.gate = step(self.attempt, self._enqueue)
+            self.queued_at = time.monotonic()
+            if self.gate is not None:
+                self.raw_estimate_ms = estimates.raw_wait_ms(self.gate, self.attempt.token, self.gate["clock"])
+                if self.raw_estimate_ms is not None:
+                    self.estimate_s = self.raw_estimate_ms * estimates.calibration(self.gate) / 1000.0
+            while True:
+                lease = self._decide()
+                if lease is not None:
+                    outcome = "granted"
+                    return lease
+                remaining = self.deadline - time.monotonic()
+                if remaining <= 0:
+                    if self.keep_ms is not None:
+                        outcome = "ticket"
+                        return self._keep_ticket()
+                    outcome = "timeout"
+                    raise self._give_up()
+                period = waiting.poll_ms() / 1000.0 * random.uniform(1.0, 1.25)
+                if self.sat_out:
+                    # Sitting out passes the turn only for a moment (the younger tickets of
+                    # our tenant wait behind us meanwhile): look again as soon as it ends.
+                    period = min(period, order.BLOCKED_PAUSE.total_seconds() * random.uniform(1.05, 1.2))
+                    self.sat_out = False
+                try:
+                    woken = yield event, min(remaining, period)
+                except GeneratorExit:
+                    outcome = "cancelled"
+                    self._give_up()
+                    raise
+                event.clear()
+                if woken:
+                    lease = self._try(woken=True)
+                    if lease is not None:
+                        outcome = "granted"
+                        return lease
+                self.gate = step(self.attempt, self._keep_alive)
+        finally:
+            wakeups.unregister(self.attempt.token)
+            metrics.WAITING.labels(resource=self.tag).dec()
+            metrics.WAIT_SECONDS.labels(resource=self.tag).observe(time.monotonic() - self.started)
+            if outcome != "ticket":
+                # A kept ticket's wait has not ended: the poll that grants it records it
+                # (resume), from its arrival to its grant.
+                shares.observe_wait(self.attempt.definition, self.attempt.priority[1], time.monotonic() - self.started)
+            history.waited(self, outcome, time.monotonic() - self.started)
+            metrics.WAIT_OUTCOME.labels(resource=self.tag, outcome=outcome).inc()
+
+    def _enqueue(self) -> CounterDoc | None:
+        gate = waiting.enqueue(self.gate_key, self._ticket())
+        if gate is None:  # first use of the gate: create it, then queue
+            slots.create(self.attempt.gate, self.attempt.definition.resource)
+            gate = waiting.enqueue(self.gate_key, self._ticket())
+        return gate
+
+    def _keep_alive(self) -> CounterDoc | None:
+        gate = waiting.keep_alive(self.gate_key, self.attempt.token)
+        if gate is None:
+            # Pruned as stale (this process stalled past the ticket TTL, and its holder
+            # document went with it): write both again, at the back of the queue.
+            self.attempt.create_holder()
+            gate = self._enqueue()
+        return gate
+
+    def _keep_ticket(self) -> "Ticket":
+        """Out of wait time, but the caller keeps its place: stretch the ticket's TTL to the
+        poll bound and answer where it stands."""
+        keep_ms = int(self.keep_ms or 0)
+        gate = step(self.attempt, lambda: waiting.keep_alive(self.gate_key, self.attempt.token, ttl_ms=keep_ms))
+        if gate is None:
+            # Its place is lost: the delay is a newcomer's, from the gate as last seen.
+            raise busy(self.attempt, self.blocked or _Blocked(self.attempt.gate, None), gate=self.gate,
+                        placed=False)
+        return Ticket.of(self.attempt.token, self.attempt.definition, gate, self.blocked)
+
+    def _decide(self, *, again: bool = True) -> Lease | None:
+        """Act on the gate as last seen: prune stale tickets, take our turn, wake whoever's
+        turn it is, or repair a gate whose entries block everyone (then decide once more)."""
+        gate = self.gate
+        if gate is None:
+            return None
+        waiting.note_queue(gate)
+        now = gate["clock"]
+        if order.stale_ids(gate, now):
+            gate = self.gate = step(self.attempt, lambda: waiting.prune(gate))
+        picked = order.next_grants(gate, now)
+        fences.expect(gate["_id"], fences.turns(gate, picked))  # which free slot each pick proposes
+        if self.attempt.token in picked:
+            waiting.wake(gate, [t for t in picked if t != self.attempt.token])
+            lease = self._try(woken=False)
+            if lease is None:
+                # We sat out (a narrower level was full): pass the turn on right away.
+                waiting.hand_off(self.gate, skip=self.attempt.token)
+            return lease
+        if picked:
+            # Their waker may have died, or their process: wake again (dropping the dead).
+            waiting.hand_off(gate, skip=self.attempt.token)
+        elif step(self.attempt, lambda: waiting.repair(gate, now)):
+            # Full, or free but nobody fits: either way entries decide, so make sure each
+            # has a live holder (throttled to one check per interval for all processes).
+            self.gate = step(self.attempt, lambda: waiting.read_gate(self.gate_key))
+            if again:
+                return self._decide(again=False)
+        return None
+
+    def _try(self, *, woken: bool) -> Lease | None:
+        """Book with the gate privilege (our turn); a narrower level that is full sends us
+        back to wait and passes the turn on."""
+        attempt = self.attempt
+
+        def run() -> Lease | None:
+            # The holder document may have been reaped during a long wait: write it again.
+            if time.monotonic() - attempt.created_at > attempt.definition.ttl_seconds / 2:
+                attempt.create_holder()
+            for attempt_no in range(2):
+                try:
+                    charge = order.charge(self.gate, attempt.token)
+                    if self.queued_at:
+                        record = estimates.outcome_update(self.raw_estimate_ms,
+                                                          (time.monotonic() - self.queued_at) * 1000)
+                        charge = {**charge, **record}
+                    lease = attempt.book(privileged=True, allow_queue=True, charge=charge)
+                    lease.estimated_wait_s = self.estimate_s
+                    return lease
+                except _Vanished:
+                    # Stalled past the ticket TTL: the ticket and its holder document were
+                    # pruned. Return what we just booked and queue again, from the back.
+                    attempt.give_back(attempt.keys)
+                    attempt.create_holder()
+                    self.gate = self._enqueue()
+                    return None
+                except _Blocked as blocked:
+                    self.blocked = blocked
+                    if blocked.spec is attempt.gate:
+                        return None
+                    # Our turn, but a narrower level is full. A slot nobody books any more
+                    # comes back by repair; a newcomer's booking on its way to the queue
+                    # lasts milliseconds: try once more. Else sit out and pass the turn.
+                    if blocked.counter is not None and waiting.is_full(blocked.counter) and waiting.repair(
+                            blocked.counter, blocked.counter["clock"]):
+                        continue
+                    if attempt_no == 0:
+                        time.sleep(NARROW_RETRY_S)
+                        continue
+                    waiting.mark_blocked(self.gate_key, attempt.token, blocked.spec.level)
+                    self.sat_out = True
+                    return None
+            return None
+
+        lease = step(attempt, run)
+        if lease is None and not woken:
+            self.gate = step(attempt, lambda: waiting.read_gate(self.gate_key))
+        return lease
+
+    def _give_up(self) -> LeaseBusy:
+        """Out of time: leave the queue, drop the holder, and say where we stood."""
+        gate = self.gate
+        place = None if gate is None else order.position(gate, self.attempt.token, gate["clock"])
+        blocked = self.blocked or _Blocked(self.attempt.gate, gate)
+        if blocked.spec is self.attempt.gate:
+            blocked = _Blocked(blocked.spec, gate)
+        try:
+            with store_bound():
+                waiting.dequeue(self.gate_key, self.attempt.token)
+                self.attempt.discard()
+        except pymongo.errors.PyMongoError as exc:
+            log.info("timeout clean-up of %s failed (%s); the ticket goes stale by itself", self.attempt.token, exc)
+        return busy(self.attempt, blocked, position=place, gate=gate)

@@ -1,0 +1,310 @@
+"""The waiting queue: tickets on the gate counter, hand-off on release, lazy repair.
+
+A ticket lives inside the gate counter's ``queue`` (one document per resource funnel):
+``{id, t, p, u, at, seen, ttl, caps, lvl}`` — the holder token it will be granted as, who
+waits, when it arrived and was last kept alive (MongoDB's clock), its TTL, the narrower
+caps it must also fit and the level that blocked it last. A waiter holds no slot while it
+waits, so a waiter killed with ``kill -9`` leaves nothing booked: its ticket just goes
+stale after ``ttl`` and is ignored, then pruned by whoever reads the gate next.
+
+Reading the gate, keeping a ticket alive and returning a gate slot are each one command
+that returns the gate document, so the order rule (``leases.queue.order``) always runs on what
+that command saw — no extra read per decision.
+
+The bound: a live waiter blocked at any level is granted within one turnover of that level
+after a slot there frees (its current holders' hold), in arrival order within its tenant,
+project and user as at the gate — plus at most one ``order.BLOCKED_PAUSE`` when a newcomer
+of its tenant had booked the narrower level on its way to the queue. A ticket queued again
+(its waiter stalled past the TTL) keeps its arrival and is alive as of its return.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any, cast
+
+import pymongo.errors
+from pymongo import ReturnDocument, UpdateOne
+
+from ..conf import lease_settings
+from ..revocation import listener
+from ..revocation.handlers import RevokedHolder
+from ..store import client as store, entries
+from ..store.documents import CounterDoc, HolderDoc, TicketDoc
+from ..store.tombstones import tombstone_upsert
+from . import fences, order, slots, wakeups
+
+#: Ends a holder (deletes it, returns its slots, tombstones it): the engine's
+#: :func:`leases.engine.holders.end`. The queue sits below the engine, so the engine hands
+#: the function in when it is imported (:func:`set_holder_end`) instead of the queue
+#: importing it; importing ``leases`` imports the engine, so it is always set.
+HolderEnd = Callable[[dict[str, Any], str], HolderDoc | None]
+_holder_end: HolderEnd | None = None
+
+
+def set_holder_end(end: HolderEnd) -> None:
+    """Install the function :func:`repair` reaps expired holders with."""
+    global _holder_end
+    _holder_end = end
+
+log = logging.getLogger(__name__)
+
+
+def ticket_ttl_ms() -> int:
+    """How long a ticket survives without a keep-alive (a killed waiter leaves this fast)."""
+    return int(lease_settings.TICKET_TTL_MS)
+
+
+def poll_ms() -> int:
+    """A waiter's safety poll and keep-alive period (also when no wake-up arrives)."""
+    return max(100, min(int(lease_settings.WAIT_POLL_MS), ticket_ttl_ms() // 2))
+
+
+def repair_interval_ms() -> int:
+    """How often one full counter is checked for slots no live holder books."""
+    return int(lease_settings.REPAIR_INTERVAL_MS)
+
+
+# Gate key → monotonic time this process last saw tickets waiting there. A newcomer that
+# saw a queue a moment ago skips the gate push that would be refused and queues at once
+# (one command less per contended grant; skipping a push is always safe).
+_queued_seen: dict[str, float] = {}
+QUEUE_HINT_S = 1.0
+
+
+def note_queue(gate: CounterDoc | None) -> None:
+    """Remember whether the gate had waiting tickets (from a document a command returned),
+    and its slots for the next fence proposed on it (:func:`leases.queue.fences.note`)."""
+    if gate is None:
+        return
+    fences.note(gate)
+    if gate.get("queue"):
+        _queued_seen[gate["_id"]] = time.monotonic()
+    else:
+        _queued_seen.pop(gate["_id"], None)
+
+
+def queue_likely(gate_key: str) -> bool:
+    """Whether this process saw tickets waiting at the gate within the last second."""
+    seen = _queued_seen.get(gate_key)
+    return seen is not None and time.monotonic() - seen < QUEUE_HINT_S
+
+
+def enqueue(gate_key: str, ticket: TicketDoc) -> CounterDoc | None:
+    """Append ``ticket`` to the gate's queue (idempotent); the gate after, None if missing.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed.
+    """
+    return store.counters().find_one_and_update(
+        {"_id": gate_key, "queue.id": {"$ne": ticket["id"]}},
+        {"$push": {"queue": ticket}, "$currentDate": {"clock": True}},
+        return_document=ReturnDocument.AFTER,
+    ) or keep_alive(gate_key, ticket["id"])
+
+
+def keep_alive(gate_key: str, ticket_id: str, *, ttl_ms: int | None = None,
+               live_at: datetime | None = None) -> CounterDoc | None:
+    """Refresh the ticket's ``seen`` on MongoDB's clock; the gate after, or None when the
+    ticket is no longer queued (granted, pruned as stale, or the gate is gone) — or, with
+    ``live_at``, no longer live then.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed.
+    """
+    # arrayFilters, not the positional "$": the embedded server's findAndModify does not
+    # resolve "$" (MongoDB takes both).
+    update: dict[str, Any] = {"$currentDate": {"queue.$[mine].seen": True, "clock": True}}
+    if ttl_ms is not None:
+        # A ticket kept for an HTTP client lives as long as its poll bound, and no process
+        # waits on it any more: its liveness is the client's polling, not a process's.
+        update["$set"] = {"queue.$[mine].ttl": int(ttl_ms), "queue.$[mine].w": None}
+    query: dict[str, Any] = {"_id": gate_key, "queue.id": ticket_id}
+    if live_at is not None and ttl_ms is not None:
+        # Only a ticket still live at ``live_at`` (MongoDB's clock): a late poll must not
+        # revive one the order rule already passed over.
+        query = {"_id": gate_key, "queue": {"$elemMatch": {
+            "id": ticket_id, "seen": {"$gte": live_at - timedelta(milliseconds=int(ttl_ms))}}}}
+    return store.counters().find_one_and_update(
+        query, update,
+        array_filters=[{"mine.id": ticket_id}],
+        return_document=ReturnDocument.AFTER,
+    )
+
+
+def mark_blocked(gate_key: str, ticket_id: str, level: str) -> None:
+    """Record which level blocked the ticket last (for diagnosis and Insights).
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed.
+    """
+    store.counters().update_one({"_id": gate_key, "queue.id": ticket_id},
+                                {"$set": {"queue.$[mine].lvl": level}, "$currentDate": {"queue.$[mine].bat": True}},
+                                array_filters=[{"mine.id": ticket_id}])
+
+
+def dequeue(gate_key: str, ticket_id: str) -> None:
+    """Remove a ticket (timeout, abandon).
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed (the ticket then goes stale by itself).
+    """
+    store.counters().update_one({"_id": gate_key}, {"$pull": {"queue": {"id": ticket_id}}})
+
+
+def read_gate(gate_key: str) -> CounterDoc | None:
+    """The gate counter with ``clock`` stamped to MongoDB's time now.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed.
+    """
+    return store.counters().find_one_and_update(
+        {"_id": gate_key}, {"$currentDate": {"clock": True}}, return_document=ReturnDocument.AFTER)
+
+
+def prune(gate: CounterDoc, ids: list[str] | None = None, *, reason: str = "ticket-expired") -> CounterDoc:
+    """Drop the gate's stale tickets — or ``ids``, whose waiters are known to be gone —
+    and their holder documents (they book nothing); returns the gate as it is now.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed.
+    """
+    stale = order.stale_ids(gate, gate["clock"]) if ids is None else list(ids)
+    if not stale:
+        return gate
+    after = store.counters().find_one_and_update(
+        {"_id": gate["_id"]}, {"$pull": {"queue": {"id": {"$in": stale}}}, "$currentDate": {"clock": True}},
+        return_document=ReturnDocument.AFTER)
+    # Remember the ids, so a client polling a ticket late is told EXPIRED, not "unknown".
+    # The holders are deleted in one command, so their tombstones come from the tickets
+    # (who waited) and the gate (where), in the one shape every tombstone has.
+    store.holders().delete_many({"_id": {"$in": stale}, "state": "PENDING"})
+    by_id = {t["id"]: t for t in gate.get("queue") or ()}
+    # Cast: the stand-in holder of an id not in the queue as read has None for its tenant
+    # and project (its tombstone records None), which a HolderDoc's str fields do not allow.
+    store.tombstones().bulk_write([
+        UpdateOne(*tombstone_upsert(cast(HolderDoc, {
+            "_id": tid, "tenantId": by_id.get(tid, {}).get("t"), "projectId": by_id.get(tid, {}).get("p"),
+            "resource": gate.get("resource", "")}), reason), upsert=True)
+        for tid in stale], ordered=False)
+    log.info("queue %s: dropped %d tickets (%s)", gate["_id"], len(stale), reason)
+    return after or gate
+
+
+def wake(gate: CounterDoc, ids: list[str]) -> list[str]:
+    """Wake the waiters of ``ids``; returns those whose wake-up nobody received (no
+    subscriber of their process: it is gone — or Redis restarted, or its subscriber is
+    reconnecting: the two look alike). Never raises."""
+    by_id = {t["id"]: t for t in gate.get("queue") or ()}
+    # The freed slots and whose turn takes which, so each woken waiter proposes its own slot.
+    hint = fences.hint_of(gate, order.next_grants(gate, gate["clock"]) if gate.get("clock") else ())
+    return [tid for tid in ids if tid in by_id and wakeups.wake(tid, by_id[tid].get("w"), hint) == wakeups.DEAD]
+
+
+def hand_off(gate: CounterDoc | None, *, skip: str | None = None) -> list[str]:
+    """Wake the tickets the order rule picks for the gate's free slots. Never raises.
+
+    A picked ticket whose wake-up nobody received keeps its ticket and its turn: "nobody
+    received the PUBLISH" is also what a live waiter looks like during a Redis restart or
+    its subscriber's reconnect, so only its keep-alive says its waiter is gone. A waiter
+    that is really gone (``kill -9``) holds the turn until its ticket misses its keep-alive
+    (half its TTL: the order rule then puts it after every fresh ticket, and the next poll
+    of one takes the slot); the ticket is pruned once stale, like any other.
+
+    Returns:
+        The ids picked (``skip``, the caller's own ticket, is not woken).
+    """
+    if not gate or not gate.get("queue") or gate.get("clock") is None:
+        return []
+    try:
+        picked = order.next_grants(gate, gate["clock"])
+        unheard = wake(gate, [t for t in picked if t != skip])
+        if unheard:
+            log.debug("hand-off on %s: nobody received the wake-up of %s; they find their turn by polling",
+                      gate["_id"], unheard)
+        if not picked and not is_full(gate) and not order.stale_ids(gate, gate["clock"]):
+            # Free slots, live tickets, yet nobody fits: the entries say a tenant holds what
+            # maybe nobody holds any more. Check them (throttled); a repair hands off itself.
+            repair(gate, gate["clock"])
+    except pymongo.errors.PyMongoError as exc:
+        log.info("hand-off on %s failed (%s); waiters find their turn by polling", gate["_id"], exc)
+        return []
+    return picked
+
+
+def give_back(keys: list[str], booking: str, *, hold_ms: float | None = None) -> CounterDoc | None:
+    """Return a holder's slots and hand the freed gate slot to the next ticket; ``hold_ms``
+    (how long the slot was held) is kept on the gate for wait estimates.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed part-way (repair returns the rest).
+    """
+    from . import estimates
+
+    gate = slots.give_back(keys, booking, record=estimates.hold_update(hold_ms))
+    note_queue(gate)
+    hand_off(gate)
+    return gate
+
+
+def repair(counter: CounterDoc, now: datetime) -> bool:
+    """Return the slots of a full counter that no live holder books; at most one process
+    checks a counter per ``repair_interval_ms`` (a conditional claim on ``checkedAt``).
+
+    Entries whose holder document is gone — or was written again since, by a new attempt
+    under the same token — are pulled by value (a crash between the delete and the
+    decrement of a release, rollback or reap); holders past their TTL (a crash
+    mid-acquire, or an idle holder) are reaped like the idle sweep does, handlers included.
+
+    Returns:
+        True when at least one slot came back.
+
+    Raises:
+        RuntimeError: the engine is not imported (no holder end installed; importing
+            ``leases`` installs it).
+        pymongo.errors.PyMongoError: the store failed.
+    """
+    if _holder_end is None:
+        raise RuntimeError("leases.queue.waiting: no holder end installed (import leases first)")
+    checked = counter.get("checkedAt")
+    if checked is not None and checked > now - timedelta(milliseconds=repair_interval_ms()):
+        return False
+    claim = store.counters().update_one({"_id": counter["_id"], "checkedAt": checked},
+                                        {"$currentDate": {"checkedAt": True}})
+    if not claim.matched_count:
+        return False  # another process is checking it right now
+    missing, expired = slots.orphans(counter.get("holders") or (), now)
+    freed = False
+    for booking in missing:
+        after = slots.pull_entry(counter["_id"], booking)
+        if after is not None:
+            freed = True
+            # Also the harmless race with a release between its delete and its pull (the
+            # releaser's pull then finds nothing): either way the slot is returned once. A
+            # holder written again meanwhile books another value (its new attemptId).
+            log.info("repair: %s held a slot for %s, whose holder is gone (or a later attempt); returned",
+                     counter["_id"], entries.token_of(booking))
+            hand_off(after)
+    for token in expired:
+        doc = _holder_end({"_id": token, "expiresAt": {"$lt": now}}, "idle")
+        freed = freed or doc is not None
+        # Like the idle sweep (leases.upkeep.reaper.reap): only a holder handed out (HELD)
+        # has a consumer whose handler must clean up.
+        if doc is not None and doc.get("state") == "HELD":
+            listener.notify([RevokedHolder.from_doc(doc, "idle")])
+    return freed
+
+
+def is_full(counter: CounterDoc | None) -> bool:
+    return counter is not None and int(counter.get("count", 0)) >= int(counter.get("cap", 0))
+
+
+def safe_dequeue(gate_key: str, ticket_id: str) -> None:
+    """Best effort: a ticket that cannot be removed goes stale within its TTL anyway."""
+    try:
+        dequeue(gate_key, ticket_id)
+    except pymongo.errors.PyMongoError as exc:
+        log.info("dequeue of %s failed (%s); it goes stale by itself", ticket_id, exc)

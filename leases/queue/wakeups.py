@@ -1,0 +1,192 @@
+"""Wake-ups for waiting tickets over Redis pub/sub: one subscriber thread per process.
+
+Each process subscribes to a channel of its own (``leases:wake:<db>:<process id>``) and its
+tickets carry that id (``w``). Whoever frees a gate slot publishes the picked ticket ids to
+their processes' channels; the subscriber sets the events of those waiters only, so only
+the waiters that may run do any work. ``PUBLISH`` answers how many subscribers got the
+message; none is no proof that the waiter is gone (a Redis restart or a subscriber's
+reconnect looks the same), so it costs no waiter its ticket: only the ticket's keep-alive
+says whether its waiter lives (``leases.queue.waiting.hand_off``).
+
+A lost or late message costs time, never safety: every waiter also polls on its own,
+slowly, and the store decides. With Redis down nothing is known about liveness and the
+tickets' TTL decides, as without wake-ups.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+import redis
+
+from ..store import client as store
+
+log = logging.getLogger(__name__)
+
+PUBLISH_TIMEOUT_S = 0.25
+# After a failed publish, skip publishing this long: a frozen Redis must not add its
+# timeout to every release.
+PUBLISH_BACKOFF_S = 1.0
+# How long a first waiter waits for its process's subscription before it queues: a ticket
+# published to before the subscription exists would look like a dead process's.
+SUBSCRIBE_WAIT_S = 0.5
+
+ALIVE, DEAD, UNKNOWN = "alive", "dead", "unknown"
+
+_lock = threading.Lock()
+_events: dict[str, threading.Event] = {}
+_thread: threading.Thread | None = None
+_thread_pid: int | None = None
+_subscribed = threading.Event()
+_process: tuple[int, str] | None = None
+_publisher: redis.Redis | None = None
+_publisher_pid: int | None = None
+_publish_blocked_until = 0.0
+
+
+def _redis_url() -> str:
+    from leases.conf import lease_settings
+
+    return lease_settings.REDIS_URL
+
+
+def process_id() -> str:
+    """This process's wake-up id (fork-aware: a forked child gets its own)."""
+    global _process
+    if _process is None or _process[0] != os.getpid():
+        _process = (os.getpid(), uuid.uuid4().hex[:16])
+    return _process[1]
+
+
+def channel(process: str | None = None) -> str:
+    """The wake-up channel of a process in this database (tests use distinct databases)."""
+    return f"leases:wake:{store.database_name()}:{process or process_id()}"
+
+
+def register(ticket_id: str, event: threading.Event | None = None) -> threading.Event:
+    """The event a waiter sleeps on (``event``, or a new one); starts this process's
+    subscriber on first use and waits briefly until it is subscribed (never longer than
+    ``SUBSCRIBE_WAIT_S``). The subscriber thread calls the event's ``set()``, so a subclass
+    may pass the wake-up on (the async executor's wakes its coroutine)."""
+    event = event if event is not None else threading.Event()
+    with _lock:
+        _events[ticket_id] = event
+    if _ensure_listening():
+        _subscribed.wait(SUBSCRIBE_WAIT_S)
+    return event
+
+
+def unregister(ticket_id: str) -> None:
+    with _lock:
+        _events.pop(ticket_id, None)
+
+
+def _deliver(ticket_ids: Iterable[str]) -> int:
+    woken = 0
+    with _lock:
+        for ticket_id in ticket_ids:
+            event = _events.get(ticket_id)
+            if event is not None:
+                event.set()
+                woken += 1
+    return woken
+
+
+def wake(ticket_id: str, process: str | None, hint: dict[str, Any] | None = None) -> str:
+    """Wake one waiter, wherever it runs. Never raises.
+
+    ``hint``: what the waker's own update showed of the gate's free fence slots
+    (:func:`leases.queue.fences.hint_of`), published after the id so that the waiter's process
+    proposes a slot that is free now (a process without this code ignores it).
+
+    Returns:
+        ``ALIVE`` (delivered), ``DEAD`` (its process has no subscriber any more) or
+        ``UNKNOWN`` (no process id on the ticket — an HTTP client polls it — or Redis is
+        unreachable).
+    """
+    global _publisher, _publisher_pid, _publish_blocked_until
+    if process == process_id() and _deliver([ticket_id]):
+        return ALIVE
+    if not process:
+        return UNKNOWN
+    now = time.monotonic()
+    if now < _publish_blocked_until:
+        return UNKNOWN
+    try:
+        if _publisher is None or _publisher_pid != os.getpid():
+            _publisher = redis.Redis.from_url(_redis_url(), socket_connect_timeout=PUBLISH_TIMEOUT_S,
+                                              socket_timeout=PUBLISH_TIMEOUT_S)
+            _publisher_pid = os.getpid()
+        received = _publisher.publish(channel(process), json.dumps([ticket_id, *([hint] if hint else [])]))
+    except redis.RedisError as exc:
+        _publish_blocked_until = now + PUBLISH_BACKOFF_S
+        log.debug("wake-up publish failed (%s); waiters fall back to polling", exc)
+        return UNKNOWN
+    return ALIVE if received else DEAD
+
+
+def on_message(data: Any) -> None:
+    """Act on one wake-up message: ``[ticket id, ..., hint?]``. The hints (dicts) reach the
+    fence views before the waiters wake, so their bookings propose the freed slots. Never
+    raises on a malformed message (it is dropped)."""
+    try:
+        items = json.loads(data)
+    except (TypeError, ValueError):
+        return
+    if not isinstance(items, list):
+        return
+    from . import fences
+
+    for hint in items:
+        if isinstance(hint, dict):
+            fences.note_hint(hint)
+    _deliver(i for i in items if isinstance(i, str))
+
+
+def _ensure_listening() -> bool:
+    """Start the subscriber if this process has none; True when it was started just now."""
+    global _thread, _thread_pid
+    pid = os.getpid()
+    if _thread is not None and _thread_pid == pid and _thread.is_alive():
+        return False
+    with _lock:
+        if _thread is not None and _thread_pid == pid and _thread.is_alive():
+            return False
+        _subscribed.clear()
+        _thread = threading.Thread(target=_run, args=(channel(),), name="lease-wakeups", daemon=True)
+        _thread_pid = pid
+        _thread.start()
+        return True
+
+
+def _run(channel_name: str) -> None:
+    backoff = 0.2
+    while True:
+        try:
+            conn = redis.Redis.from_url(_redis_url(), socket_connect_timeout=2, socket_timeout=5,
+                                        health_check_interval=10)
+            pubsub = conn.pubsub(ignore_subscribe_messages=False)
+            pubsub.subscribe(channel_name)
+            backoff = 0.2
+            while True:
+                message = pubsub.get_message(timeout=1.0)
+                if message is None:
+                    continue
+                if message.get("type") == "subscribe":
+                    _subscribed.set()
+                    continue
+                if message.get("type") != "message":
+                    continue
+                on_message(message["data"])
+        except redis.RedisError as exc:
+            _subscribed.clear()
+            log.debug("wake-up subscriber lost Redis (%s); reconnecting", exc)
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)

@@ -1,0 +1,1 @@
+"""Tests of leases.api (the folder mirrors the package)."""

@@ -1,0 +1,1 @@
+"""Tests of leases.contrib (the folder mirrors the package)."""

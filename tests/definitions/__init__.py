@@ -1,0 +1,1 @@
+"""Tests of leases.definitions (the folder mirrors the package)."""

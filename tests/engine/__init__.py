@@ -1,0 +1,1 @@
+"""Tests of leases.engine (the folder mirrors the package)."""

@@ -1,0 +1,142 @@
+"""MongoDB outages: every step ends within one bound, store failures are Unavailable (never
+Busy), and a release that failed can be retried.
+
+The outage is real: a private embedded server of this test, frozen with SIGSTOP.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from functools import partial
+
+import pytest
+
+import leases
+from leases.definitions import invalidation, model as definitions
+from leases.queue import waiting
+from leases.revocation import handlers
+from leases.store import client as store
+from leases.store.embedded import start_server
+from tests.helpers import define, lease_request
+
+TIMEOUT_MS = 1500
+
+
+class Quiet(handlers.LeaseHandler):
+    type = "test"
+
+    def on_revoked(self, holder):
+        pass
+
+
+@pytest.fixture
+def frozen_store(settings):
+    """A private server for this test; yields ``(freeze, thaw)``."""
+    server = start_server(":memory:")
+    settings.MONGODB_URI = server.uri
+    settings.LEASES_MONGO_TIMEOUT_MS = TIMEOUT_MS
+    store.reset()
+    definitions.cache.clear()
+    handlers.register_handler(Quiet())
+    state = {"frozen": False}
+
+    def freeze():
+        os.kill(server.pid, signal.SIGSTOP)
+        state["frozen"] = True
+
+    def thaw():
+        os.kill(server.pid, signal.SIGCONT)
+        state["frozen"] = False
+
+    try:
+        yield freeze, thaw
+    finally:
+        if state["frozen"]:
+            thaw()
+        handlers.unregister_handler("test")
+        store.reset()
+        server.stop()
+        definitions.cache.clear()
+
+
+put = partial(define, "res")
+req = partial(lease_request, pod="")
+
+
+def test_given_mongodb_freezes_when_acquiring_then_it_ends_unavailable_within_one_bound(frozen_store):
+    freeze, thaw = frozen_store
+    put("levels: {global: 5, tenant: 5}\nwaitMs: 0")
+    assert invalidation.wait_listening()
+    leases.acquire(req()).release()  # definition cached: the acquire below needs only the store
+    freeze()
+    started = time.monotonic()
+    with pytest.raises(leases.LeaseUnavailable):
+        leases.acquire(req(user="u2"))
+    elapsed = time.monotonic() - started
+    thaw()
+    # One bound for the whole attempt, its rollback included (before: one per command).
+    assert elapsed < TIMEOUT_MS / 1000 * 1.6, elapsed
+
+
+def test_given_an_outage_right_after_a_level_is_found_full_then_it_is_unavailable_not_busy(frozen_store, monkeypatch):
+    freeze, thaw = frozen_store
+    put("levels: {global: 1}\nwaitMs: 0")
+    held = leases.acquire(req())
+    real = waiting.read_gate
+
+    def frozen_read(key):  # the miss happened; the store dies before the diagnosis read
+        freeze()
+        return real(key)
+
+    monkeypatch.setattr(waiting, "read_gate", frozen_read)
+    with pytest.raises(leases.LeaseUnavailable) as err:
+        leases.acquire(req(user="u2"))
+    assert not isinstance(err.value, leases.LeaseBusy)
+    monkeypatch.undo()
+    thaw()
+    held.release()
+
+
+def test_given_a_release_fails_in_an_outage_then_it_raises_and_can_be_retried(frozen_store):
+    freeze, thaw = frozen_store
+    put("levels: {global: 1}\nwaitMs: 0")
+    lease = leases.acquire(req())
+    freeze()
+    with pytest.raises(leases.LeaseUnavailable):
+        lease.release()
+    thaw()
+    # The retry reaches MongoDB and releases (the client reconnects first: retry a few times,
+    # as a caller of a retryable call does).
+    result = None
+    deadline = time.monotonic() + 15
+    while result is None and time.monotonic() < deadline:
+        try:
+            result = lease.release()
+        except leases.LeaseUnavailable:
+            time.sleep(0.2)
+    assert result is True
+    assert lease.release() is False
+    doc = store.counters().find_one({"_id": "res|global|*"})
+    assert doc["count"] == 0 and doc["holders"] == []
+    leases.acquire(req(user="u2")).release()  # the slot is free again at once
+
+
+def test_given_mongodb_freezes_when_acquiring_then_the_error_names_the_host_it_tried(frozen_store, settings):
+    freeze, thaw = frozen_store
+    put("levels: {global: 5}\nwaitMs: 0")
+    leases.acquire(req()).release()
+    host = settings.MONGODB_URI.split("://", 1)[1].split("/", 1)[0]  # 127.0.0.1:<this server's port>
+    freeze()
+    with pytest.raises(leases.LeaseUnavailable) as err:
+        leases.acquire(req(user="u2"))
+    thaw()
+    assert f" at {host}" in str(err.value), str(err.value)  # "… unreachable at …" or "… error at …"
+
+
+def test_given_a_uri_with_credentials_then_the_host_named_in_errors_leaves_them_out():
+    uri = "mongodb://ops:s3cret@db1.example:27017,db2.example:27017/leases?replicaSet=rs0&authSource=admin"
+    assert store.where(uri) == "db1.example:27017,db2.example:27017"
+    assert store.where("mongodb+srv://ops:s3cret@cluster0.example.net/?retryWrites=true") == "cluster0.example.net"
+    assert "s3cret" not in store.where("ops:s3cret@nowhere")  # not a URI: named as such, never echoed

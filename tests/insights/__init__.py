@@ -1,0 +1,1 @@
+"""Tests of the insights app (Insights pages: access, shares)."""

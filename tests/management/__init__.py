@@ -1,0 +1,1 @@
+"""Tests of leases.management (the folder mirrors the package)."""

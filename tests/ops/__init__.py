@@ -1,0 +1,1 @@
+"""Tests of leases.ops (the folder mirrors the package)."""

@@ -1,0 +1,1 @@
+"""Tests of leases.pods (the folder mirrors the package)."""

@@ -1,0 +1,1 @@
+"""Tests of leases.queue (the folder mirrors the package)."""

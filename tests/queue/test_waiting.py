@@ -1,0 +1,349 @@
+"""The waiting queue: no barging, tenant-fair order, no head-of-line blocking, wake-ups,
+dead waiters leave, outages end in LeaseUnavailable, budgets per grant."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from contextlib import contextmanager
+from functools import partial
+
+import pytest
+
+import leases
+from leases import service
+from leases.queue import order, slots, waiting, wakeups
+from leases.store import client as store, entries
+from tests import helpers
+from tests.helpers import PYTHON, REPO, child_env, define, lease_request, quiet_handler_fixture, wait_for
+
+handler = quiet_handler_fixture("test")
+
+
+put = define
+req = partial(lease_request, pod="")
+
+
+def gate_doc(key="res|global|*"):
+    return store.counters().find_one({"_id": key}) or {}
+
+
+def queued_ids(key="res|global|*"):
+    return helpers.queued_ids(key)
+
+
+def until(predicate, timeout=10.0, step=0.01):
+    value = wait_for(predicate, timeout, step)
+    if not value:
+        raise AssertionError("condition not reached in time")
+    return value
+
+
+def queue_up(request, key="res|global|*"):
+    """Start a waiter and return once its ticket is in the queue (arrival order is fixed)."""
+    return helpers.queue_up(request, key)
+
+
+def test_given_a_queue_when_a_slot_frees_then_a_newcomer_cannot_barge():
+    put("res", "levels: {global: 1}\nwaitMs: 10000")
+    holder = leases.acquire(req(user="h"))
+    waiter = queue_up(req(user="w"))
+    holder.release()
+    # Then: the freed slot belongs to the queued waiter, whatever the newcomer does.
+    with pytest.raises(leases.LeaseBusy):
+        leases.acquire(req(user="newcomer", wait_ms=0))
+    waiter.join(10)
+    assert waiter.lease is not None and waiter.lease.request.user_id == "w"
+    waiter.lease.release()
+
+
+def test_given_tenants_waiting_then_the_tenant_holding_fewest_goes_first_and_then_the_oldest():
+    put("res", "levels: {global: 2}\nwaitMs: 10000")
+    a_held = leases.acquire(req(tenant="a", user="a0"))
+    c_held = leases.acquire(req(tenant="c", user="c0"))
+    a1 = queue_up(req(tenant="a", user="a1"))
+    a2 = queue_up(req(tenant="a", user="a2"))
+    b1 = queue_up(req(tenant="b", user="b1"))  # newest, but tenant b holds nothing
+    c_held.release()
+    b1.join(10)
+    assert b1.lease is not None and a1.lease is None and a2.lease is None
+    a_held.release()  # a now holds 0, b holds 1: a's oldest goes next
+    a1.join(10)
+    assert a1.lease is not None and a2.lease is None
+    for w in (a1, b1):
+        w.lease.release()
+    a2.join(10)
+    assert a2.lease is not None
+    a2.lease.release()
+
+
+def test_given_a_ticket_its_own_tenant_cap_blocks_then_it_does_not_hold_back_other_tenants():
+    put("res", "levels: {global: 3, tenant: 1}\nwaitMs: 10000")
+    a_held = leases.acquire(req(tenant="a", user="a0"))
+    x_held = leases.acquire(req(tenant="x", user="x0"))
+    y_held = leases.acquire(req(tenant="y", user="y0"))
+    blocked = queue_up(req(tenant="a", user="a1"))  # oldest, blocked by its tenant cap
+    b1 = queue_up(req(tenant="b", user="b1"))
+    x_held.release()
+    b1.join(10)
+    assert b1.lease is not None and blocked.lease is None
+    a_held.release()
+    blocked.join(10)
+    assert blocked.lease is not None
+    for lease in (blocked.lease, b1.lease, y_held):
+        lease.release()
+
+
+def test_given_wait_timeout_then_busy_names_the_level_and_the_place_and_the_ticket_is_gone():
+    put("res", "levels: {global: 1}\nwaitMs: 10000")
+    held = leases.acquire(req(user="h"))
+    first = queue_up(req(user="w1", wait_ms=3000))
+    with pytest.raises(leases.LeaseBusy) as busy:
+        leases.acquire(req(user="w2", wait_ms=300))
+    assert busy.value.level == "global" and busy.value.count == 1 and busy.value.cap == 1
+    assert busy.value.position == 2
+    assert queued_ids() == [first.ticket]  # w1's ticket still waits; w2's left with its busy answer
+    first.join(10)
+    assert first.error is not None and first.error.position == 1
+    assert queued_ids() == []
+    assert store.holders().count_documents({}) == 1  # only the holder: no waiter left a document
+    held.release()
+
+
+def test_given_wakeups_are_lost_then_waiters_are_still_granted_by_their_own_poll(monkeypatch, settings):
+    settings.LEASES_WAIT_POLL_MS = 200
+    monkeypatch.setattr(wakeups, "wake", lambda ticket_id, process, hint=None: wakeups.UNKNOWN)  # as if Redis were down
+    put("res", "levels: {global: 1}\nwaitMs: 10000")
+    held = leases.acquire(req(user="h"))
+    waiter = queue_up(req(user="w"))
+    held.release()
+    waiter.join(10)
+    assert waiter.lease is not None
+    waiter.lease.release()
+
+
+def test_given_a_release_then_only_the_picked_waiter_is_woken():
+    # (The waiters run in this process: delivery is local, through the same events the
+    # subscriber sets for messages from other processes.)
+    put("res", "levels: {global: 1}\nwaitMs: 10000")
+    held = leases.acquire(req(user="h"))
+    waiters = [queue_up(req(user=f"w{i}")) for i in range(3)]
+    woken = []
+    real = wakeups._deliver
+
+    def spy(ids):
+        ids = list(ids)
+        woken.extend(ids)
+        return real(ids)
+
+    wakeups._deliver, saved = spy, real
+    try:
+        held.release()
+        until(lambda: waiters[0].lease is not None)
+    finally:
+        wakeups._deliver = saved
+    assert woken == [waiters[0].lease.token]
+    for w in waiters:
+        until(lambda w=w: w.lease is not None)
+        w.lease.release()
+
+
+def test_given_a_waiter_whose_ticket_was_pruned_when_its_wakeup_comes_then_it_does_not_book_ahead_of_the_queue():
+    # Given: a free gate slot (cap 2, one held) and two waiters queued; the first one stalled
+    # past the ticket TTL, so its ticket (and holder document) was pruned.
+    put("res", "levels: {global: 2}\nwaitMs: 10000")
+    held = leases.acquire(req(user="h"))
+    late, _ = service.prepare(req(user="late"))
+    nxt, _ = service.prepare(req(user="next"))
+    now = store.server_now()
+    for attempt in (late, nxt):
+        attempt.create_holder()
+        waiting.enqueue("res|global|*", attempt.ticket("global", now))
+    waiter = service._Waiter(late, time.monotonic() + 10, time.monotonic())
+    waiter.gate = waiting.read_gate("res|global|*")   # as it last saw the gate: its turn
+    waiting.prune(waiter.gate, [late.token], reason="waiter-gone")
+    # When: its wake-up arrives after a long wait, so it writes its holder again and books.
+    late.created_at -= late.definition.ttl_seconds
+    lease = waiter._try(woken=True)
+    # Then: without a ticket it gets nothing; the waiter still queued keeps its turn.
+    assert lease is None
+    assert gate_doc()["holders"] == [held._booking()]
+    assert queued_ids() == [nxt.token]
+    held.release()
+
+
+def test_given_a_stalled_waiter_booking_again_under_its_token_while_repair_checks_then_its_live_slot_stays(
+        monkeypatch):
+    # Given: a cap-1 gate booked by an attempt whose holder document vanished before it
+    # was marked HELD (reaped while it stalled): an orphan entry, as repair will read it.
+    put("res", "levels: {global: 1}\nwaitMs: 0")
+    attempt, _ = service.prepare(req(user="w"))
+    attempt.create_holder()
+    assert slots.take(attempt.specs, attempt.booking, "res", gate_key=attempt.gate.key) == 1
+    store.holders().delete_one({"_id": attempt.token})
+    real_orphans, rebooked = slots.orphans, []
+
+    def orphans_then_the_waiter_books_again(bookings, now):
+        found = real_orphans(bookings, now)
+        # Between repair's read and its pull, the waiter's _Vanished path: give back, write
+        # the holder again under the same token, and (its turn) book again.
+        attempt.give_back(attempt.keys)
+        attempt.create_holder()
+        rebooked.append(attempt.book(privileged=False, allow_queue=False))
+        return found
+
+    monkeypatch.setattr(slots, "orphans", orphans_then_the_waiter_books_again)
+    # When: repair checks the gate and pulls what it found orphaned.
+    gate = waiting.read_gate("res|global|*")
+    waiting.repair(gate, gate["clock"])
+    # Then: the live lease keeps its slot, and the cap holds.
+    (lease,) = rebooked
+    after = gate_doc()
+    assert after["count"] == 1 and [entries.token_of(e) for e in after["holders"]] == [lease.token]
+    with pytest.raises(leases.LeaseBusy):
+        leases.acquire(req(user="newcomer"))
+    lease.release()
+    assert gate_doc()["count"] == 0
+
+
+@pytest.mark.parametrize("extra", [
+    "",
+    # Weights, project weights, classes and a starvation bound cost no command: they ride in
+    # the ticket and in the grant's own booking update.
+    "\nshares: {tenants: {acme: 3}, projects: {p1: 2}}\npriorities: [hi, lo]\nmaxStarvationMs: 60000",
+], ids=["equal-shares", "weights-and-classes"])
+def test_contended_grant_command_budget(settings, extra):
+    # Given: a full cap-1 resource. When: a waiter queues, the holder releases, the waiter
+    # is granted and releases. Then: queueing 3 (holder, the refused push, the ticket),
+    # release 3 (the delete, the gate update that hands the slot over, the tombstone), the
+    # privileged booking 2, its release 3 — uncontended acquire + release is 6, so the
+    # queue costs 4 per grant (a keep-alive more if the machine is slow enough for a poll
+    # to fall due).
+    put("res", "levels: {global: 1}\nwaitMs: 10000" + extra)
+    from leases.definitions import invalidation
+
+    assert invalidation.wait_listening()
+    leases.acquire(req(user="warm")).release()
+    held = leases.acquire(req(user="h"))
+    # The repair check of a full counter (a claim and a read, once per interval for all
+    # processes) is not part of a grant: stamp it done for this test.
+    settings.LEASES_REPAIR_INTERVAL_MS = 600000
+    assert waiting.repair(gate_doc(), store.server_now()) is False
+    with helpers.counted_commands(all_threads=True) as counter:  # the waiter runs in its own thread
+        waiter = queue_up(req(user="w"))
+        queued = len([c for c in counter.commands if c != "find"])  # queue_up's own reads
+        held.release()
+        waiter.join(10)
+        assert waiter.lease is not None
+        waiter.lease.release()
+        work = [c for c in counter.commands if c != "find"]
+    assert queued == 3, counter.commands
+    assert 11 <= len(work) <= 12, work
+
+
+def _child(code, **env):
+    return subprocess.Popen([PYTHON, "-c", code], cwd=REPO, env=child_env(**env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+WAIT_CHILD = """
+import django; django.setup()
+import leases
+from leases.revocation import handlers
+class Q(handlers.LeaseHandler):
+    type = "test"
+    def on_revoked(self, holder): pass
+handlers.register_handler(Q())
+print("ready", flush=True)
+leases.acquire(leases.LeaseRequest(type="test", lease="res", tenant_id="acme", project_id="p1",
+                                   user_id="child", pod=""))
+print("granted", flush=True)
+"""
+
+
+@contextmanager
+def dead_waiter_first_in_line():
+    """A child process that queued first and was then killed with ``kill -9``; yields its
+    ticket id (its ticket stays fresh in the queue until its TTL says otherwise)."""
+    child = _child(WAIT_CHILD)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        dead = until(lambda: queued_ids() and queued_ids()[0])
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(10)
+        yield dead
+    finally:
+        if child.poll() is None:
+            child.kill()
+
+
+def test_given_publish_reaches_nobody_while_the_waiters_keep_alive_then_none_is_dropped_and_they_keep_their_order(
+        settings, monkeypatch):
+    # Given: Redis just restarted and no subscriber is back yet: every PUBLISH reaches
+    # nobody, though both waiters are alive and keep their tickets alive by their poll.
+    settings.LEASES_WAIT_POLL_MS = 200
+    monkeypatch.setattr(wakeups, "wake", lambda ticket_id, process, hint=None: wakeups.DEAD)
+    put("res", "levels: {global: 1}\nwaitMs: 10000")
+    held = leases.acquire(req(user="h"))
+    first = queue_up(req(user="w1"))
+    second = queue_up(req(user="w2"))
+    # When: the holder releases (its hand-off hears "nobody received it" for both).
+    held.release()
+    first.join(10)
+    # Then: neither was dropped as gone; the first in line is granted by its own poll, and
+    # the second still waits with its ticket and holder document, next in line.
+    assert first.lease is not None
+    assert store.tombstones().count_documents({"reason": "waiter-gone"}) == 0
+    assert queued_ids() == [second.ticket]
+    assert store.holders().find_one({"_id": second.ticket})["state"] == "PENDING"
+    first.lease.release()
+    second.join(10)
+    assert second.lease is not None
+    assert store.tombstones().count_documents({"reason": "waiter-gone"}) == 0
+    second.lease.release()
+
+
+def test_given_a_waiter_killed_with_sigkill_then_its_ticket_leaves_within_the_ticket_ttl(settings, monkeypatch):
+    # Without Redis nothing tells that the waiter's process is gone: its ticket's TTL does.
+    monkeypatch.setattr(wakeups, "wake", lambda ticket_id, process, hint=None: wakeups.UNKNOWN)
+    put("res", "levels: {global: 1}\nwaitMs: 60000")
+    held = leases.acquire(req(user="h"))
+    with dead_waiter_first_in_line() as dead:
+        # The dead ticket is first in line; once it is stale the next waiter gets the slot.
+        follower = queue_up(req(user="follower"))
+        held.release()
+        follower.join(waiting.ticket_ttl_ms() / 1000 + 5)
+        assert follower.lease is not None  # the dead ticket went after the live one
+        assert store.counters().find_one({"_id": "res|global|*"})["count"] == 1
+        follower.lease.release()
+        # Once its TTL has passed on the server's clock, the dead ticket is out of the way
+        # for anyone: a newcomer that may not wait prunes it and takes the slot.
+        dead_ticket = next(t for t in gate_doc()["queue"] if t["id"] == dead)
+        until(lambda: order.is_stale(dead_ticket, store.server_now()), timeout=10, step=0.1)
+        newcomer = leases.acquire(req(user="newcomer", wait_ms=0))
+        assert dead not in queued_ids()
+        assert store.holders().find_one({"_id": dead}) is None  # its pending document went too
+        newcomer.release()
+
+
+def test_given_the_picked_waiter_was_killed_then_the_next_one_gets_the_slot_once_it_misses_its_keep_alive(settings):
+    # Given: a dead waiter first in line (its ticket still fresh) and a live one behind it.
+    settings.LEASES_TICKET_TTL_MS = 8000
+    settings.LEASES_WAIT_POLL_MS = 500
+    put("res", "levels: {global: 1}\nwaitMs: 60000")
+    held = leases.acquire(req(user="h"))
+    with dead_waiter_first_in_line() as dead:
+        follower = queue_up(req(user="follower"))
+        # When: the holder releases. PUBLISH reaches nobody for the dead ticket, which is no
+        # proof (a Redis restart looks the same): it keeps its turn until it misses its
+        # keep-alive (half its TTL), then the live waiter's poll takes the slot — long
+        # before the dead ticket is stale.
+        held.release()
+        follower.join(10)
+        assert follower.lease is not None
+        dead_ticket = next(t for t in gate_doc()["queue"] if t["id"] == dead)
+        assert not order.is_stale(dead_ticket, store.server_now())
+        assert store.tombstones().find_one({"_id": dead}) is None  # not dropped on a failed PUBLISH
+        follower.lease.release()

@@ -1,0 +1,145 @@
+"""leases.queue.wakeups over real Redis pub/sub: a wake-up published for a ticket reaches the
+subscriber of the process that registered it (another OS process, or this one), sets that
+ticket's event only, and ``wake`` tells delivered, nobody subscribed and unknown apart.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+import redis
+
+from leases.queue import wakeups
+from tests.helpers import PYTHON, REPO, child_env, private_redis
+
+MAIN_REDIS = "redis://127.0.0.1:6379/1"
+
+# A process that registers one ticket, says its wake-up id once subscribed, and reports
+# whether its event was set within 20 s.
+CHILD = """
+import sys, time
+import django; django.setup()
+from leases.queue import wakeups
+event = wakeups.register(sys.argv[1])
+deadline = time.monotonic() + 10
+while not wakeups._subscribed.is_set() and time.monotonic() < deadline:
+    time.sleep(0.01)
+print(wakeups.process_id() if wakeups._subscribed.is_set() else "not-subscribed", flush=True)
+print("woken" if event.wait(20) else "timeout", flush=True)
+"""
+
+
+@pytest.fixture
+def fresh_publisher(monkeypatch, settings):
+    """The publisher made again from the current settings, without a backoff left over."""
+    settings.LEASES_REDIS_URL = MAIN_REDIS
+    monkeypatch.setattr(wakeups, "_publisher", None)
+    monkeypatch.setattr(wakeups, "_publish_blocked_until", 0.0)
+
+
+def subscribed_here() -> None:
+    """This process's subscriber is listening (started by a first register)."""
+    wakeups.register("probe")
+    wakeups.unregister("probe")
+    assert wakeups._subscribed.wait(10), "the subscriber never subscribed"
+
+
+def publish(*messages: str) -> None:
+    """Publish ``messages`` to this process's channel with a client of the test's own."""
+    client = redis.Redis.from_url(MAIN_REDIS)
+    try:
+        for message in messages:
+            assert client.publish(wakeups.channel(), message) >= 1
+    finally:
+        client.close()
+
+
+def test_given_a_ticket_registered_in_another_process_when_woken_then_redis_carries_it_there(fresh_publisher):
+    child = subprocess.Popen([PYTHON, "-c", CHILD, "tk-child"], cwd=REPO, env=child_env(), text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        process = child.stdout.readline().strip()
+        assert process and process != "not-subscribed" and process != wakeups.process_id(), child.stderr.read()
+
+        assert wakeups.wake("tk-child", process) == wakeups.ALIVE
+
+        assert child.stdout.readline().strip() == "woken"
+        assert child.wait(10) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
+
+
+def test_given_a_process_with_no_subscriber_when_woken_then_dead(fresh_publisher):
+    assert wakeups.wake("tk-gone", "a-process-that-exited") == wakeups.DEAD
+
+
+@pytest.mark.parametrize("process", [None, ""])
+def test_given_a_ticket_without_a_process_then_unknown_and_nothing_is_set(process, fresh_publisher):
+    event = wakeups.register("tk-http")
+    try:
+        assert wakeups.wake("tk-http", process) == wakeups.UNKNOWN  # an HTTP client's ticket: it polls
+        assert not event.is_set()
+    finally:
+        wakeups.unregister("tk-http")
+
+
+def test_given_a_message_on_this_processs_channel_then_only_the_named_tickets_are_set():
+    subscribed_here()
+    named, other, dropped = wakeups.register("tk-a"), wakeups.register("tk-b"), wakeups.register("tk-c")
+    wakeups.unregister("tk-c")
+    try:
+        # Messages that are no list of ids are skipped; the subscriber keeps reading.
+        publish("not json", json.dumps({"tk-b": 1}), json.dumps([1, None, ["tk-b"]]), json.dumps(["tk-a", "tk-c"]))
+
+        assert named.wait(10)
+        time.sleep(0.2)  # one message carried both ids: nothing later can set the others
+        assert not other.is_set() and not dropped.is_set()
+    finally:
+        wakeups.unregister("tk-a")
+        wakeups.unregister("tk-b")
+
+
+def test_given_an_event_subclass_then_the_subscriber_calls_its_set():
+    subscribed_here()
+    calls: list[str] = []
+
+    class Passing(threading.Event):
+        def set(self) -> None:  # the async executor's event wakes its coroutine this way
+            calls.append("set")
+            super().set()
+
+    event = wakeups.register("tk-async", Passing())
+    try:
+        publish(json.dumps(["tk-async"]))
+        assert event.wait(10) and calls == ["set"]
+    finally:
+        wakeups.unregister("tk-async")
+
+
+def test_given_a_frozen_redis_then_wake_answers_unknown_within_its_bound_and_backs_off(fresh_publisher,
+                                                                                       settings, monkeypatch):
+    monkeypatch.setattr(wakeups, "PUBLISH_BACKOFF_S", 1.0)
+    with private_redis() as (url, server):
+        settings.LEASES_REDIS_URL = url
+        assert wakeups.wake("tk", "nobody-here") == wakeups.DEAD  # connected: a real answer
+        server.send_signal(signal.SIGSTOP)
+
+        started = time.monotonic()
+        assert wakeups.wake("tk", "nobody-here") == wakeups.UNKNOWN  # never raises
+        first = time.monotonic() - started
+        started = time.monotonic()
+        assert wakeups.wake("tk", "nobody-here") == wakeups.UNKNOWN
+        backed_off = time.monotonic() - started
+
+        assert wakeups.PUBLISH_TIMEOUT_S * 0.8 <= first < 2.0, first  # waited for the socket timeout once
+        assert backed_off < wakeups.PUBLISH_TIMEOUT_S / 2, backed_off  # did not try again
+        server.send_signal(signal.SIGCONT)
+        time.sleep(1.1)  # the backoff is over
+        assert wakeups.wake("tk", "nobody-here") == wakeups.DEAD

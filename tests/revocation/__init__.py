@@ -1,0 +1,1 @@
+"""Tests of leases.revocation (the folder mirrors the package)."""

@@ -1,0 +1,1 @@
+"""Tests of leases.store (the folder mirrors the package)."""

@@ -1,0 +1,1 @@
+"""Tests of leases.telemetry (the folder mirrors the package)."""

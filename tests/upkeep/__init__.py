@@ -1,0 +1,1 @@
+"""Tests of leases.upkeep (the folder mirrors the package)."""
