@@ -8,7 +8,7 @@
             await lease.acheck()                      # LeaseLost once reaped or revoked
     # released here (or: await lease.arelease())
 
-The same commands as the sync path (``leases.engine.commands``, ``slots.take_ops``), the same
+The same commands as the sync path (``leases.store.holder_commands``, ``slots.take_ops``), the same
 errors and the same bounds: every step runs under one ``pymongo.timeout`` of
 ``LEASES_MONGO_TIMEOUT_MS``. The uncontended path — holder, the one ordered bulk over the
 stacked levels, HELD; check; release — runs on the event loop's ``AsyncMongoClient``.

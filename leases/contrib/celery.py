@@ -48,7 +48,7 @@ from typing import Any
 import pymongo.errors
 
 from leases import service
-from leases.engine import commands, holders
+from leases.engine import holders
 from leases.errors import (
     InvalidLeaseRequest,
     LeaseBusy,
@@ -59,7 +59,7 @@ from leases.errors import (
     StaleLease,
 )
 from leases.pods.identity import self_pod_id
-from leases.store import client as store
+from leases.store import client as store, holder_commands as commands
 
 log = logging.getLogger(__name__)
 

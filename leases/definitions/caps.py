@@ -35,7 +35,7 @@ from typing import Any
 
 from pymongo import UpdateOne
 
-from ..store import client as store
+from ..store import client as store, counter_commands
 from . import model as definitions
 from .model import SYSTEM_TENANT, TENANT_PROJECT, LeaseDefinition, LevelSpec, document_path
 
@@ -67,8 +67,7 @@ def refresh_op(spec: LevelSpec) -> UpdateOne | None:
     unknown age. Never upserts, so it never fails the ordered bulk it is part of."""
     if not spec.lease or spec.loaded_at is None:
         return None
-    # "$ne": the common case (the cap is already this view's) writes nothing.
-    return UpdateOne({"_id": spec.key, "cap": {"$ne": spec.cap}, **_stamp_at(spec)}, {"$set": {"cap": spec.cap}})
+    return counter_commands.refresh_cap(spec.key, spec.cap, _stamp_at(spec))
 
 
 class _Views:
@@ -151,9 +150,7 @@ def stamp(tenant_id: str, project_id: str, name: str) -> int:
     for counter in store.counters().find(query, {"level": 1, "tenantId": 1, "scope": 1, "resource": 1}):
         cap = _cap(views, counter)
         if cap is not None:
-            ops.append(UpdateOne({"_id": counter["_id"]},
-                                 {"$set": {"cap": cap, f"capStamps.{name}.cap": cap},
-                                  "$currentDate": {f"capStamps.{name}.at": True}}))
+            ops.append(UpdateOne(*counter_commands.stamp_cap(counter["_id"], name, cap)))
     if ops:
         store.counters().bulk_write(ops, ordered=False)
     return len(ops)

@@ -1,7 +1,7 @@
 """The async acquire: ``aacquire``, its uncontended path on the event loop's client.
 
 Holder, the one ordered bulk over the stacked levels, HELD — the same commands as the sync
-funnel (``leases.engine.commands``, ``slots.take_ops``) under the same store bound. A level found
+funnel (``leases.store.holder_commands``, ``slots.take_ops``) under the same store bound. A level found
 full (or a queue at the gate) hands the attempt to :mod:`leases.engine.aio_waiter`.
 """
 
@@ -17,11 +17,11 @@ from pymongo import ReturnDocument
 
 from ..errors import LeaseUnavailable
 from ..queue import fences, slots, waiting
-from ..store import client as store
-from . import commands
+from ..store import client as store, holder_commands as commands
 from .aio_counters import give_back
 from .aio_lease import ANOOP, AsyncLease, AsyncNoopLease
 from .aio_waiter import EXECUTOR, wait_in_queue
+from .intervals import choose_interval
 from .lease import Lease
 from .outcome import outcome
 from .prepare import prepare
@@ -99,7 +99,9 @@ async def _uncontended(attempt: Any, *, queues: bool) -> Lease | None:
                 doc = await db[store.HOLDERS].find_one_and_update(
                     *commands.holder_upsert(attempt.token, definition=attempt.definition, request=attempt.request,
                                             pod=attempt.pod, keys=attempt.keys, attempt_id=attempt.attempt_id,
-                                            priority=attempt.priority[1]),
+                                            priority=attempt.priority[1],
+                                            interval_seconds=choose_interval(attempt.definition.ttl_seconds,
+                                                                             attempt.request.interval_seconds)),
                     upsert=True, projection={"acquiredAt": 1}, return_document=ReturnDocument.AFTER)
                 assert doc is not None  # an upsert returning the document after always has one
                 attempt.acquired_at = attempt.acquired_at or doc["acquiredAt"]

@@ -14,7 +14,7 @@ from ..store.documents import CounterDoc
 
 async def give_back(keys: list[str], booking: str, *, record: dict[str, Any] | None = None) -> CounterDoc | None:
     """``waiting.give_back`` on the async client: the narrower levels in one bulk, the last
-    one returning its document (:func:`leases.queue.slots.gate_pull`, as ``slots.give_back``); a
+    one returning its document (:func:`leases.store.counter_commands.gate_pull`, as ``slots.give_back``); a
     queue there is handed off (in a thread: the hand-off's wake-up publish and prune are
     the engine's).
 

@@ -72,10 +72,10 @@ class AsyncLease:
         try:
             with store_bound():
                 doc = await db[store.HOLDERS].find_one_and_update(
-                    *holders.renewal(self.token, bound=bound, payload=payload),
+                    *holders.renewal(holders.scoped(self.token, bound), payload=payload),
                     projection=holders.GRANT_FIELDS, return_document=ReturnDocument.AFTER)
                 if doc is None:
-                    tombstone = await db[store.TOMBSTONES].find_one(holders.scoped(self.token, bound), {"reason": 1})
+                    tombstone = await db[store.TOMBSTONES].find_one(*holders.ended_lookup(self.token, bound))
                     error = holders.answer_for(self.token, tombstone)
                 elif holders.verdict(doc) == holders.EXPIRED:
                     error = await asyncio.to_thread(holders.expire, self.token)

@@ -21,9 +21,9 @@ from pymongo import ReturnDocument
 
 from ..definitions.model import LeaseDefinition, LevelSpec
 from ..queue import fences, shares, slots, waiting
-from ..store import client as store
+from ..store import client as store, holder_commands as commands
 from ..store.documents import CounterDoc, TicketDoc
-from . import commands
+from .intervals import choose_interval
 from .lease import Lease
 from .pausepoints import pause_point as _pause_point
 from .request import LeaseRequest
@@ -85,7 +85,9 @@ class Attempt:
         self.named(attempt_id)
         doc = store.holders().find_one_and_update(
             *commands.holder_upsert(self.token, definition=self.definition, request=self.request, pod=self.pod,
-                                    keys=self.keys, attempt_id=attempt_id, priority=self.priority[1]),
+                                    keys=self.keys, attempt_id=attempt_id, priority=self.priority[1],
+                                    interval_seconds=choose_interval(self.definition.ttl_seconds,
+                                                                     self.request.interval_seconds)),
             upsert=True,
             projection={"acquiredAt": 1},
             return_document=ReturnDocument.AFTER,

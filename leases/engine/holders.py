@@ -33,104 +33,39 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypedDict
+from typing import Any
 
 import pymongo
 import pymongo.errors
 from pymongo import ReturnDocument
 
-from ..errors import InvalidLeaseRequest, LeaseExpired, LeaseUnavailable, StaleLease
+from ..errors import LeaseExpired, LeaseUnavailable, StaleLease
 from ..queue import estimates, waiting
 from ..revocation import listener
 from ..revocation.handlers import RevokedHolder
 from ..store import client as store, entries
 from ..store.documents import HolderDoc
+from ..store.holder_commands import (
+    GRANT_FIELDS,
+    Scope,
+    deletion,
+    ended_lookup,
+    held,
+    keep_later,
+    pending_deletion,
+    renewal,
+    scope,
+    scoped,
+)
 from ..store.tombstones import tombstone_upsert
 from ..telemetry import history, metrics
-from . import commands
 from .intervals import interval_expression
 from .pausepoints import pause_point
 
 log = logging.getLogger(__name__)
 
-#: What a renewal returns and a grant answers from.
-GRANT_FIELDS = {"resource": 1, "leaseName": 1, "type": 1, "ttlSeconds": 1, "expiresAt": 1, "lastSeenAt": 1,
-                "intervalSeconds": 1, "priorExpiresAt": 1, "fence": 1}
-#: The fields a caller's scope may bind.
-_SCOPE_FIELDS = ("tenantId", "projectId")
-
-
-class Scope(TypedDict, total=False):
-    """The tenant binding of a caller, as it appears in holder and tombstone filters."""
-
-    tenantId: str
-    projectId: str
-
-
-def scope(tenant_id: str, project_id: str | None = None) -> Scope:
-    """The filter part binding a query to ``tenant_id`` (and ``project_id``, when given).
-
-    Raises:
-        InvalidLeaseRequest: an id that is not a plain string (never an operator).
-    """
-    bound: Scope = {"tenantId": _plain(tenant_id, "tenant id")}
-    if project_id:
-        bound["projectId"] = _plain(project_id, "project id")
-    return bound
-
-
-def _plain(value: Any, what: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise InvalidLeaseRequest(f"{what} must be a non-empty string")
-    return value
-
-
-def scoped(token: str, bound: Scope | None) -> dict[str, Any]:
-    """The tenant-bound filter of one holder or tombstone: ``{_id, tenantId[, projectId]}``.
-
-    Raises:
-        InvalidLeaseRequest: ``bound`` has other keys or non-string values.
-    """
-    query: dict[str, Any] = {"_id": token}
-    for name, value in (bound or {}).items():
-        if name not in _SCOPE_FIELDS:
-            raise InvalidLeaseRequest(f"a scope binds only {', '.join(_SCOPE_FIELDS)}, not {name!r}")
-        query[name] = _plain(value, name)
-    return query
-
-
-def renewal(token: str, *, bound: Scope | None = None, payload: dict[str, Any] | None = None,
-            proposed_interval: int | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The renewal command (filter, pipeline) of ``token``: the sync and the async path
-    send exactly this, as ``findAndModify`` returning the document after (:data:`GRANT_FIELDS`).
-
-    It stamps ``lastSeenAt`` (now) and keeps the deadline in ``priorExpiresAt``. A live
-    holder gets ``now + ttl`` (and the payload and interval asked for); one already past
-    its deadline keeps everything as it was. :func:`verdict` then decides on the two
-    server times the command returned.
-    """
-    ttl_ms = {"$multiply": [{"$ifNull": ["$ttlSeconds", 0]}, 1000]}
-    # Decided inside the command, never by the caller afterwards: if ending an expired
-    # holder fails, a deadline written first would revive it for the next renewal. Dates
-    # are compared as epoch milliseconds (the embedded server compares a stored date with
-    # $$NOW wrongly); a holder without a deadline counts as live, as in verdict().
-    live = {"$gte": [{"$toLong": {"$ifNull": ["$expiresAt", "$$NOW"]}}, {"$toLong": "$$NOW"}]}
-
-    def if_live(value: Any, field: str) -> dict[str, Any]:
-        return {"$cond": [live, value, f"${field}"]}
-
-    update: dict[str, Any] = {
-        "priorExpiresAt": "$expiresAt",
-        "lastSeenAt": "$$NOW",
-        "expiresAt": if_live({"$add": ["$$NOW", ttl_ms]}, "expiresAt"),
-    }
-    if payload is not None:
-        # $literal: a payload string such as "$x" must stay a string in a pipeline update.
-        update["payload"] = if_live({"$literal": payload}, "payload")
-    if proposed_interval is not None:
-        update["intervalSeconds"] = if_live(interval_expression(proposed_interval), "intervalSeconds")
-    return {**scoped(token, bound), "state": "HELD"}, [{"$set": update}]
-
+# The builders (leases.store.holder_commands) callers of this module reach through it.
+__all__ = ["GRANT_FIELDS", "Scope", "deletion", "ended_lookup", "keep_later", "renewal", "scope", "scoped"]
 
 RENEWED = "renewed"
 EXPIRED = "expired"      # it was past its deadline: end it, answer EXPIRED
@@ -148,9 +83,9 @@ def verdict(doc: HolderDoc) -> str:
     return KEEP_LATER if prior > doc["expiresAt"] else RENEWED
 
 
-def keep_later(token: str, prior: datetime) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The second command of a renewal whose replaced deadline ``prior`` was later."""
-    return {"_id": token, "state": "HELD"}, [{"$set": {"expiresAt": {"$max": ["$expiresAt", prior]}}}]
+def _interval(proposed: int | None) -> dict[str, Any] | None:
+    """The renewal's re-negotiated interval as a pipeline expression (none: kept)."""
+    return None if proposed is None else interval_expression(proposed)
 
 
 def answer_for(token: str, tombstone: dict[str, Any] | None, *, noun: str = "lease") -> LeaseExpired | StaleLease:
@@ -191,10 +126,10 @@ def renew(token: str, *, bound: Scope | None = None, payload: dict[str, Any] | N
     try:
         with store.bounded():
             doc = store.holders().find_one_and_update(
-                *renewal(token, bound=bound, payload=payload, proposed_interval=proposed_interval),
+                *renewal(scoped(token, bound), payload=payload, interval=_interval(proposed_interval)),
                 projection=GRANT_FIELDS, return_document=ReturnDocument.AFTER)
             if doc is None:
-                error = answer_for(token, store.tombstones().find_one(scoped(token, bound), {"reason": 1}))
+                error = answer_for(token, store.tombstones().find_one(*ended_lookup(token, bound)))
             elif verdict(doc) == EXPIRED:
                 error = expire(token)
             elif verdict(doc) == KEEP_LATER:
@@ -215,7 +150,7 @@ def expire(token: str) -> LeaseExpired:
     back, tombstone ``idle``, handler dispatched. Never raises; returns the answer.
     """
     try:
-        doc = end({"_id": token, "state": "HELD"}, "idle")
+        doc = end(held(token), "idle")
         if doc is not None:
             listener.notify([RevokedHolder.from_doc(doc, "idle")])
     except pymongo.errors.PyMongoError as exc:
@@ -230,7 +165,7 @@ def ended(token: str, bound: Scope | None, *, noun: str = "lease") -> LeaseExpir
     Raises:
         pymongo.errors.PyMongoError: the store is unreachable.
     """
-    return answer_for(token, store.tombstones().find_one(scoped(token, bound), {"reason": 1}), noun=noun)
+    return answer_for(token, store.tombstones().find_one(*ended_lookup(token, bound)), noun=noun)
 
 
 def needs_tombstone(doc: HolderDoc, reason: str) -> bool:
@@ -267,7 +202,7 @@ def drop_ticket(query: dict[str, Any], reason: str, *, known: HolderDoc | None =
     Raises:
         pymongo.errors.PyMongoError: the store failed.
     """
-    doc = store.holders().find_one_and_delete({**query, "state": "PENDING"})
+    doc = store.holders().find_one_and_delete(pending_deletion(query))
     if doc is not None and dequeue:
         keys = entries.holder_keys(doc)
         if keys:
@@ -276,16 +211,6 @@ def drop_ticket(query: dict[str, Any], reason: str, *, known: HolderDoc | None =
     if ticket is not None:
         record_tombstone(ticket, reason)
     return doc
-
-
-def deletion(query: dict[str, Any], reason: str) -> tuple[dict[str, Any], dict[str, int] | None]:
-    """The command that ends a holder: ``findAndModify`` removing the one matching
-    ``query`` (filter, projection). The sync and the async path send exactly this.
-
-    A release projects what its give-back needs (:data:`leases.engine.commands.RELEASE_PROJECTION`);
-    a reap keeps the whole document, which the handler and the history get.
-    """
-    return query, commands.RELEASE_PROJECTION if reason == "release" else None
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The renewal interval a grant issues: the policy and its twin as a pipeline expression.
 
-The engine's holder commands (:mod:`leases.engine.commands`), the renewal
+The engine's holder commands (:mod:`leases.store.holder_commands`), the renewal
 (:mod:`leases.engine.holders`) and the HTTP protocol (:mod:`leases.api.protocol`) all
 choose it here, so an interval is the same whichever path issued it.
 """

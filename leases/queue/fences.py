@@ -44,7 +44,7 @@ from datetime import datetime
 from typing import Any
 
 from ..definitions.model import LeaseDefinition, LevelSpec
-from ..store import fence_codec
+from ..store import counter_commands, fence_codec
 from ..store.documents import CounterDoc
 
 FIELD = "fence"
@@ -200,15 +200,11 @@ class Plan:
     def clause(self) -> dict[str, Any]:
         """The booking filter's part: the slot is free (its last entry is no longer booked)
         and its recorded generation is below the proposal."""
-        path = f"${FIELD}.{slot_field(self.slot)}"
-        return {"$expr": {"$and": [
-            {"$not": [{"$in": [{"$ifNull": [f"{path}.e", None]}, {"$ifNull": ["$holders", []]}]}]},
-            {"$lt": [{"$ifNull": [f"{path}.g", 0]}, self.generation]},
-        ]}}
+        return counter_commands.fence_clause(f"${FIELD}.{slot_field(self.slot)}", self.generation)
 
     def update(self) -> dict[str, Any]:
         """The booking update's part: record the slot's new holder and generation."""
-        return {f"{FIELD}.{slot_field(self.slot)}": {"e": self.entry, "g": self.generation}}
+        return counter_commands.fence_record(f"{FIELD}.{slot_field(self.slot)}", self.entry, self.generation)
 
 
 def plan(spec: LevelSpec, entry: str, *, floor: int, counter: CounterDoc | None = None,

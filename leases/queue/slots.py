@@ -32,7 +32,8 @@ from pymongo import ReturnDocument, UpdateOne
 
 from ..definitions import caps
 from ..definitions.model import LevelSpec
-from ..store import client as store
+from ..store import client as store, counter_commands
+from ..store.counter_commands import gate_pull, pull, pull_ops
 from ..store.documents import CounterDoc
 
 # entry and new_attempt_id: leases/service.py still calls them as slots.entry and
@@ -43,6 +44,9 @@ if TYPE_CHECKING:
     from .fences import Plan
 
 log = logging.getLogger(__name__)
+
+# The builders (leases.store.counter_commands) the async path reaches through this module.
+__all__ = ["gate_pull", "pull_ops"]
 
 def take(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_key: str,
          privileged: bool = False, ticket: str | None = None,
@@ -92,41 +96,21 @@ def take_ops(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_ke
     ops = []
     for spec in specs:
         is_gate = spec.key == gate_key
-        # "$exists": a counter written before entries existed must be converted first, or its
-        # count would stop matching the entries it lists.
-        query: dict[str, Any] = {"_id": spec.key, "count": {"$lt": spec.cap},
-                                 "holders": {"$ne": booking, "$exists": True}}
-        if is_gate and not privileged:
-            query["queue.0"] = {"$exists": False}
-        elif is_gate and ticket is not None:
-            # The privilege is the ticket's turn: a ticket pruned meanwhile (its waiter
-            # stalled past the ticket TTL) has none, whatever the waiter last read.
-            # $elemMatch, not "queue.id": an equality would seed the upsert's document, whose
-            # insert must only collide on _id (as on a full level).
-            query["queue"] = {"$elemMatch": {"id": ticket}}
-        clauses = []
-        if stamp := caps.obeyed(spec):
-            # A view loaded before a definition write lowered this cap fits under it too; and
-            # the booking never sets ``cap`` itself (only a view newer than the stamp does).
-            clauses.append(stamp)
-        if fence is not None and spec.key == fence.key:
-            clauses.append(fence.clause())  # the fence is issued by this very update
-        if clauses:
-            query["$and"] = clauses
-        update: dict[str, Any] = {
-            "$push": {"holders": booking}, "$inc": {"count": 1}, "$currentDate": {"updatedAt": True},
-            "$setOnInsert": {"resource": resource, "level": spec.level, "scope": spec.scope, "tenantId": spec.tenant_id,
-                             "cap": spec.cap},
-        }
-        if is_gate and privileged and ticket is not None:
-            update["$pull"] = {"queue": {"id": ticket}}
-            for op, values in (charge or {}).items():
-                update[op] = {**update.get(op, {}), **values}
-        if fence is not None and spec.key == fence.key:
-            update["$set"] = {**update.get("$set", {}), **fence.update()}
-        ops.append(UpdateOne(query, update, upsert=True))
+        fenced = fence is not None and spec.key == fence.key
+        # The cap stamp: a view loaded before a definition write lowered this cap fits under
+        # it too. The fence is issued by this very update.
+        clauses = [c for c in (caps.obeyed(spec), fence.clause() if fence is not None and fenced else None) if c]
+        ops.append(UpdateOne(*counter_commands.take_slot(
+            spec.key, booking, cap=spec.cap, seeded=_seed(spec, resource), gate=is_gate, privileged=privileged,
+            ticket=ticket, clauses=clauses, charge=charge,
+            record=fence.update() if fence is not None and fenced else None), upsert=True))
     ops.extend(op for op in map(caps.refresh_op, specs) if op is not None)
     return ops
+
+
+def _seed(spec: LevelSpec, resource: str) -> dict[str, Any]:
+    return counter_commands.seed(resource=resource, level=spec.level, scope=spec.scope, tenant_id=spec.tenant_id,
+                                 cap=spec.cap)
 
 
 def booked_before(exc: pymongo.errors.BulkWriteError) -> int:
@@ -152,12 +136,7 @@ def create(spec: LevelSpec, resource: str) -> None:
         pymongo.errors.PyMongoError: the store failed.
     """
     try:
-        store.counters().update_one(
-            {"_id": spec.key},
-            {"$setOnInsert": {"count": 0, "holders": [], "resource": resource, "level": spec.level,
-                              "scope": spec.scope, "tenantId": spec.tenant_id, "cap": spec.cap}},
-            upsert=True,
-        )
+        store.counters().update_one(*counter_commands.create(spec.key, _seed(spec, resource)), upsert=True)
     except pymongo.errors.DuplicateKeyError:
         pass  # created by another process a moment ago
 
@@ -185,29 +164,9 @@ def give_back(keys: Sequence[str], booking: str, *, record: dict[str, Any] | Non
     return store.counters().find_one_and_update(*gate_pull(gate, booking, record), return_document=ReturnDocument.AFTER)
 
 
-def pull_ops(keys: Sequence[str], booking: str) -> list[UpdateOne]:
-    """Return ``booking``'s slot on each counter of ``keys`` that still lists it (one bulk)."""
-    return [UpdateOne({"_id": key, "holders": booking}, _pull(booking)) for key in keys]
-
-
-def gate_pull(gate: str, booking: str, record: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The command (filter, update) of :func:`give_back` on the gate ``gate``: return
-    ``booking``'s slot if the gate still lists it, stamping ``clock`` for the hand-off,
-    with ``record``'s operators merged in. The sync and the async release send exactly this,
-    as ``findAndModify`` returning the document after.
-    """
-    return {"_id": gate, "holders": booking}, {**_pull(booking), **(record or {})}
-
-
-def _pull(booking: str) -> dict[str, Any]:
-    return {"$pull": {"holders": booking}, "$inc": {"count": -1},
-            "$currentDate": {"updatedAt": True, "clock": True}}
-
-
 def pull_entry(key: str, booking: str) -> CounterDoc | None:
     """Pull one entry from one counter (repair); the counter after, or None if it was gone."""
-    return store.counters().find_one_and_update(
-        {"_id": key, "holders": booking}, _pull(booking), return_document=ReturnDocument.AFTER)
+    return store.counters().find_one_and_update(*pull(key, booking), return_document=ReturnDocument.AFTER)
 
 
 def orphans(bookings: Iterable[str], now: datetime) -> tuple[list[str], list[str]]:
@@ -249,11 +208,8 @@ def convert_legacy(doc: CounterDoc, booked_by: dict[str, list[str]], *, safety: 
     updated_at = doc.get("updatedAt")
     if updated_at is not None and updated_at >= now - safety:
         return False
-    guard: dict[str, Any] = {"_id": doc["_id"], "holders": {"$exists": False}, "count": doc.get("count")}
-    guard["updatedAt"] = updated_at if updated_at is not None else {"$exists": False}
     entries = booked_by.get(doc["_id"], [])
-    result = store.counters().update_one(
-        guard, {"$set": {"holders": entries, "count": len(entries)}, "$currentDate": {"updatedAt": True}})
+    result = store.counters().update_one(*counter_commands.convert_legacy(dict(doc), entries))
     if result.matched_count and doc.get("count") != len(entries):
         log.info("counter %s converted: count %s -> %d booked entries", doc["_id"], doc.get("count"), len(entries))
     return bool(result.matched_count)

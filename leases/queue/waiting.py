@@ -32,7 +32,7 @@ from pymongo import ReturnDocument, UpdateOne
 from ..conf import lease_settings
 from ..revocation import listener
 from ..revocation.handlers import RevokedHolder
-from ..store import client as store, entries
+from ..store import client as store, entries, ticket_commands as commands
 from ..store.documents import CounterDoc, HolderDoc, TicketDoc
 from ..store.tombstones import tombstone_upsert
 from . import fences, order, slots, wakeups
@@ -100,9 +100,7 @@ def enqueue(gate_key: str, ticket: TicketDoc) -> CounterDoc | None:
         pymongo.errors.PyMongoError: the store failed.
     """
     return store.counters().find_one_and_update(
-        {"_id": gate_key, "queue.id": {"$ne": ticket["id"]}},
-        {"$push": {"queue": ticket}, "$currentDate": {"clock": True}},
-        return_document=ReturnDocument.AFTER,
+        *commands.enqueue(gate_key, dict(ticket)), return_document=ReturnDocument.AFTER,
     ) or keep_alive(gate_key, ticket["id"])
 
 
@@ -115,24 +113,9 @@ def keep_alive(gate_key: str, ticket_id: str, *, ttl_ms: int | None = None,
     Raises:
         pymongo.errors.PyMongoError: the store failed.
     """
-    # arrayFilters, not the positional "$": the embedded server's findAndModify does not
-    # resolve "$" (MongoDB takes both).
-    update: dict[str, Any] = {"$currentDate": {"queue.$[mine].seen": True, "clock": True}}
-    if ttl_ms is not None:
-        # A ticket kept for an HTTP client lives as long as its poll bound, and no process
-        # waits on it any more: its liveness is the client's polling, not a process's.
-        update["$set"] = {"queue.$[mine].ttl": int(ttl_ms), "queue.$[mine].w": None}
-    query: dict[str, Any] = {"_id": gate_key, "queue.id": ticket_id}
-    if live_at is not None and ttl_ms is not None:
-        # Only a ticket still live at ``live_at`` (MongoDB's clock): a late poll must not
-        # revive one the order rule already passed over.
-        query = {"_id": gate_key, "queue": {"$elemMatch": {
-            "id": ticket_id, "seen": {"$gte": live_at - timedelta(milliseconds=int(ttl_ms))}}}}
     return store.counters().find_one_and_update(
-        query, update,
-        array_filters=[{"mine.id": ticket_id}],
-        return_document=ReturnDocument.AFTER,
-    )
+        *commands.keep_alive(gate_key, ticket_id, ttl_ms=ttl_ms, live_at=live_at),
+        array_filters=commands.mine(ticket_id), return_document=ReturnDocument.AFTER)
 
 
 def mark_blocked(gate_key: str, ticket_id: str, level: str) -> None:
@@ -141,9 +124,8 @@ def mark_blocked(gate_key: str, ticket_id: str, level: str) -> None:
     Raises:
         pymongo.errors.PyMongoError: the store failed.
     """
-    store.counters().update_one({"_id": gate_key, "queue.id": ticket_id},
-                                {"$set": {"queue.$[mine].lvl": level}, "$currentDate": {"queue.$[mine].bat": True}},
-                                array_filters=[{"mine.id": ticket_id}])
+    store.counters().update_one(*commands.mark_blocked(gate_key, ticket_id, level),
+                                array_filters=commands.mine(ticket_id))
 
 
 def dequeue(gate_key: str, ticket_id: str) -> None:
@@ -152,7 +134,7 @@ def dequeue(gate_key: str, ticket_id: str) -> None:
     Raises:
         pymongo.errors.PyMongoError: the store failed (the ticket then goes stale by itself).
     """
-    store.counters().update_one({"_id": gate_key}, {"$pull": {"queue": {"id": ticket_id}}})
+    store.counters().update_one(*commands.dequeue(gate_key, ticket_id))
 
 
 def read_gate(gate_key: str) -> CounterDoc | None:
@@ -161,8 +143,7 @@ def read_gate(gate_key: str) -> CounterDoc | None:
     Raises:
         pymongo.errors.PyMongoError: the store failed.
     """
-    return store.counters().find_one_and_update(
-        {"_id": gate_key}, {"$currentDate": {"clock": True}}, return_document=ReturnDocument.AFTER)
+    return store.counters().find_one_and_update(*commands.read_gate(gate_key), return_document=ReturnDocument.AFTER)
 
 
 def prune(gate: CounterDoc, ids: list[str] | None = None, *, reason: str = "ticket-expired") -> CounterDoc:
@@ -175,13 +156,12 @@ def prune(gate: CounterDoc, ids: list[str] | None = None, *, reason: str = "tick
     stale = order.stale_ids(gate, gate["clock"]) if ids is None else list(ids)
     if not stale:
         return gate
-    after = store.counters().find_one_and_update(
-        {"_id": gate["_id"]}, {"$pull": {"queue": {"id": {"$in": stale}}}, "$currentDate": {"clock": True}},
-        return_document=ReturnDocument.AFTER)
+    after = store.counters().find_one_and_update(*commands.prune(gate["_id"], stale),
+                                                 return_document=ReturnDocument.AFTER)
     # Remember the ids, so a client polling a ticket late is told EXPIRED, not "unknown".
     # The holders are deleted in one command, so their tombstones come from the tickets
     # (who waited) and the gate (where), in the one shape every tombstone has.
-    store.holders().delete_many({"_id": {"$in": stale}, "state": "PENDING"})
+    store.holders().delete_many(commands.pruned_holders(stale))
     by_id = {t["id"]: t for t in gate.get("queue") or ()}
     # Cast: the stand-in holder of an id not in the queue as read has None for its tenant
     # and project (its tombstone records None), which a HolderDoc's str fields do not allow.
@@ -272,8 +252,7 @@ def repair(counter: CounterDoc, now: datetime) -> bool:
     checked = counter.get("checkedAt")
     if checked is not None and checked > now - timedelta(milliseconds=repair_interval_ms()):
         return False
-    claim = store.counters().update_one({"_id": counter["_id"], "checkedAt": checked},
-                                        {"$currentDate": {"checkedAt": True}})
+    claim = store.counters().update_one(*commands.repair_claim(counter["_id"], checked))
     if not claim.matched_count:
         return False  # another process is checking it right now
     missing, expired = slots.orphans(counter.get("holders") or (), now)
@@ -289,7 +268,7 @@ def repair(counter: CounterDoc, now: datetime) -> bool:
                      counter["_id"], entries.token_of(booking))
             hand_off(after)
     for token in expired:
-        doc = _holder_end({"_id": token, "expiresAt": {"$lt": now}}, "idle")
+        doc = _holder_end(commands.expired_holder(token, now), "idle")
         freed = freed or doc is not None
         # Like the idle sweep (leases.upkeep.reaper.reap): only a holder handed out (HELD)
         # has a consumer whose handler must clean up.

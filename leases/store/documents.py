@@ -1,7 +1,7 @@
 """The shapes of the engine's MongoDB documents, as they cross module boundaries.
 
 A holder document is written by the acquisition funnel (``leases.service``,
-``leases.engine.commands``), renewed and ended by ``leases.engine.holders``, read by the reaper, the
+``leases.store.holder_commands``), renewed and ended by ``leases.engine.holders``, read by the reaper, the
 dispatcher and the operator views; a counter document is booked by ``leases.queue.slots`` and
 queued on by ``leases.queue.waiting``; a pod document is written by ``leases.pods.leases`` and
 judged by ``leases.pods.liveness``. These ``TypedDict`` s name their fields once, for the

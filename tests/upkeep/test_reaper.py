@@ -165,7 +165,7 @@ def test_given_an_entry_of_an_earlier_attempt_of_a_live_holder_then_it_is_pulled
 def test_given_a_holder_written_again_by_another_attempt_then_marking_it_held_by_the_earlier_one_matches_nothing(
         recorder):
     from leases import service
-    from leases.engine import commands
+    from leases.store import holder_commands as commands
 
     # Given: an attempt at a token whose holder was written again (a new attemptId) since.
     attempt, _ = service.prepare(leases.LeaseRequest(type="rec", lease="res", tenant_id="t1", project_id="p1",

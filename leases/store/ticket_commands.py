@@ -1,0 +1,112 @@
+"""The waiting queue's commands on the gate counter (its ``queue`` of tickets), each with
+the invariant it keeps.
+
+A ticket is an element of the gate counter's ``queue`` (:mod:`leases.store.shapes` names
+its fields). Every command here that the order rule decides on returns the gate (sent as
+``findAndModify``, the document after) and stamps ``clock`` with MongoDB's time, so the
+decision runs on what that command saw. Pure builders (no I/O): :mod:`leases.queue.waiting`
+sends them; the tickets' holder documents are ended by :mod:`leases.store.holder_commands`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+Command = tuple[dict[str, Any], dict[str, Any]]
+#: The array filter naming one ticket (``queue.$[mine]``), with its id.
+Mine = list[dict[str, Any]]
+
+
+def mine(ticket_id: str) -> Mine:
+    """The ``array_filters`` of a command on the ticket ``ticket_id``.
+
+    arrayFilters, not the positional ``$``: the embedded server's findAndModify does not
+    resolve ``$`` (MongoDB takes both).
+    """
+    return [{"mine.id": ticket_id}]
+
+
+def enqueue(gate_key: str, ticket: dict[str, Any]) -> Command:
+    """Append ``ticket`` to the gate's queue.
+
+    Invariant: *one ticket per id* — the filter requires the id not queued yet, so a
+    repeated enqueue matches nothing (the caller then keeps the queued one alive).
+    """
+    return ({"_id": gate_key, "queue.id": {"$ne": ticket["id"]}},
+            {"$push": {"queue": ticket}, "$currentDate": {"clock": True}})
+
+
+def keep_alive(gate_key: str, ticket_id: str, *, ttl_ms: int | None = None,
+               live_at: datetime | None = None) -> Command:
+    """Refresh the ticket's ``seen`` on MongoDB's clock (with :func:`mine`).
+
+    Invariants: *never revives a granted or pruned ticket* — only a ticket still queued
+    matches; with ``live_at`` (and ``ttl_ms``) only one still live then, so a late poll
+    cannot revive one the order rule already passed over. ``ttl_ms``: a ticket kept for an
+    HTTP client lives as long as its poll bound, and no process waits on it any more (its
+    waker ``w`` is cleared).
+    """
+    update: dict[str, Any] = {"$currentDate": {"queue.$[mine].seen": True, "clock": True}}
+    if ttl_ms is not None:
+        update["$set"] = {"queue.$[mine].ttl": int(ttl_ms), "queue.$[mine].w": None}
+    query: dict[str, Any] = {"_id": gate_key, "queue.id": ticket_id}
+    if live_at is not None and ttl_ms is not None:
+        query = {"_id": gate_key, "queue": {"$elemMatch": {
+            "id": ticket_id, "seen": {"$gte": live_at - timedelta(milliseconds=int(ttl_ms))}}}}
+    return query, update
+
+
+def mark_blocked(gate_key: str, ticket_id: str, level: str) -> Command:
+    """Record which level blocked the ticket last, and when (``lvl``, ``bat``; with
+    :func:`mine`). Diagnosis only: no decision reads it as a right to a slot."""
+    return ({"_id": gate_key, "queue.id": ticket_id},
+            {"$set": {"queue.$[mine].lvl": level}, "$currentDate": {"queue.$[mine].bat": True}})
+
+
+def dequeue(gate_key: str, ticket_id: str) -> Command:
+    """Remove a ticket (timeout, abandon).
+
+    Invariant: idempotent — a pull by id removes it at most once, and nothing else.
+    """
+    return {"_id": gate_key}, {"$pull": {"queue": {"id": ticket_id}}}
+
+
+def read_gate(gate_key: str) -> Command:
+    """Read the gate with ``clock`` stamped to MongoDB's time now (one command: the order
+    rule judges staleness on the server's clock, never a process's)."""
+    return {"_id": gate_key}, {"$currentDate": {"clock": True}}
+
+
+def prune(gate_key: str, ids: list[str]) -> Command:
+    """Drop the tickets ``ids`` from the gate's queue (stale, or their waiters gone).
+
+    Invariant: by id only — a ticket queued meanwhile under another id stays.
+    """
+    return {"_id": gate_key}, {"$pull": {"queue": {"id": {"$in": ids}}}, "$currentDate": {"clock": True}}
+
+
+def pruned_holders(ids: list[str]) -> dict[str, Any]:
+    """The filter deleting the holder documents of pruned tickets (one ``delete_many``).
+
+    Invariant: only ``PENDING`` ones — a ticket granted meanwhile is a lease and stays.
+    """
+    return {"_id": {"$in": ids}, "state": "PENDING"}
+
+
+def repair_claim(counter_key: str, checked: datetime | None) -> Command:
+    """Claim a full counter for one repair check.
+
+    Invariant: *one repairer at a time* — the filter requires ``checkedAt`` as read, so of
+    processes claiming at once one matches; it stamps the server's time for the next.
+    """
+    return {"_id": counter_key, "checkedAt": checked}, {"$currentDate": {"checkedAt": True}}
+
+
+def expired_holder(token: str, now: datetime) -> dict[str, Any]:
+    """The filter repair ends a holder past its TTL with (reason ``idle``).
+
+    Invariant: only while still past ``now`` (MongoDB's clock as read): a holder renewed
+    meanwhile matches nothing.
+    """
+    return {"_id": token, "expiresAt": {"$lt": now}}
