@@ -10,8 +10,8 @@ from ..conf import lease_settings
 from ..errors import LeaseBusy
 from ..queue import estimates
 from ..store.documents import CounterDoc
+from ..store.shapes import queue_of
 from .funnel import Attempt, _Blocked
-from .shapes import queue_of
 
 
 def busy(attempt: Attempt, blocked: _Blocked, *, position: int | None = None,

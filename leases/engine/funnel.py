@@ -23,11 +23,11 @@ from ..definitions.model import LeaseDefinition, LevelSpec
 from ..queue import fences, shares, slots, waiting
 from ..store import client as store, holder_commands as commands
 from ..store.documents import CounterDoc, TicketDoc
+from ..store.shapes import new_ticket, ticket_in
 from .intervals import choose_interval
 from .lease import Lease
 from .pausepoints import pause_point as _pause_point
 from .request import LeaseRequest
-from .shapes import new_ticket, ticket_in
 
 log = logging.getLogger(__name__)
 
@@ -197,11 +197,11 @@ class Attempt:
     def discard(self) -> None:
         """Drop the holder document of an attempt that books nothing (it gave back what it
         took when it found a level full)."""
-        store.holders().delete_one({"_id": self.token})
+        store.holders().delete_one(commands.discard(self.token))
 
     def rollback(self) -> None:
         """Undo the attempt: whoever deletes the holder returns every entry it may have."""
-        doc = store.holders().find_one_and_delete({"_id": self.token}, projection={"_id": 1})
+        doc = store.holders().find_one_and_delete(*commands.rollback(self.token))
         _pause_point("rollback")
         # Entries are pulled by value, so also when the holder was already reaped: nobody
         # else can pull an entry a second time.

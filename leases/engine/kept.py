@@ -18,14 +18,14 @@ from .. import validation
 from ..definitions import model as definitions
 from ..errors import LeaseExpired, LeaseUnavailable
 from ..queue import shares, waiting
-from ..store import client as store
+from ..store import client as store, holder_commands
 from ..store.documents import CounterDoc, TicketDoc
+from ..store.shapes import arrived_at, ticket_in
 from ..telemetry import history, metrics
 from . import holders
 from .funnel import Attempt
 from .lease import Lease
 from .request import LeaseRequest
-from .shapes import arrived_at, ticket_in
 from .step import step, store_bound
 from .ticket import Ticket
 from .waiter import Waiter
@@ -49,13 +49,10 @@ def resume(ticket_id: str, *, scope: holders.Scope, keep_ms: int) -> "Lease | Ti
     mine = holders.scoped(ticket_id, scope)
     try:
         with store_bound():
-            holder = store.holders().find_one_and_update(
-                {**mine, "state": "PENDING"},
-                [{"$set": {"polledAt": "$$NOW", "expiresAt": {"$add": ["$$NOW", {"$max": [
-                    int(keep_ms), {"$multiply": [{"$ifNull": ["$ttlSeconds", 0]}, 1000]}]}]}}}],
-                return_document=ReturnDocument.AFTER)
+            holder = store.holders().find_one_and_update(*holder_commands.poll_ticket(mine, keep_ms),
+                                                         return_document=ReturnDocument.AFTER)
             if holder is None:
-                holder = store.holders().find_one({**mine, "state": "HELD"})
+                holder = store.holders().find_one(holder_commands.granted(mine))
             gone = None if holder is not None else holders.ended(ticket_id, scope, noun="ticket")
     except pymongo.errors.PyMongoError as exc:
         raise LeaseUnavailable(store.unreachable("lease store", exc)) from None

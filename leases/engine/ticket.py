@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from ..definitions.model import LeaseDefinition
 from ..queue import estimates, order
 from ..store.documents import CounterDoc, TicketDoc
-from .shapes import ticket_deadline, ticket_in
+from ..store.shapes import ticket_deadline, ticket_in
 
 if TYPE_CHECKING:
     from .funnel import _Blocked

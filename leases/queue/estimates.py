@@ -23,6 +23,7 @@ from datetime import UTC, datetime, timedelta
 from statistics import median
 from typing import Any, cast
 
+from ..store import shapes
 from ..store.documents import CounterDoc, TicketDoc
 from ..store.entries import parts_of
 from . import order
@@ -75,7 +76,7 @@ def wait_ms(gate: CounterDoc, ticket_id: str, now: datetime) -> float | None:
 def calibration(gate: CounterDoc) -> float:
     """Median of actual ÷ estimated wait over the gate's recent grants (``er``); 1 until
     three are on record."""
-    ratios = [r for r in gate.get("er") or () if isinstance(r, (int, float)) and not isinstance(r, bool) and r > 0]
+    ratios = [r for r in shapes.estimate_ratios(gate) if isinstance(r, (int, float)) and not isinstance(r, bool) and r > 0]
     return float(median(ratios)) if len(ratios) >= 3 else 1.0
 
 
@@ -197,9 +198,9 @@ def _turnover(gate: CounterDoc, live: list[TicketDoc], now: datetime) -> Iterato
                 break
             yield step, chosen.get("id")
             queue.pop(chosen)
-            held.add(chosen.get("t", ""), chosen.get("p", ""), chosen.get("u", ""))
+            held.add(*shapes.owner(chosen))
             passes.charge(chosen, queue.heads())
-            owners.append((chosen.get("t", ""), chosen.get("p", ""), chosen.get("u", "")))
+            owners.append(shapes.owner(chosen))
         if not owners:
             return  # nothing to release and nothing picked: blocked by its own caps
         if step == MAX_WALK_STEPS or rankings >= MAX_WALK_RANKINGS:
@@ -242,11 +243,11 @@ class _Queue:
 
     def _kind(self, ticket: TicketDoc) -> tuple:
         caps = ticket.get("caps") or {}
-        return (ticket.get("t", ""), ticket.get("p", ""), ticket.get("u", "") if "user" in caps else None,
-                _rank(ticket), order.weight(ticket.get("wt")), order.weight(ticket.get("wp")),
-                repr(sorted(caps.items())), repr(ticket.get("ms")), order.is_suspect(ticket, self.now),
+        return (shapes.tenant(ticket), shapes.project(ticket), shapes.user(ticket) if "user" in caps else None,
+                _rank(ticket), order.weight(shapes.tenant_weight(ticket)), order.weight(shapes.project_weight(ticket)),
+                repr(sorted(caps.items())), repr(shapes.max_starvation_ms(ticket)), order.is_suspect(ticket, self.now),
                 # One that sat out after finding its own level full is a kind of its own.
-                ticket.get("id") if ticket.get("bat") is not None else None)
+                ticket.get("id") if shapes.blocked_since(ticket) is not None else None)
 
 
 @dataclass
@@ -266,8 +267,8 @@ class _Reasking:
 
     @classmethod
     def of(cls, live: list[TicketDoc]) -> "_Reasking":
-        by_project = {(t.get("t", ""), t.get("p", "")): t for t in live}
-        by_tenant = {t.get("t", ""): t for t in live}
+        by_project = {(shapes.tenant(t), shapes.project(t)): t for t in live}
+        by_tenant = {shapes.tenant(t): t for t in live}
         return cls(by_project, by_tenant, max((_rank(t) for t in live), default=0))
 
     def ticket(self, t: str, p: str, u: str, ticket_id: str, at: datetime) -> TicketDoc:
@@ -284,7 +285,7 @@ class _Reasking:
 
 def _rank(ticket: TicketDoc) -> int:
     """A ticket's class rank as the order rule reads it (0, the top, when it has none)."""
-    return int(ticket.get("pc") or 0)
+    return shapes.priority_rank(ticket)
 
 
 # How far ahead a ticket the walk treats as kept alive was last seen: longer than any walk.

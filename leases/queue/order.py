@@ -44,6 +44,7 @@ from datetime import datetime, timedelta
 from statistics import median
 from typing import Any
 
+from ..store import shapes
 from ..store.documents import CounterDoc, TicketDoc
 from ..store.entries import parts_of
 
@@ -71,7 +72,7 @@ class Occupancy:
     def fits(self, ticket: TicketDoc) -> bool:
         """Whether the ticket's own narrower caps leave it room."""
         caps = ticket.get("caps") or {}
-        t, p, u = ticket.get("t", ""), ticket.get("p", ""), ticket.get("u", "")
+        t, p, u = shapes.owner(ticket)
         return not (("tenant" in caps and self.tenant[t] >= caps["tenant"])
                     or ("project" in caps and self.project[(t, p)] >= caps["project"])
                     or ("user" in caps and self.user[(t, u)] >= caps["user"]))
@@ -87,7 +88,7 @@ class Passes:
 
     @classmethod
     def of(cls, gate: CounterDoc) -> "Passes":
-        return cls(dict(gate.get("vt") or {}), float(gate.get("vf") or 0.0))
+        return cls(shapes.tenant_passes(gate), shapes.passes_floor(gate))
 
     def tenant(self, t: str) -> float:
         return max(float(self.vt.get(t, 0.0)), self.vf)
@@ -104,8 +105,8 @@ class Passes:
         floors move to the lowest pass among those still waiting: a tenant (project) that
         waits is never lifted — it keeps its due — one that comes back later starts there.
         """
-        t, p = ticket.get("t", ""), ticket.get("p", "")
-        wt, wp = weight(ticket.get("wt")), weight(ticket.get("wp"))
+        t, p = shapes.tenant(ticket), shapes.project(ticket)
+        wt, wp = weight(shapes.tenant_weight(ticket)), weight(shapes.project_weight(ticket))
         ops: dict[str, dict[str, float]] = {"$inc": {}, "$max": {}}
         tenant_pass, project_pass = self.tenant(t), self.project(t, p)
         others = [x for x in waiting if x.get("id") != ticket.get("id")]
@@ -118,12 +119,12 @@ class Passes:
                 ops["$max"][f"vt.{key}"] = effective + step
             self.vt[key] = effective + step
         if others:
-            tenant_floor = min(self.tenant(x.get("t", "")) for x in others)
+            tenant_floor = min(self.tenant(shapes.tenant(x)) for x in others)
             ops["$max"]["vf"] = tenant_floor
             self.vf = max(self.vf, tenant_floor)
-        mine = [x for x in others if x.get("t", "") == t]
+        mine = [x for x in others if shapes.tenant(x) == t]
         if mine:
-            project_floor = min(self.project(t, x.get("p", "")) for x in mine)
+            project_floor = min(self.project(t, shapes.project(x)) for x in mine)
             ops["$max"][f"vt.{t}/"] = project_floor
             self.vt[f"{t}/"] = max(float(self.vt.get(f"{t}/", 0.0)), project_floor)
         return {op: values for op, values in ops.items() if values}
@@ -144,19 +145,19 @@ BLOCKED_PAUSE = timedelta(milliseconds=300)
 
 def sits_out(ticket: TicketDoc, now: datetime) -> bool:
     """Whether a ticket recently found one of its own narrower levels full."""
-    blocked_at = ticket.get("bat")
-    return (blocked_at is not None and ticket.get("lvl") in (ticket.get("caps") or {})
+    blocked_at = shapes.blocked_since(ticket)
+    return (blocked_at is not None and shapes.blocked_level(ticket) in (ticket.get("caps") or {})
             and blocked_at + BLOCKED_PAUSE > now)
 
 
 def _scope_at(ticket: TicketDoc, level: str) -> tuple[str, ...]:
     """Who shares ``ticket``'s counter at a narrower ``level``: its tenant, (tenant,
     project) or (tenant, user)."""
-    t = ticket.get("t", "")
+    t = shapes.tenant(ticket)
     if level == "project":
-        return (t, ticket.get("p", ""))
+        return (t, shapes.project(ticket))
     if level == "user":
-        return (t, ticket.get("u", ""))
+        return (t, shapes.user(ticket))
     return (t,)
 
 
@@ -168,7 +169,7 @@ def waits_behind(ticket: TicketDoc, sitting: list[TicketDoc]) -> bool:
     caps = ticket.get("caps") or {}
     mine = (ticket.get("at"), ticket.get("id", ""))
     for other in sitting:
-        level = str(other.get("lvl"))
+        level = str(shapes.blocked_level(other))
         if (level in caps and other.get("id") != ticket.get("id") and _scope_at(other, level) == _scope_at(ticket, level)
                 and (other.get("at"), other.get("id", "")) < mine):
             return True
@@ -207,7 +208,7 @@ def is_starved(ticket: TicketDoc, now: datetime, lead: timedelta = timedelta(0))
     """Whether the ticket ranks as starved: it waited its definition's ``maxStarvationMs``
     minus ``lead`` (:func:`starvation_lead`; never more than half the bound), so that the
     next free slot, about one hold away, reaches it by the bound."""
-    bound, at = ticket.get("ms"), ticket.get("at")
+    bound, at = shapes.max_starvation_ms(ticket), ticket.get("at")
     if not (isinstance(bound, int) and not isinstance(bound, bool) and at is not None):
         return False
     wait = timedelta(milliseconds=bound)
@@ -216,15 +217,15 @@ def is_starved(ticket: TicketDoc, now: datetime, lead: timedelta = timedelta(0))
 
 def _rank_key(ticket: TicketDoc, held: Occupancy, passes: Passes, now: datetime,
               lead: timedelta = timedelta(0)) -> tuple:
-    t, p = ticket.get("t", ""), ticket.get("p", "")
+    t, p = shapes.tenant(ticket), shapes.project(ticket)
     if is_starved(ticket, now, lead):
         return (-1, 0.0, 0.0, 0.0, 0.0, ticket.get("at"), ticket.get("id", ""))
-    wt, wp = weight(ticket.get("wt")), weight(ticket.get("wp"))
+    wt, wp = weight(shapes.tenant_weight(ticket)), weight(shapes.project_weight(ticket))
     # Pass plus what is held now: a slot taken without queueing (nobody waited then) was
     # never charged, yet counts while it is held; a bounded addend, so the long-run shares
     # still follow the weights.
     tenant_held, project_held = held.tenant[t] / wt, held.project[(t, p)] / wp
-    return (int(ticket.get("pc") or 0), passes.tenant(t) + tenant_held, tenant_held,
+    return (shapes.priority_rank(ticket), passes.tenant(t) + tenant_held, tenant_held,
             passes.project(t, p) + project_held, project_held, ticket.get("at"), ticket.get("id", ""))
 
 
@@ -242,7 +243,7 @@ def _order(gate: CounterDoc, now: datetime, limit: int | None) -> tuple[list[Tic
         out.append(chosen)
         passes.charge(chosen, remaining)
         remaining.remove(chosen)
-        held.add(chosen.get("t", ""), chosen.get("p", ""), chosen.get("u", ""))
+        held.add(*shapes.owner(chosen))
     return out, remaining
 
 
@@ -315,13 +316,13 @@ def blocking_level(gate: CounterDoc, ticket: TicketDoc, now: datetime) -> str:
     the gate's own level (its turn has not come)."""
     held = Occupancy.of(gate.get("holders") or ())
     caps = ticket.get("caps") or {}
-    t, p, u = ticket.get("t", ""), ticket.get("p", ""), ticket.get("u", "")
+    t, p, u = shapes.owner(ticket)
     for level, count in (("user", held.user[(t, u)]), ("project", held.project[(t, p)]),
                          ("tenant", held.tenant[t])):
         if level in caps and count >= caps[level]:
             return level
     if sits_out(ticket, now):
-        return str(ticket.get("lvl"))
+        return str(shapes.blocked_level(ticket))
     return str(gate.get("level") or "global")
 
 

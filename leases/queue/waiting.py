@@ -24,17 +24,17 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
 import pymongo.errors
-from pymongo import ReturnDocument, UpdateOne
+from pymongo import ReturnDocument
 
 from ..conf import lease_settings
 from ..revocation import listener
 from ..revocation.handlers import RevokedHolder
-from ..store import client as store, entries, ticket_commands as commands
+from ..store import client as store, entries, shapes, ticket_commands as commands
 from ..store.documents import CounterDoc, HolderDoc, TicketDoc
-from ..store.tombstones import tombstone_upsert
+from ..store.tombstones import ticket_tombstones
 from . import fences, order, slots, wakeups
 
 #: Ends a holder (deletes it, returns its slots, tombstones it): the engine's
@@ -162,14 +162,7 @@ def prune(gate: CounterDoc, ids: list[str] | None = None, *, reason: str = "tick
     # The holders are deleted in one command, so their tombstones come from the tickets
     # (who waited) and the gate (where), in the one shape every tombstone has.
     store.holders().delete_many(commands.pruned_holders(stale))
-    by_id = {t["id"]: t for t in gate.get("queue") or ()}
-    # Cast: the stand-in holder of an id not in the queue as read has None for its tenant
-    # and project (its tombstone records None), which a HolderDoc's str fields do not allow.
-    store.tombstones().bulk_write([
-        UpdateOne(*tombstone_upsert(cast(HolderDoc, {
-            "_id": tid, "tenantId": by_id.get(tid, {}).get("t"), "projectId": by_id.get(tid, {}).get("p"),
-            "resource": gate.get("resource", "")}), reason), upsert=True)
-        for tid in stale], ordered=False)
+    store.tombstones().bulk_write(ticket_tombstones(gate, stale, reason), ordered=False)
     log.info("queue %s: dropped %d tickets (%s)", gate["_id"], len(stale), reason)
     return after or gate
 
@@ -181,7 +174,7 @@ def wake(gate: CounterDoc, ids: list[str]) -> list[str]:
     by_id = {t["id"]: t for t in gate.get("queue") or ()}
     # The freed slots and whose turn takes which, so each woken waiter proposes its own slot.
     hint = fences.hint_of(gate, order.next_grants(gate, gate["clock"]) if gate.get("clock") else ())
-    return [tid for tid in ids if tid in by_id and wakeups.wake(tid, by_id[tid].get("w"), hint) == wakeups.DEAD]
+    return [tid for tid in ids if tid in by_id and wakeups.wake(tid, shapes.waker(by_id[tid]), hint) == wakeups.DEAD]
 
 
 def hand_off(gate: CounterDoc | None, *, skip: str | None = None) -> list[str]:

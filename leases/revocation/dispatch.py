@@ -77,13 +77,7 @@ def claim(holder: RevokedHolder) -> bool:
     ended: HolderDoc = {"_id": holder.token, "tenantId": holder.tenant_id, "projectId": holder.project_id,
                         "resource": holder.resource}
     try:
-        result = store.tombstones().update_one(
-            {"_id": holder.token, "handledBy": {"$exists": False}},
-            # keep: the reap's time ``at`` (the TTL index ages the tombstone from it) and reason stay.
-            [{"$set": {**tombstones.tombstone_fields(ended, holder.reason, keep=True),
-                       "handledBy": {"$literal": self_pod_id()}, "handledAt": "$$NOW"}}],
-            upsert=True,
-        )
+        result = store.tombstones().update_one(*tombstones.claim(ended, holder.reason, self_pod_id()), upsert=True)
     except pymongo.errors.DuplicateKeyError:
         return False  # the tombstone exists and is already claimed
     return result.matched_count == 1 or result.upserted_id is not None

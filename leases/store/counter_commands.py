@@ -143,3 +143,23 @@ def fence_clause(path: str, generation: int) -> dict[str, Any]:
 def fence_record(field: str, entry: str, generation: int) -> dict[str, Any]:
     """The booking update's fence part: the slot's new holder entry and generation."""
     return {field: {"e": entry, "g": generation}}
+
+
+def recount(doc: dict[str, Any], booked: int) -> Command:
+    """Reconcile's correction of a counter whose ``count`` differs from its entries.
+
+    Invariant: *count equals the entries* — set to the list's length, only on the counter
+    as read (``count`` and ``updatedAt`` as seen: a booking since makes it match nothing).
+    """
+    guard = {"_id": doc["_id"], "count": doc.get("count"), "updatedAt": doc.get("updatedAt")}
+    return guard, {"$set": {"count": booked}, "$currentDate": {"updatedAt": True}}
+
+
+def drop_idle(doc: dict[str, Any]) -> dict[str, Any]:
+    """The filter deleting an idle counter (nothing booked, nobody queued).
+
+    Invariants: only the counter as read, still empty and without a queue; never one that
+    has a ``fence`` (its generations must outlive it, or a fence could be issued twice).
+    """
+    return {"_id": doc["_id"], "count": doc.get("count"), "updatedAt": doc.get("updatedAt"),
+            "holders.0": {"$exists": False}, "queue.0": {"$exists": False}, "fence": {"$exists": False}}

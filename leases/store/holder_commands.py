@@ -221,3 +221,34 @@ def ended_lookup(token: str, bound: Scope | None) -> tuple[dict[str, Any], dict[
     """The tombstone read (filter, projection) that tells why ``token`` is no lease any
     more, in the caller's scope (:func:`scoped`)."""
     return scoped(token, bound), {"reason": 1}
+
+
+def discard(token: str) -> dict[str, Any]:
+    """The filter dropping the holder of an attempt that books nothing (it gave back what
+    it took when it found a level full)."""
+    return {"_id": token}
+
+
+def rollback(token: str) -> tuple[dict[str, Any], dict[str, int]]:
+    """The rollback's delete (filter, projection) of an attempt's holder.
+
+    Invariant: whoever deletes the holder returns its entries (by value, so also when it
+    was already reaped: nobody can pull an entry twice).
+    """
+    return {"_id": token}, {"_id": 1}
+
+
+def poll_ticket(query: dict[str, Any], keep_ms: int) -> Command:
+    """A kept ticket's poll on its waiting holder ``query`` (:func:`scoped`).
+
+    Invariant: the idle reap never takes a ticket being polled — the deadline moves to
+    ``now + max(keep_ms, ttl)``; only a ``PENDING`` holder matches (a granted one is
+    answered as the lease).
+    """
+    return {**query, "state": "PENDING"}, [{"$set": {"polledAt": "$$NOW", "expiresAt": {"$add": ["$$NOW", {"$max": [
+        int(keep_ms), {"$multiply": [{"$ifNull": ["$ttlSeconds", 0]}, 1000]}]}]}}}]
+
+
+def granted(query: dict[str, Any]) -> dict[str, Any]:
+    """The filter of the holder ``query`` once granted (``HELD``)."""
+    return {**query, "state": "HELD"}

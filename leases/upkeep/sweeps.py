@@ -17,7 +17,7 @@ from ..pods.liveness import LeasePodLiveness, liveness as default_liveness
 from ..queue import slots, waiting
 from ..revocation import listener
 from ..revocation.handlers import RevokedHolder
-from ..store import client as store, entries
+from ..store import client as store, counter_commands, entries
 from ..store.documents import HolderDoc
 from ..telemetry import metrics
 from . import reaper
@@ -171,16 +171,13 @@ def reconcile(*, now: datetime | None = None, safety_ms: int | None = None,
     for doc in counters.find({"holders": {"$exists": True}}, {"count": 1, "holders": 1, "updatedAt": 1,
                                                             "queue": 1, "clock": 1}).limit(limit):
         booked_entries = doc.get("holders") or []
-        guard = {"_id": doc["_id"], "count": doc.get("count"), "updatedAt": doc.get("updatedAt")}
         if doc.get("count") != len(booked_entries):
-            if counters.update_one(guard, {"$set": {"count": len(booked_entries)},
-                                           "$currentDate": {"updatedAt": True}}).matched_count:
+            if counters.update_one(*counter_commands.recount(doc, len(booked_entries))).matched_count:
                 corrected += 1
                 metrics.RECONCILE.labels(outcome="corrected").inc()
                 log.info("reconcile: counter %s corrected %s -> %d", doc["_id"], doc.get("count"), len(booked_entries))
         elif not booked_entries and not doc.get("queue") and (doc.get("updatedAt") is None or doc["updatedAt"] < now - safety):
-            counters.delete_one({**guard, "holders.0": {"$exists": False}, "queue.0": {"$exists": False},
-                                 "fence": {"$exists": False}})
+            counters.delete_one(counter_commands.drop_idle(doc))
         if doc.get("queue"):
             waiting.prune({**doc, "clock": now})
     return corrected, has_more

@@ -13,7 +13,7 @@ from typing import Any
 
 from ... import ids, validation
 from ...queue import estimates, order
-from ...store import client as store
+from ...store import client as store, shapes
 
 GLOBAL_BLOCK_NOTE = "blocked at the global level, shared with other tenants"
 
@@ -72,7 +72,7 @@ class WaiterList:
 
 
 def _level_key(resource: str, level: str, ticket: dict[str, Any]) -> str | None:
-    t, p, u = ticket.get("t", ""), ticket.get("p", ""), ticket.get("u", "")
+    t, p, u = shapes.owner(ticket)
     if level not in ("global", "tenant", "project", "user"):
         return None
     return ids.counter_key(resource, level, ids.scope(level, t, p, u))
@@ -120,8 +120,8 @@ def list_waiters(tenant_id: str | None = None, resource: str | None = None) -> W
     # The numbers of the blocking levels: one read, and in a tenant's view bound to its own
     # counters, so the global counter's numbers are never fetched for it.
     keys = {k for gate, ticket, _, _ in rows
-            if (tenant is None or (ticket.get("lvl") or "global") != "global")
-            and (k := _level_key(gate.get("resource", ""), ticket.get("lvl") or "global", ticket))}
+            if (tenant is None or (shapes.blocked_level(ticket) or "global") != "global")
+            and (k := _level_key(gate.get("resource", ""), shapes.blocked_level(ticket) or "global", ticket))}
     numbers: dict[str, tuple[int, int | None]] = {}
     if keys:
         counter_query: dict[str, Any] = {"_id": {"$in": sorted(keys)}}
@@ -131,17 +131,17 @@ def list_waiters(tenant_id: str | None = None, resource: str | None = None) -> W
                    for d in store.counters().find(counter_query, {"count": 1, "cap": 1})}
     items = []
     for gate, ticket, place, stale in rows:
-        level = ticket.get("lvl") or "global"
+        level = shapes.blocked_level(ticket) or "global"
         key = _level_key(gate.get("resource", ""), level, ticket)
         visible = tenant is None or level != "global"
         count, cap = numbers.get(key, (None, None)) if visible and key else (None, None)
         items.append(WaiterView(
             ticket_id=str(ticket.get("id", "")), resource=gate.get("resource", ""), gate=gate["_id"],
-            tenant_id=ticket.get("t", ""), project_id=ticket.get("p", ""), user_id=ticket.get("u", ""),
+            tenant_id=shapes.tenant(ticket), project_id=shapes.project(ticket), user_id=shapes.user(ticket),
             position=place, waiting_since=ticket.get("at"), last_seen=ticket.get("seen") or ticket.get("at"),
             ttl_ms=int(ticket.get("ttl", 0)), stale=stale, level=level,
             blocked_key=key if visible else None, blocked_count=count, blocked_cap=cap,
-            priority=ticket.get("pn"),
+            priority=shapes.priority_name(ticket),
             estimated_grant_at=None if stale or place is None else grant_times[gate["_id"]].get(str(ticket.get("id", "")))))
     items.sort(key=lambda w: (w.resource, w.gate, w.position is None, w.position or 0,
                               w.waiting_since or now, w.ticket_id))
