@@ -6,14 +6,18 @@ The acquire path, in the order it runs: ``request`` (what a consumer asks) → `
 entry per level narrow → wide, HELD) → on a full level ``fail_fast`` (repair once, else
 Busy) or ``waiter`` (the gate's queue) → ``lease`` (check, renew, release). ``step``
 bounds every store step and rolls back; ``busy`` builds the Busy answer; ``outcome``
-counts it; ``ticket`` and ``kept`` keep a place for HTTP callers that poll; ``shapes``
-names the queue ticket's short fields. ``aio_*`` is the same protocol on the async client.
+counts it; ``ticket`` and ``kept`` keep a place for HTTP callers that poll. ``aio_*`` is
+the same protocol on the async client.
 ``leases.service`` and ``leases.aio`` re-export the public names.
 
 The holder protocol: ``holders`` (renewal, payload, ending a holder, tenant scope),
-``commands`` (the holder commands' documents, built once for the sync and the async
-executor), ``intervals`` (the renewal interval a grant issues) and ``pausepoints`` (named
+``intervals`` (the renewal interval a grant issues) and ``pausepoints`` (named
 pauses for the crash tests).
+
+Every command sent is built in the store layer, one module per document kind, each builder
+stating the invariant it keeps (:mod:`leases.store.holder_commands`,
+:mod:`leases.store.counter_commands`, :mod:`leases.store.ticket_commands`,
+:mod:`leases.store.tombstones`): the safety argument below, command by command.
 
 Safety: no transactions. The holder document is written before any slot is booked, and
 each booking entry names the holder's token and ``attemptId``, so whatever a crash leaves
