@@ -31,6 +31,24 @@ class Quiet(handlers.LeaseHandler):
         pass
 
 
+def wait_stopped(pid, within=2.0):
+    """Wait until every thread of ``pid`` is stopped: kill() returns before a group stop is done,
+    and a server thread still running can answer one more command (a release that "got through")."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        states = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{task}/stat") as stat:
+                    states.append(stat.read().rsplit(")", 1)[1].split()[0])
+            except FileNotFoundError:
+                continue  # a thread that just ended
+        if states and all(state in "Tt" for state in states):
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"server {pid} not stopped within {within} s")
+
+
 @pytest.fixture
 def frozen_store(settings):
     """A private server for this test; yields ``(freeze, thaw)``."""
@@ -45,6 +63,7 @@ def frozen_store(settings):
     def freeze():
         os.kill(server.pid, signal.SIGSTOP)
         state["frozen"] = True
+        wait_stopped(server.pid)
 
     def thaw():
         os.kill(server.pid, signal.SIGCONT)
