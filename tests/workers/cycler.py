@@ -43,8 +43,10 @@ def main() -> None:
     if hold_at_end:
         for _ in range(20):
             try:
+                # wait_ms=0: a refused try sleeps 50 ms here instead of the lease's 2 s waitMs, so the
+                # workers that cannot hold (project cap 2) give up in 1 s, not 40.
                 leases.acquire(leases.LeaseRequest(type="cycle", lease="shared", tenant_id="t1", project_id="p1",
-                                                   user_id=f"u{index}"))
+                                                   user_id=f"u{index}", wait_ms=0))
                 stats["held"] = 1
                 break
             except leases.LeaseBusy:
