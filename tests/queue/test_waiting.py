@@ -14,7 +14,7 @@ import pytest
 
 import leases
 from leases import service
-from leases.queue import grants, order, slots, waiting, wakeups
+from leases.queue import grants, slots, waiting, wakeups
 from leases.store import client as store, entries
 from tests import helpers
 from tests.helpers import PYTHON, REPO, child_env, define, lease_request, quiet_handler_fixture, wait_for
