@@ -298,6 +298,17 @@ def end(query: dict[str, Any], reason: str, *, hold_ms: float | None = None) -> 
             gate = waiting.give_back(ending.keys, ending.booking, hold_ms=ending.hold_ms)
             if gate is None and released_by_owner(doc, reason, ending):
                 ending = Ending.of(doc, "release")
+    except pymongo.errors.PyMongoError as exc:
+        ending.account(exc)
+        return doc
+    return _closed(doc, ending)
+
+
+def _closed(doc: HolderDoc, ending: Ending) -> HolderDoc:
+    """Write the ending's tombstone and account for it (a failed write is accounted, not raised:
+    the holder is gone either way). Returns ``doc``."""
+    try:
+        with store.bounded():
             if ending.tombstone is not None:
                 store.tombstones().update_one(*ending.tombstone, upsert=True)
     except pymongo.errors.PyMongoError as exc:
@@ -346,16 +357,7 @@ def release_owned(token: str, keys: list[str], booking: str, *, bound: Scope | N
         doc = store.holders().find_one_and_delete(*deletion(scoped(token, bound), "release"))
     if doc is None:
         return None
-    ending = Ending.of(doc, "release", hold_ms=hold_ms)
-    try:
-        with store.bounded():
-            if ending.tombstone is not None:
-                store.tombstones().update_one(*ending.tombstone, upsert=True)
-    except pymongo.errors.PyMongoError as exc:
-        ending.account(exc)
-        return doc
-    ending.account()
-    return doc
+    return _closed(doc, Ending.of(doc, "release", hold_ms=hold_ms))
 
 
 def release(token: str, *, bound: Scope | None = None, hold_ms: float | None = None) -> HolderDoc | None:
