@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+import time
 
 from pymongo import monitoring
 
@@ -28,14 +29,22 @@ def setup(db_name: str = "bench") -> None:
 
 
 class CommandCounter(monitoring.CommandListener):
-    """Names of the commands a client sends (pymongo command monitoring is exact)."""
+    """Names of the commands a client sends (pymongo command monitoring is exact).
 
-    def __init__(self) -> None:
+    With ``timed=True`` it also keeps ``(time.time(), name)`` of every command when it is
+    started (any thread), so that a benchmark can count the commands inside an interval timed
+    with the same clock, across processes.
+    """
+
+    def __init__(self, *, timed: bool = False) -> None:
         self.names: list[str] = []
+        self.timed: list[tuple[float, str]] | None = [] if timed else None
 
     def started(self, event: monitoring.CommandStartedEvent) -> None:
         if event.command_name != "endSessions":  # client clean-up, not work
             self.names.append(event.command_name)
+            if self.timed is not None:
+                self.timed.append((time.time(), event.command_name))
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
         pass

@@ -49,6 +49,9 @@ DEFAULTS: dict[str, Any] = {
     "TICKET_TTL_MS": 3000,
     "WAIT_POLL_MS": 1000,
     "REPAIR_INTERVAL_MS": 500,
+    # A slot handed to a waiting ticket by the release that freed it must be claimed (its
+    # holder marked HELD) within this long, or it goes to the next ticket.
+    "GRANT_CLAIM_MS": 500,
     "TICKET_POLL_SECONDS": 2,
     # The least LeaseBusy.retry_after the engine suggests (ms): a caller that sleeps it
     # must not spin, however short the recorded holds.

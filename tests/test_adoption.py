@@ -227,15 +227,49 @@ def _wait_http(url: str, process: subprocess.Popen, timeout: float = 30.0) -> No
     raise AssertionError(f"runserver did not answer {url} within {timeout:.0f} s")
 
 
+class _Install:
+    """One series' README install lines, started in the background."""
+
+    def __init__(self, tmp: Path, interpreter: str) -> None:
+        self.tmp = tmp
+        self.source = tmp / "src"
+        shutil.copytree(REPO, self.source, ignore=_IGNORE)  # what a fresh clone holds
+        self.script = _host(INSTALL, tmp, python=interpreter)
+        self.started = time.monotonic()
+        env = {**_host_env("public"), "REPO": str(self.source)}  # the README's REPO=$PWD, typed in the clone
+        self.process = subprocess.Popen(["bash", "-euo", "pipefail", "-c", self.script], cwd=tmp, env=env,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def wait(self) -> None:
+        """Wait for the lines to finish (at most STEP_TIMEOUT) and fail the step as ``_bash`` would."""
+        out, err = self.process.communicate(timeout=STEP_TIMEOUT)
+        print(f"$ bash -euo pipefail -c {self.script}  ({time.monotonic() - self.started:.1f} s, both series at once)")
+        assert self.process.returncode == 0, f"install failed ({self.process.returncode}):\n{out[-3000:]}\n{err[-5000:]}"
+
+
+@pytest.fixture(scope="module")
+def installs(tmp_path_factory):
+    """Every series' install lines at once: pip takes most of each run, and two series overlap on
+    two cores in little more than one's time (each in a directory, venv and clone of its own)."""
+    started = {param.values[0]: _Install(tmp_path_factory.mktemp(f"adoption-{param.id}"), param.values[1])
+               for param in SERIES if param.values[1] is not None}
+    yield started
+    for install in started.values():
+        if install.process.poll() is None:
+            install.process.kill()
+            install.process.communicate()
+
+
 @pytest.fixture
-def workdir(tmp_path):
+def workdir(installs, series):
+    tmp = installs[series].tmp
     schema = f"adoption_{secrets.token_hex(4)}"
     mongo = pymongo.MongoClient(settings.MONGODB_URI)
     mongo.drop_database(LEASE_DB)
-    yield tmp_path, schema, mongo
+    yield tmp, schema, mongo
     mongo.drop_database(LEASE_DB)
     mongo.close()
-    psql_python = tmp_path / "venv" / "bin" / "python"
+    psql_python = tmp / "venv" / "bin" / "python"
     if psql_python.exists():
         subprocess.run([str(psql_python), "-c", (
             "import psycopg; psycopg.connect('host=127.0.0.1 port=5432 dbname=test user=postgres', autocommit=True)"
@@ -429,16 +463,16 @@ def _then_beats_sweep_reaps_the_expired_holder_and_the_scrape_shows_every_proces
 
 @pytest.mark.parametrize(("series", "interpreter"), SERIES)
 def test_given_a_fresh_clone_when_a_new_postgresql_project_adopts_the_wheel_then_leases_and_insights_work(
-        workdir, series, interpreter):
+        installs, workdir, series, interpreter):
     tmp, schema, mongo = workdir
-    source = tmp / "src"
-    shutil.copytree(REPO, source, ignore=_IGNORE)  # what a fresh clone holds
+    install = installs[series]
+    source = install.source
     env = {**_host_env(schema), "REPO": str(source)}  # the README's REPO=$PWD, typed in the clone
-    started = time.monotonic()
+    started = install.started
 
     # 1. The README's install lines: a venv of the newcomer's interpreter, the wheel built by its
     #    pip from the clone, installed with the embedded server and the PostgreSQL driver.
-    _bash(_host(INSTALL, tmp, python=interpreter), cwd=tmp, env=env)
+    install.wait()
     (wheel,) = (tmp / "wheels").glob("django_leases-*.whl")
     _then_the_wheel_ships_both_packages_their_data_and_metadata(wheel, source)
     python = _then_the_venv_runs_the_installed_wheel_on_the_series(tmp, env, series, interpreter)

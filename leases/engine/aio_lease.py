@@ -120,8 +120,8 @@ class AsyncLease:
         the call that released; the freed gate slot is handed to the next waiting ticket.
 
         Raises:
-            LeaseUnavailable: the store failed before the holder was deleted; nothing was
-                released and calling ``arelease()`` again retries it.
+            LeaseUnavailable: the store failed before the holder was deleted; calling
+                ``arelease()`` again retries it (slots already returned are not returned twice).
         """
         tag = metrics.resource_tag(self.resource)
         if self._released:
@@ -134,14 +134,13 @@ class AsyncLease:
         db = store.async_db()
         try:
             with store_bound():
+                # The slots first, as the sync release (holders.release_owned): the gate's update
+                # hands the freed slot over at once; by value, so a retry returns nothing twice.
+                # Shielded: a caller cancelled now must not strand half of them until repair.
+                await asyncio.shield(give_back(list(self.levels), booking, record=estimates.merged(
+                    estimates.hold_update(hold_ms), self._lease.grant_outcome)))
                 doc = await db[store.HOLDERS].find_one_and_delete(
                     *holders.deletion(holders.scoped(self.token, bound), "release"))
-                if doc is None and self._release_failed:
-                    # The failed call's delete may have landed after all: return our own
-                    # entries by value; nobody can pull one twice.
-                    gate = await give_back(list(self.levels), booking, record=estimates.hold_update(hold_ms))
-                    self._released = True
-                    return gate is not None
         except pymongo.errors.PyMongoError as exc:
             self._release_failed = True
             metrics.RELEASE.labels(resource=tag, outcome="error").inc()
@@ -150,14 +149,10 @@ class AsyncLease:
         if doc is None:
             metrics.RELEASE.labels(resource=tag, outcome="already-released").inc()
             return False
-        # The rest of leases.engine.holders.end, the same steps on this client.
+        # The rest of leases.engine.holders.release_owned, the same steps on this client.
         ending = holders.Ending.of(doc, "release", hold_ms=hold_ms)
         try:
             with store_bound():
-                # Shielded: the holder is gone, so a caller cancelled now must not strand
-                # its slots until repair finds them.
-                await asyncio.shield(give_back(ending.keys, ending.booking,
-                                                record=estimates.hold_update(ending.hold_ms)))
                 if ending.tombstone is not None:
                     await db[store.TOMBSTONES].update_one(*ending.tombstone, upsert=True)
         except pymongo.errors.PyMongoError as exc:

@@ -21,7 +21,7 @@ from pymongo import ReturnDocument
 
 from ..definitions.model import LeaseDefinition, LevelSpec
 from ..queue import fences, shares, slots, waiting
-from ..store import client as store, holder_commands as commands
+from ..store import client as store, entries, holder_commands as commands
 from ..store.documents import CounterDoc, TicketDoc
 from ..store.shapes import new_ticket, ticket_in
 from .intervals import choose_interval
@@ -172,6 +172,30 @@ class Attempt:
             if taken:
                 self.give_back(taken)
             raise
+        return self._lease(held)
+
+    def claim(self, booking: str, fence: str | None) -> Lease:
+        """The freeing process booked ``booking`` for this attempt's ticket (the direct
+        hand-off, :mod:`leases.queue.grants`): mark the holder HELD with ``fence``, one
+        command, nothing booked here.
+
+        Raises:
+            _Vanished: the holder the entry names is gone or was written again (the claim
+                window passed and the slot went on, or the ticket was queued again): the
+                caller gives the entry back.
+            pymongo.errors.PyMongoError: the store failed.
+        """
+        attempt_id = entries.attempt_of(booking)
+        held = store.holders().find_one_and_update(
+            *commands.mark_held(self.token, keys=self.keys, ttl_seconds=self.definition.ttl_seconds,
+                                attempt_id=attempt_id, fence=fence),
+            projection=commands.HELD_PROJECTION, return_document=ReturnDocument.AFTER)
+        if held is None:
+            raise _Vanished()
+        self.named(attempt_id)
+        return self._lease(held)
+
+    def _lease(self, held: dict[str, Any]) -> Lease:
         return Lease(self.token, self.definition, self.request, list(self.keys),
                      expires_at=held.get("expiresAt"), acquired_at=held.get("acquiredAt"),
                      last_seen_at=held.get("lastSeenAt"), interval_seconds=held.get("intervalSeconds"),
@@ -186,9 +210,15 @@ class Attempt:
         caps = {spec.level: spec.cap for spec in self.specs if spec is not self.gate}
         ticket = new_ticket(token=self.token, tenant=request.tenant_id, project=request.project_id,
                             user=request.user_id, arrived=arrived, seen=seen, ttl_ms=waiting.ticket_ttl_ms(),
-                            caps=caps, level=level, waker=waker)
+                            caps=caps, level=level, waker=waker, attempt=self.attempt_id)
         # Weights and class resolved now, so the order rule needs nothing but the gate.
         ticket.update(shares.ticket_fields(self.definition, request, self.priority))
+        if caps and self.fence_spec is self.gate:
+            # Whoever frees a gate slot can book these for it in the grant's own bulk (a fence
+            # on a narrower level needs a view of that counter: such a ticket books itself).
+            ticket["lv"] = [{"k": spec.key, "l": spec.level, "s": spec.scope, "c": spec.cap}
+                            for spec in self.specs if spec is not self.gate]
+            ticket["ln"], ticket["la"] = self.gate.lease, self.gate.loaded_at
         return ticket
 
     def give_back(self, keys: list[str]) -> None:

@@ -151,7 +151,7 @@ def expire(token: str) -> LeaseExpired:
     """
     try:
         doc = end(held(token), "idle")
-        if doc is not None:
+        if doc is not None and doc.get("state") == "HELD":  # not one its owner had released
             listener.notify([RevokedHolder.from_doc(doc, "idle")])
     except pymongo.errors.PyMongoError as exc:
         # The sweep reaps it; the next renewal finds it expired again.
@@ -295,7 +295,20 @@ def end(query: dict[str, Any], reason: str, *, hold_ms: float | None = None) -> 
     ending = Ending.of(doc, reason, hold_ms=hold_ms)
     try:
         with store.bounded():
-            waiting.give_back(ending.keys, ending.booking, hold_ms=ending.hold_ms)
+            gate = waiting.give_back(ending.keys, ending.booking, hold_ms=ending.hold_ms)
+            if gate is None and released_by_owner(doc, reason, ending):
+                ending = Ending.of(doc, "release")
+    except pymongo.errors.PyMongoError as exc:
+        ending.account(exc)
+        return doc
+    return _closed(doc, ending)
+
+
+def _closed(doc: HolderDoc, ending: Ending) -> HolderDoc:
+    """Write the ending's tombstone and account for it (a failed write is accounted, not raised:
+    the holder is gone either way). Returns ``doc``."""
+    try:
+        with store.bounded():
             if ending.tombstone is not None:
                 store.tombstones().update_one(*ending.tombstone, upsert=True)
     except pymongo.errors.PyMongoError as exc:
@@ -303,6 +316,48 @@ def end(query: dict[str, Any], reason: str, *, hold_ms: float | None = None) -> 
         return doc
     ending.account()
     return doc
+
+
+def released_by_owner(doc: HolderDoc, reason: str, ending: Ending) -> bool:
+    """Whether the ``HELD`` holder ``doc``, ended now for ``reason``, had already given its
+    gate slot back itself: its owner's release returns the slots first (the hand-off does
+    not wait for the delete) and died before its delete. Nobody else pulls the entry of a
+    holder that still exists as written (repair pulls only entries whose holder is gone or
+    was written again), so it ends as released: tombstone ``release``, and the returned
+    document says ``RELEASED`` so that no caller dispatches the handler — a regular release
+    never runs it."""
+    if reason == "release" or doc.get("state") != "HELD" or not ending.keys:
+        return False
+    doc["state"] = "RELEASED"
+    return True
+
+
+def release_owned(token: str, keys: list[str], booking: str, *, bound: Scope | None = None,
+                  hold_ms: float | None = None, outcome: dict[str, Any] | None = None) -> HolderDoc | None:
+    """Release ``token`` by its owner, who knows its ``keys`` and its entry ``booking``:
+    return the slots first — the gate's update hands the freed slot over to the next ticket
+    at once (:mod:`leases.queue.grants`) — then delete the holder and tombstone it.
+
+    The delete no longer comes first because slots are entries pulled by value: a second
+    return finds nothing, so no slot comes back twice whoever races. A crash between the
+    two leaves the holder ``HELD`` with its slots already returned; it lives to its deadline
+    (nobody renews it: its process is gone), and whoever reaps it finds its gate entry gone
+    and ends it as released, without the handler (:func:`released_by_owner`).
+
+    Returns:
+        The deleted holder, or ``None`` when it was already gone (reaped, or released).
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed; a retry returns what is left.
+    """
+    with store.bounded():
+        waiting.give_back(keys, booking, hold_ms=hold_ms, more=outcome)
+    pause_point("release")  # crash-window tests stop here: slots returned, holder not yet deleted
+    with store.bounded():
+        doc = store.holders().find_one_and_delete(*deletion(scoped(token, bound), "release"))
+    if doc is None:
+        return None
+    return _closed(doc, Ending.of(doc, "release", hold_ms=hold_ms))
 
 
 def release(token: str, *, bound: Scope | None = None, hold_ms: float | None = None) -> HolderDoc | None:

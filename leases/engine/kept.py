@@ -17,13 +17,13 @@ from pymongo import ReturnDocument
 from .. import validation
 from ..definitions import model as definitions
 from ..errors import LeaseExpired, LeaseUnavailable
-from ..queue import shares, waiting
+from ..queue import grants, shares, waiting
 from ..store import client as store, holder_commands
 from ..store.documents import CounterDoc, TicketDoc
 from ..store.shapes import arrived_at, ticket_in
 from ..telemetry import history, metrics
 from . import holders
-from .funnel import Attempt
+from .funnel import Attempt, _Vanished
 from .lease import Lease
 from .request import LeaseRequest
 from .step import step, store_bound
@@ -85,6 +85,17 @@ def resume(ticket_id: str, *, scope: holders.Scope, keep_ms: int) -> "Lease | Ti
     waiter = Waiter(attempt, time.monotonic(), time.monotonic(), keep_ms=keep_ms)
     gate = step(attempt, lambda: waiting.keep_alive(attempt.gate.key, ticket_id, ttl_ms=keep_ms,
                                                      live_at=holder["polledAt"]))
+    granted = None if gate is not None else step(attempt, lambda: _claim_granted(attempt))
+    if granted is not None and not isinstance(granted, Lease):
+        # Granted, its narrower levels still being booked (or undone): answer where it stands.
+        return Ticket.of(ticket_id, definition, granted, None)
+    lease = granted
+    if lease is not None:
+        # A release granted it between two polls (the direct hand-off): this poll claims it.
+        metrics.ACQUIRE.labels(resource=metrics.resource_tag(definition.resource), outcome="success").inc()
+        history.grant(definition.resource, request.tenant_id)
+        observe_ticket_wait(attempt, CounterDoc(), holder, lease)  # dequeued: arrival from the holder
+        return lease
     if gate is None:
         # Not polled within its deadline (or already dropped): the waiting is over. Drop it
         # the way the queue drops stale tickets (holder removed, tombstoned).
@@ -104,6 +115,29 @@ def resume(ticket_id: str, *, scope: holders.Scope, keep_ms: int) -> "Lease | Ti
         observe_ticket_wait(attempt, gate, holder, lease)
         return lease
     return Ticket.of(ticket_id, definition, waiter.gate or gate, waiter.blocked)
+
+
+def _claim_granted(attempt: Attempt) -> Lease | CounterDoc | None:
+    """The kept ticket is no longer queued: if a release booked its entry on the gate, claim
+    it (mark the holder HELD with the recorded fence); None when nothing was granted; the
+    gate as read when the grant's bulk has not booked every narrower level (yet, or any
+    more): the next poll looks again.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed.
+    """
+    current = waiting.read_gate(attempt.gate.key)
+    booking = grants.granted_entry(current, attempt.token)
+    if booking is None:
+        return None
+    if current is not None and not grants.complete(attempt.keys[:-1], booking):
+        return current
+    try:
+        return attempt.claim(booking, grants.fence_of(current, booking))
+    except _Vanished:
+        # Its holder was written again or ended since: the entry books for nobody.
+        waiting.give_back(list(attempt.keys), booking)
+        return None
 
 
 def observe_ticket_wait(attempt: Attempt, gate: CounterDoc, holder: dict[str, Any], lease: Lease) -> None:

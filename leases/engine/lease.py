@@ -18,7 +18,7 @@ import pymongo.errors
 from .. import validation
 from ..definitions.model import LeaseDefinition
 from ..errors import LeaseLost, LeaseUnavailable
-from ..queue import slots, waiting
+from ..queue import slots
 from ..store import client as store
 from ..telemetry import metrics
 from . import holders
@@ -34,6 +34,9 @@ class Lease:
     #: Seconds the wait estimate said this grant would take when the request queued (None:
     #: it did not queue, or the gate had no hold history yet).
     estimated_wait_s: float | None = None
+    #: How that estimate came out, as update operators for the gate: a grant claimed from a
+    #: direct hand-off booked nothing itself, so its release's gate update records it.
+    grant_outcome: dict[str, Any] | None = None
 
     def __init__(self, token: str, definition: LeaseDefinition, request: LeaseRequest, levels: list[str],
                  expires_at: datetime | None = None, acquired_at: datetime | None = None,
@@ -125,13 +128,8 @@ class Lease:
             return False
         try:
             held_ms = (time.monotonic() - self._granted) * 1000
-            doc = holders.release(self.token, bound=self._scope(), hold_ms=held_ms)
-            if doc is None and self._release_failed:
-                # The failed call's delete may have landed after all (a timeout does not say):
-                # return our own entries by value; nobody can pull one twice.
-                gate = waiting.give_back(list(self.levels), self._booking(), hold_ms=held_ms)
-                self._released = True
-                return gate is not None
+            doc = holders.release_owned(self.token, list(self.levels), self._booking(), bound=self._scope(),
+                                        hold_ms=held_ms, outcome=self.grant_outcome)
         except pymongo.errors.PyMongoError as exc:
             self._release_failed = True
             metrics.RELEASE.labels(resource=tag, outcome="error").inc()

@@ -22,12 +22,14 @@ from collections.abc import Generator
 import pymongo.errors
 
 from ..errors import LeaseBusy
-from ..queue import estimates, fences, order, shares, slots, waiting, wakeups
+from ..queue import estimates, fences, grants, order, shares, slots, waiting, wakeups
 from ..store.documents import CounterDoc, TicketDoc
+from ..store.shapes import ticket_in
 from ..telemetry import history, metrics
 from .busy import busy
 from .funnel import Attempt, _Blocked, _Vanished, first
 from .lease import Lease
+from .pausepoints import pause_point
 from .step import step, store_bound
 from .ticket import Ticket
 
@@ -118,11 +120,22 @@ class Waiter:
                     return lease
                 remaining = self.deadline - time.monotonic()
                 if remaining <= 0:
+                    granted = wakeups.take_grant(self.attempt.token)
+                    left = False
+                    if granted:
+                        lease = self._claim(*granted)
+                    elif self.keep_ms is None:
+                        lease, left = step(self.attempt, self._at_deadline), True
+                    else:
+                        lease = None  # a kept ticket granted now is claimed by its next poll
+                    if lease is not None:  # granted at the last moment: take it
+                        outcome = "granted"
+                        return lease
                     if self.keep_ms is not None:
                         outcome = "ticket"
                         return self._keep_ticket()
                     outcome = "timeout"
-                    raise self._give_up()
+                    raise self._give_up(left=left)
                 period = waiting.poll_ms() / 1000.0 * random.uniform(1.0, 1.25)
                 if self.sat_out:
                     # Sitting out passes the turn only for a moment (the younger tickets of
@@ -137,7 +150,8 @@ class Waiter:
                     raise
                 event.clear()
                 if woken:
-                    lease = self._try(woken=True)
+                    granted = wakeups.take_grant(self.attempt.token)
+                    lease = self._claim(*granted) if granted else self._try(woken=True)
                     if lease is not None:
                         outcome = "granted"
                         return lease
@@ -163,11 +177,39 @@ class Waiter:
     def _keep_alive(self) -> CounterDoc | None:
         gate = waiting.keep_alive(self.gate_key, self.attempt.token)
         if gate is None:
+            # Granted by a release whose wake-up was lost? Then the gate books our entry
+            # (the next decision claims it); else we were pruned.
+            current = waiting.read_gate(self.gate_key)
+            if grants.granted_entry(current, self.attempt.token) is not None:
+                return current
             # Pruned as stale (this process stalled past the ticket TTL, and its holder
             # document went with it): write both again, at the back of the queue.
             self.attempt.create_holder()
             gate = self._enqueue()
         return gate
+
+    def _claim(self, booking: str, fence: str | None) -> Lease | None:
+        """Our ticket was granted (the entry ``booking`` is on the gate): mark the holder
+        HELD, nothing else to book. If the claim window passed and the slot went on (or our
+        holder was written again), give the entry back if still there and queue again."""
+        attempt = self.attempt
+
+        def run() -> Lease | None:
+            pause_point("claim")  # crash-window tests stop here: granted, not yet claimed
+            try:
+                lease = attempt.claim(booking, fence)
+            except _Vanished:
+                waiting.give_back(list(attempt.keys), booking)
+                attempt.create_holder()
+                self.gate = self._enqueue()
+                return None
+            lease.estimated_wait_s = self.estimate_s
+            if self.queued_at:
+                lease.grant_outcome = estimates.outcome_update(self.raw_estimate_ms,
+                                                               (time.monotonic() - self.queued_at) * 1000)
+            return lease
+
+        return step(attempt, run)
 
     def _keep_ticket(self) -> "Ticket":
         """Out of wait time, but the caller keeps its place: stretch the ticket's TTL to the
@@ -187,6 +229,14 @@ class Waiter:
         if gate is None:
             return None
         waiting.note_queue(gate)
+        if ticket_in(gate, self.attempt.token) is None:
+            booking = grants.granted_entry(gate, self.attempt.token)
+            narrow = self.attempt.keys[:-1]
+            if booking is not None and step(self.attempt, lambda: grants.complete(narrow, booking)):
+                # Granted, its wake-up lost or not yet read (and, with narrower levels, the
+                # grant's bulk has booked them all: it is neither under way nor being undone).
+                wakeups.take_grant(self.attempt.token)
+                return self._claim(booking, grants.fence_of(gate, booking))
         now = gate["clock"]
         if order.stale_ids(gate, now):
             gate = self.gate = step(self.attempt, lambda: waiting.prune(gate))
@@ -195,6 +245,8 @@ class Waiter:
         if self.attempt.token in picked:
             waiting.wake(gate, [t for t in picked if t != self.attempt.token])
             lease = self._try(woken=False)
+            if lease is None and self.gate is not None and again and ticket_in(self.gate, self.attempt.token) is None:
+                return self._decide(again=False)  # granted meanwhile, or pruned: decide on the gate now
             if lease is None:
                 # We sat out (a narrower level was full): pass the turn on right away.
                 waiting.hand_off(self.gate, skip=self.attempt.token)
@@ -202,9 +254,10 @@ class Waiter:
         if picked:
             # Their waker may have died, or their process: wake again (dropping the dead).
             waiting.hand_off(gate, skip=self.attempt.token)
-        elif step(self.attempt, lambda: waiting.repair(gate, now)):
-            # Full, or free but nobody fits: either way entries decide, so make sure each
-            # has a live holder (throttled to one check per interval for all processes).
+        if (not picked or grants.unclaimed(gate, now)) and step(self.attempt, lambda: waiting.repair(gate, now)):
+            # Full, or free but nobody fits, or a grant not claimed in time: either way entries
+            # decide, so make sure each has a live holder (throttled to one check per interval
+            # for all processes).
             self.gate = step(self.attempt, lambda: waiting.read_gate(self.gate_key))
             if again:
                 return self._decide(again=False)
@@ -239,6 +292,10 @@ class Waiter:
                 except _Blocked as blocked:
                     self.blocked = blocked
                     if blocked.spec is attempt.gate:
+                        # A release may have granted our ticket just now (the grant dequeues
+                        # it, so our own take found it gone): the next decision claims it.
+                        if blocked.counter is not None and grants.granted_entry(blocked.counter, attempt.token):
+                            self.gate = blocked.counter
                         return None
                     # Our turn, but a narrower level is full. A slot nobody books any more
                     # comes back by repair; a newcomer's booking on its way to the queue
@@ -259,8 +316,25 @@ class Waiter:
             self.gate = step(attempt, lambda: waiting.read_gate(self.gate_key))
         return lease
 
-    def _give_up(self) -> LeaseBusy:
-        """Out of time: leave the queue, drop the holder, and say where we stood."""
+    def _at_deadline(self) -> Lease | None:
+        """Out of time: leave the queue, unless a release granted our ticket just now (its
+        wake-up not read yet): then claim it — or, if its bulk has not booked every narrower
+        level, give back what it booked — so no grant is left booked for nobody."""
+        attempt = self.attempt
+        before = waiting.leave(self.gate_key, attempt.token)
+        if before is None or ticket_in(before, attempt.token) is not None:
+            return None  # still queued until now: nobody can grant it any more
+        booking = grants.granted_entry(before, attempt.token)
+        if booking is None:
+            return None
+        if grants.complete(attempt.keys[:-1], booking):
+            return self._claim(booking, grants.fence_of(before, booking))
+        waiting.give_back(list(attempt.keys), booking)
+        return None
+
+    def _give_up(self, *, left: bool = False) -> LeaseBusy:
+        """Out of time: leave the queue (unless ``left`` already), drop the holder, and say
+        where we stood."""
         gate = self.gate
         place = None if gate is None else order.position(gate, self.attempt.token, gate["clock"])
         blocked = self.blocked or _Blocked(self.attempt.gate, gate)
@@ -268,7 +342,8 @@ class Waiter:
             blocked = _Blocked(blocked.spec, gate)
         try:
             with store_bound():
-                waiting.dequeue(self.gate_key, self.attempt.token)
+                if not left:
+                    waiting.dequeue(self.gate_key, self.attempt.token)
                 self.attempt.discard()
         except pymongo.errors.PyMongoError as exc:
             log.info("timeout clean-up of %s failed (%s); the ticket goes stale by itself", self.attempt.token, exc)

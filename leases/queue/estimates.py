@@ -89,6 +89,15 @@ def outcome_update(raw_ms: float | None, actual_ms: float) -> dict[str, Any]:
     return {"$push": {"er": {"$each": [round(ratio, 3)], "$slice": -HOLDS_KEPT}}}
 
 
+def merged(*updates: dict[str, Any] | None) -> dict[str, Any]:
+    """Update operators merged into one (``$push`` of holds and of outcomes side by side)."""
+    out: dict[str, Any] = {}
+    for update in updates:
+        for op, fields in (update or {}).items():
+            out[op] = {**out.get(op, {}), **fields}
+    return out
+
+
 def raw_wait_ms(gate: CounterDoc, ticket_id: str, now: datetime) -> float | None:
     """The turnover walk's estimate, before calibration.
 

@@ -169,10 +169,12 @@ def pull_entry(key: str, booking: str) -> CounterDoc | None:
     return store.counters().find_one_and_update(*pull(key, booking), return_document=ReturnDocument.AFTER)
 
 
-def orphans(bookings: Iterable[str], now: datetime) -> tuple[list[str], list[str]]:
-    """Split a counter's entries into those that book for nobody (:func:`superseded`) and
-    the tokens of holders that passed their TTL (on ``now``, MongoDB's clock); one query
-    for all of them.
+def orphans(bookings: Iterable[str], now: datetime,
+            unclaimed: Iterable[str] = ()) -> tuple[list[str], list[str], list[str]]:
+    """Split a counter's entries into those that book for nobody (:func:`superseded`), the
+    tokens of holders that passed their TTL (on ``now``, MongoDB's clock), and those of
+    ``unclaimed`` (granted long enough ago, :func:`leases.queue.grants.unclaimed`) whose
+    holder is still ``PENDING``; one query for all of them.
 
     A holder document is always written before its first entry, so an entry without one
     is left by a delete (release, rollback, reap) whose pull has not come — yet, or ever,
@@ -186,11 +188,13 @@ def orphans(bookings: Iterable[str], now: datetime) -> tuple[list[str], list[str
     bookings = list(dict.fromkeys(bookings))
     tokens = list(dict.fromkeys(token_of(b) for b in bookings))
     if not tokens:
-        return [], []
-    found = {d["_id"]: d for d in store.holders().find({"_id": {"$in": tokens}}, {"expiresAt": 1, "attemptId": 1})}
+        return [], [], []
+    found = {d["_id"]: d for d in store.holders().find({"_id": {"$in": tokens}},
+                                                       {"expiresAt": 1, "attemptId": 1, "state": 1})}
     missing = [b for b in bookings if superseded(b, found.get(token_of(b)))]
     expired = [t for t, d in found.items() if d.get("expiresAt") is not None and d["expiresAt"] < now]
-    return missing, expired
+    late = [t for t in unclaimed if t in found and t not in expired and found[t].get("state") == "PENDING"]
+    return missing, expired, late
 
 
 def convert_legacy(doc: CounterDoc, booked_by: dict[str, list[str]], *, safety: timedelta,

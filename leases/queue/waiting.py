@@ -32,10 +32,10 @@ from pymongo import ReturnDocument
 from ..conf import lease_settings
 from ..revocation import listener
 from ..revocation.handlers import RevokedHolder
-from ..store import client as store, entries, shapes, ticket_commands as commands
+from ..store import client as store, entries, holder_commands, shapes, ticket_commands as commands
 from ..store.documents import CounterDoc, HolderDoc, TicketDoc
 from ..store.tombstones import ticket_tombstones
-from . import fences, order, slots, wakeups
+from . import fences, grants, order, slots, wakeups
 
 #: Ends a holder (deletes it, returns its slots, tombstones it): the engine's
 #: :func:`leases.engine.holders.end`. The queue sits below the engine, so the engine hands
@@ -137,6 +137,17 @@ def dequeue(gate_key: str, ticket_id: str) -> None:
     store.counters().update_one(*commands.dequeue(gate_key, ticket_id))
 
 
+def leave(gate_key: str, ticket_id: str) -> CounterDoc | None:
+    """Remove a ticket at its waiter's deadline, answering the gate as it was just before: a
+    ticket no longer queued there was granted (its entry is on the gate) or pruned.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed (the ticket then goes stale by itself).
+    """
+    return store.counters().find_one_and_update(*commands.dequeue(gate_key, ticket_id),
+                                                return_document=ReturnDocument.BEFORE)
+
+
 def read_gate(gate_key: str) -> CounterDoc | None:
     """The gate counter with ``clock`` stamped to MongoDB's time now.
 
@@ -194,7 +205,10 @@ def hand_off(gate: CounterDoc | None, *, skip: str | None = None) -> list[str]:
         return []
     try:
         picked = order.next_grants(gate, gate["clock"])
-        unheard = wake(gate, [t for t in picked if t != skip])
+        # Book the freed slots for the picks that can take them in one update (the direct
+        # hand-off); the others are woken and book themselves.
+        rest, _ = grants.hand_over(gate, [t for t in picked if t != skip])
+        unheard = wake(gate, rest)
         if unheard:
             log.debug("hand-off on %s: nobody received the wake-up of %s; they find their turn by polling",
                       gate["_id"], unheard)
@@ -208,16 +222,18 @@ def hand_off(gate: CounterDoc | None, *, skip: str | None = None) -> list[str]:
     return picked
 
 
-def give_back(keys: list[str], booking: str, *, hold_ms: float | None = None) -> CounterDoc | None:
+def give_back(keys: list[str], booking: str, *, hold_ms: float | None = None,
+              more: dict[str, Any] | None = None) -> CounterDoc | None:
     """Return a holder's slots and hand the freed gate slot to the next ticket; ``hold_ms``
-    (how long the slot was held) is kept on the gate for wait estimates.
+    (how long the slot was held) is kept on the gate for wait estimates, and ``more``
+    (update operators: how the holder's own wait estimate came out) goes with it.
 
     Raises:
         pymongo.errors.PyMongoError: the store failed part-way (repair returns the rest).
     """
     from . import estimates
 
-    gate = slots.give_back(keys, booking, record=estimates.hold_update(hold_ms))
+    gate = slots.give_back(keys, booking, record=estimates.merged(estimates.hold_update(hold_ms), more))
     note_queue(gate)
     hand_off(gate)
     return gate
@@ -230,7 +246,9 @@ def repair(counter: CounterDoc, now: datetime) -> bool:
     Entries whose holder document is gone — or was written again since, by a new attempt
     under the same token — are pulled by value (a crash between the delete and the
     decrement of a release, rollback or reap); holders past their TTL (a crash
-    mid-acquire, or an idle holder) are reaped like the idle sweep does, handlers included.
+    mid-acquire, or an idle holder) are reaped like the idle sweep does, handlers included;
+    tickets granted a slot they did not claim within the claim window are ended (no handler:
+    they never held).
 
     Returns:
         True when at least one slot came back.
@@ -248,7 +266,7 @@ def repair(counter: CounterDoc, now: datetime) -> bool:
     claim = store.counters().update_one(*commands.repair_claim(counter["_id"], checked))
     if not claim.matched_count:
         return False  # another process is checking it right now
-    missing, expired = slots.orphans(counter.get("holders") or (), now)
+    missing, expired, late = slots.orphans(counter.get("holders") or (), now, grants.unclaimed(counter, now))
     freed = False
     for booking in missing:
         after = slots.pull_entry(counter["_id"], booking)
@@ -260,6 +278,9 @@ def repair(counter: CounterDoc, now: datetime) -> bool:
             log.info("repair: %s held a slot for %s, whose holder is gone (or a later attempt); returned",
                      counter["_id"], entries.token_of(booking))
             hand_off(after)
+    for token in late:
+        # Granted a slot it never claimed (its waiter died or stalls past the claim window).
+        freed = _holder_end(holder_commands.unclaimed(token), "idle") is not None or freed
     for token in expired:
         doc = _holder_end(commands.expired_holder(token, now), "idle")
         freed = freed or doc is not None

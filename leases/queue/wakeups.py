@@ -49,6 +49,9 @@ _process: tuple[int, str] | None = None
 _publisher: redis.Redis | None = None
 _publisher_pid: int | None = None
 _publish_blocked_until = 0.0
+# Ticket id -> (entry, fence) of a grant made for it (leases.queue.grants), until its waiter
+# takes it; only this process's registered waiters are kept.
+_grants: dict[str, tuple[str, str]] = {}
 
 
 def _redis_url() -> str:
@@ -86,6 +89,27 @@ def register(ticket_id: str, event: threading.Event | None = None) -> threading.
 def unregister(ticket_id: str) -> None:
     with _lock:
         _events.pop(ticket_id, None)
+        _grants.pop(ticket_id, None)
+
+
+def take_grant(ticket_id: str) -> tuple[str, str] | None:
+    """The ``(entry, fence)`` a wake-up said was granted to ``ticket_id``, once; None without."""
+    with _lock:
+        return _grants.pop(ticket_id, None)
+
+
+def _note_grant(ticket_id: str, booking: str, fence: str) -> None:
+    with _lock:
+        if ticket_id in _events:
+            _grants[ticket_id] = (booking, fence)
+
+
+def grant(ticket_id: str, process: str, booking: str, fence: str) -> str:
+    """Wake a waiter whose ticket was granted: the message carries the booked entry and
+    the fence, so it claims without reading the gate. Never raises; answers as :func:`wake`."""
+    if process == process_id():
+        _note_grant(ticket_id, booking, fence)
+    return wake(ticket_id, process, {"grant": {"id": ticket_id, "e": booking, "f": fence}})
 
 
 def _deliver(ticket_ids: Iterable[str]) -> int:
@@ -147,6 +171,9 @@ def on_message(data: Any) -> None:
     for hint in items:
         if isinstance(hint, dict):
             fences.note_hint(hint)
+            granted = hint.get("grant")
+            if isinstance(granted, dict) and all(isinstance(granted.get(k), str) for k in ("id", "e", "f")):
+                _note_grant(granted["id"], granted["e"], granted["f"])
     _deliver(i for i in items if isinstance(i, str))
 
 

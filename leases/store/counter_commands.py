@@ -98,10 +98,18 @@ def pull(key: str, booking: str, more: dict[str, Any] | None = None) -> Command:
 
     Invariant: *no slot returned twice* — the pull is by entry value and only a counter
     that still lists the entry matches, so racing releasers, reapers and repairers
-    decrement it at most once.
+    decrement it at most once. The entry's grant claim (:func:`claim_field`) goes with it.
     """
+    token = booking.rsplit("/", 1)[-1]
     return {"_id": key, "holders": booking}, {"$pull": {"holders": booking}, "$inc": {"count": -1},
+                                              "$unset": {claim_field(token): ""},
                                               "$currentDate": {"updatedAt": True, "clock": True}, **(more or {})}
+
+
+def claim_field(token: str) -> str:
+    """Where a gate keeps when a slot was handed over to ``token``'s ticket and not yet
+    claimed (:mod:`leases.queue.grants`); the pull of its entry removes it."""
+    return f"claims.{token}"
 
 
 def pull_ops(keys: Sequence[str], booking: str) -> list[UpdateOne]:

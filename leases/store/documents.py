@@ -60,6 +60,13 @@ class TicketDoc(TypedDict, total=False):
     lvl: str                    # the level that blocked it last
     bat: datetime               # when it last found one of its own narrower levels full
     w: str | None               # the waiting process's wake-up channel
+    a: str | None               # its holder's attemptId (the entry a direct grant books)
+    # Its narrower levels as the waiter's view had them, so a direct grant books them in the
+    # same bulk (leases.queue.grants): [{k: key, l: level, s: scope, c: cap}], narrow first;
+    # and the view's lease and load time (the cap stamps it obeys). Absent: it books itself.
+    lv: list[dict[str, Any]]
+    ln: str
+    la: datetime | None
     # The order rule's inputs, resolved when it queued (leases.queue.shares.ticket_fields):
     wt: float                   # its tenant's weight
     wp: float                   # its project's weight

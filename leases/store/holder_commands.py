@@ -137,6 +137,17 @@ def mark_held(token: str, *, keys: list[str], ttl_seconds: int, attempt_id: str 
         "expiresAt": now_plus_ms(ttl_seconds * 1000), "fence": {"$literal": fence}}}]
 
 
+def unclaimed(token: str) -> dict[str, Any]:
+    """The filter repair ends a granted ticket with whose waiter did not claim its slot in
+    time (reason ``idle``; a ``PENDING`` holder runs no handler).
+
+    Invariant: only while still ``PENDING`` — a waiter that claimed meanwhile is ``HELD``
+    and matches nothing; one that claims after this delete finds no holder and gives the
+    entry back (it was pulled here already: by value, at most once).
+    """
+    return {"_id": token, "state": "PENDING"}
+
+
 def adopt(token: str, *, pod: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """A held lease moves to the pod that uses it now (a kept ticket granted to a retry that
     runs in another process than the one that queued it).

@@ -20,13 +20,15 @@ from ..store.documents import CounterDoc, TicketDoc
 
 def new_ticket(*, token: str, tenant: str, project: str, user: str, arrived: datetime | None,
                seen: datetime | None, ttl_ms: int, caps: dict[str, int], level: str,
-               waker: str | None) -> TicketDoc:
+               waker: str | None, attempt: str | None = None) -> TicketDoc:
     """A ticket for the gate's queue: the request ``token`` of ``tenant``/``project``/``user``,
     arrived at ``arrived`` and last kept alive at ``seen`` (default: ``arrived``), living
     ``ttl_ms`` without a keep-alive, also bound by the narrower levels' ``caps``, blocked
-    last at ``level``; ``waker`` is its process's wake-up channel."""
+    last at ``level``; ``waker`` is its process's wake-up channel; ``attempt``: the
+    ``attemptId`` of its holder document, so whoever frees a slot can book the ticket's
+    entry for it (:mod:`leases.queue.grants`)."""
     return {"id": token, "t": tenant, "p": project, "u": user, "at": arrived, "seen": seen or arrived,
-            "ttl": ttl_ms, "caps": caps, "lvl": level, "w": waker}
+            "ttl": ttl_ms, "caps": caps, "lvl": level, "w": waker, "a": attempt}
 
 
 def queue_of(gate: CounterDoc) -> list[TicketDoc]:
@@ -84,6 +86,19 @@ def blocked_level(ticket: Doc) -> str | None:
 def blocked_since(ticket: Doc) -> datetime | None:
     """When the ticket last found one of its own narrower levels full (``bat``), or None."""
     return ticket.get("bat")
+
+
+def attempt(ticket: Doc) -> str | None:
+    """The ``attemptId`` of the ticket's holder document as queued (None: queued before
+    tickets carried it, or by an older process)."""
+    value = ticket.get("a")
+    return value if isinstance(value, str) and value else None
+
+
+def narrow_caps(ticket: Doc) -> dict[str, Any]:
+    """The narrower levels' caps the ticket must also fit (empty: the gate is its only cap)."""
+    caps = ticket.get("caps")
+    return caps if isinstance(caps, dict) else {}
 
 
 def waker(ticket: Doc) -> str | None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+from .counter_commands import claim_field
+
 Command = tuple[dict[str, Any], dict[str, Any]]
 #: The array filter naming one ticket (``queue.$[mine]``), with its id.
 Mine = list[dict[str, Any]]
@@ -54,6 +56,37 @@ def keep_alive(gate_key: str, ticket_id: str, *, ttl_ms: int | None = None,
     if live_at is not None and ttl_ms is not None:
         query = {"_id": gate_key, "queue": {"$elemMatch": {
             "id": ticket_id, "seen": {"$gte": live_at - timedelta(milliseconds=int(ttl_ms))}}}}
+    return query, update
+
+
+def grant(gate_key: str, ticket_id: str, booking: str, *, cap: int, clauses: list[dict[str, Any]],
+          charge: dict[str, dict[str, Any]], record: dict[str, Any], claimed_by: str | None = None) -> Command:
+    """Hand a free gate slot to the queued ticket ``ticket_id`` (the direct hand-off): book
+    its entry ``booking``, dequeue it, charge its pass and record its fence, in one update
+    that returns the gate (with :func:`mine` not needed: the ticket leaves the queue).
+
+    Invariants: *never above cap* — ``count < cap`` where ``cap`` is the gate's as read (the
+    filter also requires that ``cap``, so a cap written since makes it match nothing); *no
+    slot taken twice* — the entry is not listed yet; *one grant per ticket* — the ticket must
+    still be queued (``$elemMatch``) and leaves the queue in the same update, so of a
+    releaser granting it and its own waiter booking at once exactly one lands. ``clauses``:
+    the fence slot being free; ``charge``: the order rule's share accounting; ``record``: the
+    fence issued (``$set`` fields); ``claimed_by``: the token whose waiter must claim the
+    slot in time — the grant's time is kept under :func:`leases.store.counter_commands.claim_field`
+    until the entry is pulled (none for an HTTP ticket: its poll deadline is its window).
+    """
+    query: dict[str, Any] = {"_id": gate_key, "cap": cap, "count": {"$lt": cap},
+                             "holders": {"$ne": booking, "$exists": True},
+                             "queue": {"$elemMatch": {"id": ticket_id}}}
+    if clauses:
+        query["$and"] = list(clauses)
+    update: dict[str, Any] = {"$push": {"holders": booking}, "$inc": {"count": 1},
+                              "$pull": {"queue": {"id": ticket_id}},
+                              "$currentDate": {"updatedAt": True, "clock": True}, "$set": dict(record)}
+    if claimed_by is not None:
+        update["$currentDate"][claim_field(claimed_by)] = True
+    for op, values in charge.items():
+        update[op] = {**update.get(op, {}), **values}
     return query, update
 
 

@@ -384,3 +384,22 @@ def test_given_the_http_client_then_it_sends_the_priority_and_raises_the_typed_r
                                                           lease=classes_lease, priority="interactive", wait_ms=0)
     assert store.holders().find_one({"_id": lease.token})["priority"] == "interactive"
     lease.release()
+
+
+def test_given_a_kept_ticket_when_the_holder_releases_then_the_release_grants_it_and_the_next_poll_claims_it(
+        server, acme, lease_name):
+    held = acquire(server, acme, lease_name).json()
+    ticket = queued(server, acme, lease_name, user="u2")["ticket"]
+    # When the holder releases, while the ticket's client is between polls
+    assert acme.delete(f"{server}/api/v1/leases/{held['token']}", timeout=30).json()["released"] is True
+    # Then the release booked the slot for the ticket (the direct hand-off) and dequeued it;
+    # its holder waits for the poll to claim it: no claim window but the poll deadline
+    gate = store.counters().find_one({"holders": {"$regex": f"/{ticket}$"}})
+    assert gate is not None and all(t["id"] != ticket for t in gate.get("queue") or ())
+    assert ticket not in (gate.get("claims") or {})
+    assert store.holders().find_one({"_id": ticket})["state"] == "PENDING"
+    granted = poll(server, acme, ticket)
+    assert granted.status_code == 201, granted.text
+    doc = store.holders().find_one({"_id": ticket})
+    assert doc["state"] == "HELD" and granted.json()["fence"] == doc["fence"] is not None
+    assert abandon(server, acme, ticket).status_code == 204

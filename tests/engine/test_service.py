@@ -433,9 +433,9 @@ def test_uncontended_command_budget():
     assert acquire_cmds == ["findAndModify", "update", "findAndModify"], acquire_cmds
     # One renewal: it decides on the deadline it replaced, returned by the same command.
     assert check_cmds == ["findAndModify"]
-    # Delete, the narrower levels in one bulk, the gate (which returns its queue), the
-    # tombstone (a later renewal answers EXPIRED, as over HTTP).
-    assert release_cmds == ["findAndModify", "update", "findAndModify", "update"]
+    # The narrower levels in one bulk, the gate (which returns its queue, for the hand-off),
+    # then the delete, then the tombstone (a later renewal answers EXPIRED, as over HTTP).
+    assert release_cmds == ["update", "findAndModify", "findAndModify", "update"]
 
 
 def test_uncontended_command_budget_of_one_level():

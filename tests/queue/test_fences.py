@@ -230,7 +230,8 @@ def test_given_a_warm_process_then_the_fence_costs_no_command():
         lease = leases.acquire(req())
         lease.release()
     assert lease.fence is not None
-    assert counted.commands == ["findAndModify", "update", "findAndModify", "findAndModify", "update",
+    # acquire: holder, the ordered bulk, HELD; release: the narrower levels, the gate, delete, tombstone
+    assert counted.commands == ["findAndModify", "update", "findAndModify", "update", "findAndModify",
                                 "findAndModify", "update"]
 
 

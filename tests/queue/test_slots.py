@@ -159,10 +159,23 @@ def test_given_entries_of_missing_superseded_expired_and_live_holders_then_orpha
     ])
     live, expired = booking(token="live"), booking(user="u2", token="expired")
     gone, superseded = booking(user="u3", token="gone"), booking(user="u4", token="rewritten", attempt="a1")
-    missing, past = slots.orphans([live, expired, gone, superseded, gone], now)
+    missing, past, late = slots.orphans([live, expired, gone, superseded, gone], now)
     assert sorted(missing) == sorted([gone, superseded])  # each once, however often listed
     assert past == ["expired"]
-    assert slots.orphans([], now) == ([], [])
+    assert late == []
+    assert slots.orphans([], now) == ([], [], [])
+
+
+def test_given_grants_past_their_claim_window_then_orphans_names_only_those_still_pending():
+    now = store.server_now()
+    later = now + timedelta(minutes=1)
+    store.holders().insert_many([
+        {"_id": "unclaimed", "attemptId": "a1", "state": "PENDING", "expiresAt": later},
+        {"_id": "claimed", "attemptId": "a1", "state": "HELD", "expiresAt": later},
+    ])
+    entries_ = [booking(token="unclaimed"), booking(user="u2", token="claimed")]
+    missing, past, late = slots.orphans(entries_, now, ["unclaimed", "claimed", "released"])
+    assert (missing, past, late) == ([], [], ["unclaimed"])
 
 
 def test_given_create_on_an_existing_counter_then_it_changes_nothing():

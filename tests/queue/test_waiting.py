@@ -14,7 +14,7 @@ import pytest
 
 import leases
 from leases import service
-from leases.queue import order, slots, waiting, wakeups
+from leases.queue import grants, slots, waiting, wakeups
 from leases.store import client as store, entries
 from tests import helpers
 from tests.helpers import PYTHON, REPO, child_env, define, lease_request, quiet_handler_fixture, wait_for
@@ -185,8 +185,8 @@ def test_given_a_stalled_waiter_booking_again_under_its_token_while_repair_check
     store.holders().delete_one({"_id": attempt.token})
     real_orphans, rebooked = slots.orphans, []
 
-    def orphans_then_the_waiter_books_again(bookings, now):
-        found = real_orphans(bookings, now)
+    def orphans_then_the_waiter_books_again(bookings, now, unclaimed=()):
+        found = real_orphans(bookings, now, unclaimed)
         # Between repair's read and its pull, the waiter's _Vanished path: give back, write
         # the holder again under the same token, and (its turn) book again.
         attempt.give_back(attempt.keys)
@@ -305,45 +305,65 @@ def test_given_publish_reaches_nobody_while_the_waiters_keep_alive_then_none_is_
     second.lease.release()
 
 
-def test_given_a_waiter_killed_with_sigkill_then_its_ticket_leaves_within_the_ticket_ttl(settings, monkeypatch):
-    # Without Redis nothing tells that the waiter's process is gone: its ticket's TTL does.
+# The waiter above, with the engine's pause points armed (only test settings arm them).
+PAUSING_WAIT_CHILD = WAIT_CHILD.replace(
+    "import leases\n", "import leases\nfrom django.conf import settings; settings.LEASES_TEST_PAUSE_POINTS = True\n", 1)
+
+
+def _claim_bound_s() -> float:
+    """A granted ticket's slot moves on within its claim window, then the next repair check
+    of a waiter that polls finds its holder past the deadline."""
+    return (grants.claim_ms() + waiting.repair_interval_ms() + waiting.poll_ms() * 1.25) / 1000 + 0.5
+
+
+def test_given_a_dead_waiter_first_in_line_without_wakeups_then_its_grant_moves_on_within_the_claim_window(
+        settings, monkeypatch):
+    # Without Redis nothing tells that the waiter's process is gone: the release grants it
+    # its slot all the same, and the claim window takes the slot back.
+    settings.LEASES_WAIT_POLL_MS = 200
     monkeypatch.setattr(wakeups, "wake", lambda ticket_id, process, hint=None: wakeups.UNKNOWN)
     put("res", "levels: {global: 1}\nwaitMs: 60000")
     held = leases.acquire(req(user="h"))
     with dead_waiter_first_in_line() as dead:
-        # The dead ticket is first in line; once it is stale the next waiter gets the slot.
         follower = queue_up(req(user="follower"))
+        released = time.monotonic()
         held.release()
-        follower.join(waiting.ticket_ttl_ms() / 1000 + 5)
-        assert follower.lease is not None  # the dead ticket went after the live one
-        assert store.counters().find_one({"_id": "res|global|*"})["count"] == 1
-        follower.lease.release()
-        # Once its TTL has passed on the server's clock, the dead ticket is out of the way
-        # for anyone: a newcomer that may not wait prunes it and takes the slot.
-        dead_ticket = next(t for t in gate_doc()["queue"] if t["id"] == dead)
-        until(lambda: order.is_stale(dead_ticket, store.server_now()), timeout=10, step=0.1)
-        newcomer = leases.acquire(req(user="newcomer", wait_ms=0))
+        # The release booked the dead ticket's entry for it and dequeued it.
+        assert [entries.token_of(e) for e in gate_doc()["holders"]] == [dead]
         assert dead not in queued_ids()
-        assert store.holders().find_one({"_id": dead}) is None  # its pending document went too
-        newcomer.release()
-
-
-def test_given_the_picked_waiter_was_killed_then_the_next_one_gets_the_slot_once_it_misses_its_keep_alive(settings):
-    # Given: a dead waiter first in line (its ticket still fresh) and a live one behind it.
-    settings.LEASES_TICKET_TTL_MS = 8000
-    settings.LEASES_WAIT_POLL_MS = 500
-    put("res", "levels: {global: 1}\nwaitMs: 60000")
-    held = leases.acquire(req(user="h"))
-    with dead_waiter_first_in_line() as dead:
-        follower = queue_up(req(user="follower"))
-        # When: the holder releases. PUBLISH reaches nobody for the dead ticket, which is no
-        # proof (a Redis restart looks the same): it keeps its turn until it misses its
-        # keep-alive (half its TTL), then the live waiter's poll takes the slot — long
-        # before the dead ticket is stale.
-        held.release()
         follower.join(10)
         assert follower.lease is not None
-        dead_ticket = next(t for t in gate_doc()["queue"] if t["id"] == dead)
-        assert not order.is_stale(dead_ticket, store.server_now())
-        assert store.tombstones().find_one({"_id": dead}) is None  # not dropped on a failed PUBLISH
+        assert time.monotonic() - released <= _claim_bound_s()
+        assert store.holders().find_one({"_id": dead}) is None  # its unclaimed holder was ended
+        assert store.tombstones().find_one({"_id": dead}) is None  # never a lease: no tombstone
+        gate = gate_doc()
+        assert gate["count"] == 1 and [entries.token_of(e) for e in gate["holders"]] == [follower.lease.token]
         follower.lease.release()
+
+
+def test_given_a_waiter_killed_after_its_grant_and_before_it_claimed_then_the_next_gets_the_slot_in_bound(settings):
+    # Given: a waiter first in line whose process stops right after its grant reached it.
+    settings.LEASES_WAIT_POLL_MS = 200
+    put("res", "levels: {global: 1}\nwaitMs: 60000")
+    held = leases.acquire(req(user="h"))
+    child = _child(PAUSING_WAIT_CHILD, LEASES_TEST_PAUSE="claim")
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        dead = until(lambda: queued_ids() and queued_ids()[0])
+        follower = queue_up(req(user="follower"))
+        # When: the holder releases; the child is granted, stops before its claim, is killed.
+        held.release()
+        assert child.stderr.readline().startswith("LEASES-PAUSED claim")
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(10)
+        killed = time.monotonic()
+        # Then: the next waiter gets the slot within the claim bound; the dead one's entry is gone.
+        follower.join(10)
+        assert follower.lease is not None
+        assert time.monotonic() - killed <= _claim_bound_s()
+        gate = gate_doc()
+        assert dead not in [entries.token_of(e) for e in gate["holders"]] and gate["count"] == 1
+        follower.lease.release()
+    finally:
+        if child.poll() is None:
+            child.kill()

@@ -41,7 +41,8 @@ def test_given_a_narrow_level_then_no_queue_clause_is_added():
 def test_given_a_booking_when_returning_it_then_the_pull_is_by_entry_value():
     # Then: only a counter still listing the entry matches, so a slot comes back at most once.
     assert commands.pull("k", "e") == ({"_id": "k", "holders": "e"}, {
-        "$pull": {"holders": "e"}, "$inc": {"count": -1}, "$currentDate": {"updatedAt": True, "clock": True}})
+        "$pull": {"holders": "e"}, "$inc": {"count": -1}, "$unset": {"claims.e": ""},
+        "$currentDate": {"updatedAt": True, "clock": True}})
     query, update = commands.gate_pull("g", "e", {"$push": {"holds": 1}})
     assert query == {"_id": "g", "holders": "e"} and update["$push"] == {"holds": 1}
     assert [op._filter for op in commands.pull_ops(["a", "b"], "e")] == [{"_id": "a", "holders": "e"},

@@ -20,7 +20,7 @@ def test_given_named_fields_when_a_ticket_is_written_then_it_stores_the_short_na
     doc = ticket()
     # then: the stored shape is the one every reader of a gate (order, shares, estimates) expects
     assert doc == {"id": "tok", "t": "acme", "p": "web", "u": "bob", "at": NOW, "seen": NOW, "ttl": 5000,
-                   "caps": {"user": 1}, "lvl": "tenant", "w": "w1"}
+                   "caps": {"user": 1}, "lvl": "tenant", "w": "w1", "a": None}
 
 
 def test_given_a_gate_queue_then_ticket_in_finds_the_requests_ticket_and_none_for_others():

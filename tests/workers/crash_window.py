@@ -9,6 +9,9 @@ per cycle. ``arrive`` is a stream of fresh requests that do not wait (one every 
 as a busy service sees them. ``victim`` sets ``LEASES_TEST_PAUSE`` so the engine blocks between the two
 commands of the named step (the test then sends ``kill -9``); for ``rollback`` the gate's
 bookings answer a store error after they were made, which is what makes an acquire roll back.
+For ``acquire`` and ``rollback`` the victim books its slots itself: its ticket carries no
+attempt, so a release wakes it instead of granting it directly (as for a ticket queued by a
+process without the direct hand-off).
 """
 
 import os
@@ -23,7 +26,7 @@ import pymongo.errors  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 import leases  # noqa: E402
-from leases.engine import pausepoints  # noqa: E402
+from leases.engine import funnel, pausepoints  # noqa: E402
 from leases.queue import slots  # noqa: E402
 from leases.revocation import handlers  # noqa: E402
 
@@ -76,6 +79,15 @@ def main() -> None:
             return booked
 
         slots.take = failing
+    if window in ("acquire", "rollback"):
+        real_ticket = funnel.Attempt.ticket
+
+        def self_booking(self, *args, **kw):
+            ticket = real_ticket(self, *args, **kw)
+            ticket["a"] = None  # not directly grantable: woken, it books itself
+            return ticket
+
+        funnel.Attempt.ticket = self_booking
     # Pause points are inert unless the settings arm them (this child runs config.settings).
     settings.LEASES_TEST_PAUSE_POINTS = True
     os.environ[pausepoints.PAUSE_ENV] = window

@@ -1,0 +1,227 @@
+"""Direct hand-off: whoever frees a gate slot grants it to the ticket the order rule picks.
+
+A release (or a reap, a revoke, a repair) returns its gate slot with one command that
+answers the gate as it is now; the order rule (:mod:`leases.queue.order`) picks the next
+ticket on that document, and the freeing process books the slot *for* it with one more
+update of the gate (:func:`leases.store.ticket_commands.grant`): the ticket's entry pushed,
+the ticket dequeued, its pass charged and its fence recorded, all conditional on the ticket
+still being queued and the gate below its cap. The waiter learns it from its wake-up (the
+message carries the entry and the fence) or, if that is lost, from the gate on its next
+keep-alive; it books nothing and only marks its holder ``HELD`` (one command). Nobody can
+take the slot in between, so the cap never idles for a wake-up and a booking round trip.
+
+What is granted directly: tickets whose holder's ``attemptId`` the ticket carries (the
+entry must name it), which look alive (kept alive within half their TTL), and whose
+narrower levels, if any, the ticket describes (``lv``: their keys and caps as its waiter's
+view had them; a ticket fenced on a narrower level carries none). A ticket with narrower
+levels is granted by one ordered bulk that books the gate first and then those levels
+(:func:`_grant_levels`). Every other pick is woken and books itself, as before.
+
+A grant nobody claims (its waiter died after it was picked, or stalls) gives the slot back
+once :func:`claim_ms` has passed: the grant records its time on the gate (``claims``, no
+extra command; the pull of the entry removes it), and the next repair of the full gate —
+run by any waiter that finds it full — ends a granted holder still ``PENDING`` after that
+(a ``PENDING`` holder runs no handler) and hands the slot on. An HTTP ticket (no waker)
+gets no claim: its poll deadline is its window, and its next poll claims it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import pymongo.errors
+from pymongo import ReturnDocument, UpdateOne
+
+from ..conf import lease_settings
+from ..definitions import caps
+from ..definitions.model import LevelSpec
+from ..store import client as store, counter_commands, entries, shapes, ticket_commands
+from ..store.documents import CounterDoc, TicketDoc
+from . import fences, order, wakeups
+
+log = logging.getLogger(__name__)
+
+
+def claim_ms() -> int:
+    """How long a granted waiter has to mark its holder ``HELD`` before the slot moves on."""
+    return int(lease_settings.GRANT_CLAIM_MS)
+
+
+def grantable(ticket: TicketDoc, now: datetime) -> bool:
+    """Whether the freeing process books the slot for ``ticket`` (else it only wakes it)."""
+    caps = shapes.narrow_caps(ticket)
+    return ((not caps or len(narrow_specs(ticket)) == len(caps)) and shapes.attempt(ticket) is not None
+            and not order.is_suspect(ticket, now))
+
+
+def narrow_specs(ticket: TicketDoc) -> list[LevelSpec]:
+    """The ticket's narrower levels as its waiter's view had them (``lv``, narrow first,
+    with the view's lease and load time for the cap stamps); empty when it carries none."""
+    out: list[LevelSpec] = []
+    for level in ticket.get("lv") or ():
+        if not isinstance(level, dict) or not isinstance(level.get("k"), str) or not isinstance(level.get("c"), int):
+            return []
+        out.append(LevelSpec(level=str(level.get("l")), scope=str(level.get("s")), cap=int(level["c"]),
+                             key=level["k"], tenant_id=shapes.tenant(ticket), lease=str(ticket.get("ln") or ""),
+                             loaded_at=ticket.get("la")))
+    return out
+
+
+def booking_of(ticket: TicketDoc) -> str:
+    """The entry the ticket's holder books (its owner, its ``attemptId``, its token)."""
+    t, p, u = shapes.owner(ticket)
+    return entries.entry(t, p, u, ticket["id"], shapes.attempt(ticket))
+
+
+def plan_for(gate: CounterDoc, ticket_id: str, slot: int, booking: str) -> fences.Plan:
+    """The fence the grant issues on the gate: ``slot`` (the ticket's turn), one generation
+    above the slot's as the document shows it, never below the server clock's floor."""
+    slots: Any = gate.get(fences.FIELD) or {}
+    recorded = slots.get(fences.slot_field(slot)) if isinstance(slots, dict) else None
+    generation = recorded.get("g") if isinstance(recorded, dict) else None
+    seen = generation if isinstance(generation, int) else 0
+    return fences.Plan(gate["_id"], slot, max(seen + 1, fences.floor_of(gate.get("clock"))), booking)
+
+
+def hand_over(gate: CounterDoc, picked: Sequence[str]) -> tuple[list[str], CounterDoc]:
+    """Grant the gate's free slots to the tickets of ``picked`` (the order rule's picks on
+    ``gate``, best first) that are :func:`grantable`, each with one update, and tell their
+    waiters. Never raises: a pick whose grant fails (taken meanwhile, its ticket gone, the
+    store failing) is left to be woken.
+
+    Returns:
+        The picks not granted here (the caller wakes them), and the gate after the last grant.
+    """
+    now = gate.get("clock")
+    if now is None or not picked:
+        return list(picked), gate
+    by_id = {t["id"]: t for t in shapes.queue_of(gate)}
+    turns = fences.turns(gate, picked)
+    cap = int(gate.get("cap") or 0)
+    left: list[str] = []
+    latest = gate
+    for ticket_id in picked:
+        ticket = by_id.get(ticket_id)
+        if ticket is None or ticket_id not in turns or not grantable(ticket, now):
+            left.append(ticket_id)
+            continue
+        booking = booking_of(ticket)
+        plan = plan_for(gate, ticket_id, turns[ticket_id], booking)
+        grant = ticket_commands.grant(gate["_id"], ticket_id, booking, cap=cap, clauses=[plan.clause()],
+                                      charge=order.charge(gate, ticket_id), record=plan.update(),
+                                      claimed_by=ticket_id if shapes.waker(ticket) else None)
+        try:
+            narrow = narrow_specs(ticket)
+            if narrow:
+                granted = _grant_levels(gate, ticket, booking, grant, narrow)
+            else:
+                after = store.counters().find_one_and_update(*grant, return_document=ReturnDocument.AFTER)
+                granted = after is not None
+                if after is not None:
+                    latest = after
+                    fences.note(after)
+        except pymongo.errors.PyMongoError as exc:
+            log.info("grant of %s on %s failed (%s); it is woken instead", ticket_id, gate["_id"], exc)
+            granted = False
+        if not granted:
+            left.append(ticket_id)  # taken, gone, raced or a narrower level full: its waiter decides itself
+            continue
+        _tell(ticket, booking, plan.fence)
+    return left, latest
+
+
+def _grant_levels(gate: CounterDoc, ticket: TicketDoc, booking: str, grant: tuple[dict[str, Any], dict[str, Any]],
+                  narrow: list[LevelSpec]) -> bool:
+    """Grant a ticket with narrower levels: one ordered bulk books the gate first — the grant
+    that dequeues the ticket, so of all who might grant it (or its own waiter) one alone goes
+    on — then each narrower level (conditional pushes, as a booking's). An upsert that does
+    not match collides on ``_id``, which stops the bulk there. If a narrower level is full
+    after all (a newcomer booked it on its way to the queue), what was booked is pulled back
+    by value and the ticket is queued again as it was (its arrival kept) in one more bulk:
+    its waiter then books itself when woken.
+
+    Returns:
+        Whether every level is booked for the ticket.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed (repair returns what a partial grant left:
+            the ticket's holder is PENDING with entries booked, which it pulls once past its TTL).
+    """
+    resource = str(gate.get("resource") or "")
+    ops = [UpdateOne(*grant, upsert=True)]
+    for spec in narrow:
+        seeded = counter_commands.seed(resource=resource, level=spec.level, scope=spec.scope,
+                                       tenant_id=spec.tenant_id, cap=spec.cap)
+        clauses = [c for c in (caps.obeyed(spec),) if c]
+        ops.append(UpdateOne(*counter_commands.take_slot(spec.key, booking, cap=spec.cap, seeded=seeded,
+                                                         clauses=clauses), upsert=True))
+    try:
+        store.counters().bulk_write(ops, ordered=True)
+        return True
+    except pymongo.errors.BulkWriteError as exc:
+        errors = exc.details.get("writeErrors") or []
+        # The bulk stops at its first error, whatever it is; without one (a write concern
+        # error) every op may have landed: undo them all.
+        booked = int(errors[0]["index"]) if errors else len(ops)
+    except pymongo.errors.PyMongoError:
+        booked = len(ops)  # unknown how far it went: undo all (pulls by value, enqueue if missing)
+    if booked == 0:
+        return False
+    keys = [gate["_id"], *(spec.key for spec in narrow[:booked - 1])]
+    undo = [UpdateOne(*counter_commands.pull(key, booking)) for key in keys]
+    undo.append(UpdateOne(*ticket_commands.enqueue(gate["_id"], dict(ticket))))
+    store.counters().bulk_write(undo, ordered=True)
+    return False
+
+
+def complete(keys: Sequence[str], booking: str) -> bool:
+    """Whether every counter of ``keys`` (the narrower levels) books ``booking``: a grant
+    seen on the gate alone may still be under way, or being undone (:func:`_grant_levels`
+    books the gate first), so a waiter that learns of its grant from the gate, not from the
+    wake-up, claims only when this holds. One read.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed.
+    """
+    if not keys:
+        return True
+    return store.counters().count_documents({"_id": {"$in": list(keys)}, "holders": booking}) == len(set(keys))
+
+
+def _tell(ticket: TicketDoc, booking: str, fence: str) -> None:
+    """Wake the granted ticket's waiter with its entry and fence (an HTTP ticket has no
+    waker: its next poll claims it). Never raises."""
+    process = shapes.waker(ticket)
+    if process is not None:
+        wakeups.grant(ticket["id"], process, booking, fence)
+
+
+def unclaimed(counter: CounterDoc, now: datetime) -> dict[str, datetime]:
+    """The tokens granted a slot on ``counter`` more than :func:`claim_ms` before ``now``
+    (MongoDB's clock) and not released since, with the grant's time: repair ends those
+    whose holder is still ``PENDING`` (their waiter never claimed)."""
+    claims = counter.get("claims")
+    limit = now - timedelta(milliseconds=claim_ms())
+    return {t: at for t, at in (claims.items() if isinstance(claims, dict) else ())
+            if isinstance(at, datetime) and at < limit}
+
+
+def granted_entry(gate: CounterDoc | None, token: str) -> str | None:
+    """The entry the gate books for ``token`` (a grant whose wake-up was lost), or None."""
+    for value in (gate or {}).get("holders") or ():
+        if entries.token_of(value) == token:
+            return str(value)
+    return None
+
+
+def fence_of(counter: CounterDoc | None, booking: str) -> str | None:
+    """The fence recorded for ``booking`` on ``counter`` (its slot and generation), or None."""
+    recorded = (counter or {}).get(fences.FIELD)
+    for name, value in (recorded.items() if isinstance(recorded, dict) else ()):
+        if isinstance(value, dict) and value.get("e") == booking and name[1:].isdigit() and isinstance(
+                value.get("g"), int):
+            return fences.Plan(str(counter["_id"]), int(name[1:]), value["g"], booking).fence  # type: ignore[index]
+    return None

@@ -1,0 +1,102 @@
+"""Direct hand-off (``leases.queue.grants``): the release that frees a gate slot books it for
+the ticket the order rule picks, narrower levels included, in one bulk; the waiter claims."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+
+import leases
+from leases.queue import grants, waiting
+from leases.store import client as store, entries
+from tests import helpers
+from tests.helpers import define, lease_request, quiet_handler_fixture
+
+handler = quiet_handler_fixture("test")
+req = partial(lease_request, pod="")
+GATE, GLOBEX = "res|global|*", "res|tenant|globex"
+
+
+def tokens(key):
+    return [entries.token_of(e) for e in (store.counters().find_one({"_id": key}) or {}).get("holders") or ()]
+
+
+@pytest.fixture
+def two_levels():
+    define("res", "levels: {global: 1, tenant: 1}\nwaitMs: 10000")
+
+
+def test_given_a_multi_level_ticket_when_the_holder_releases_then_one_bulk_books_all_its_levels(two_levels):
+    # Given: acme holds the one global slot; a globex request waits with its tenant level free.
+    held = leases.acquire(req(user="h"))
+    waiter = helpers.queue_up(req(tenant="globex", user="w"), GATE)
+    ticket = helpers.queued_ids(GATE)[0]
+    # When: the holder releases.
+    held.release()
+    # Then: the release booked the gate and the ticket's tenant level for it and dequeued it.
+    assert tokens(GATE) == [ticket] and tokens(GLOBEX) == [ticket]
+    assert helpers.queued_ids(GATE) == []
+    waiter.join(10)
+    assert waiter.lease is not None and waiter.lease.token == ticket and waiter.lease.fence is not None
+    assert store.holders().find_one({"_id": ticket})["state"] == "HELD"
+    waiter.lease.release()
+    assert tokens(GATE) == [] and tokens(GLOBEX) == []
+
+
+def test_given_a_narrower_level_a_newcomer_booked_when_the_release_grants_then_it_undoes_and_requeues(two_levels):
+    # Given: the waiting ticket's tenant level is full (a newcomer of its tenant booked it on
+    # its way to the queue: an entry that holds only for a moment).
+    held = leases.acquire(req(user="h"))
+    waiter = helpers.queue_up(req(tenant="globex", user="w"), GATE)
+    ticket = helpers.queued_ids(GATE)[0]
+    arrived = store.counters().find_one({"_id": GATE})["queue"][0]["at"]
+    newcomer = entries.entry("globex", "p1", "n", "newcomer-token", "a1")
+    store.counters().update_one({"_id": GLOBEX}, {"$push": {"holders": newcomer}, "$inc": {"count": 1}})
+    # When: the holder releases (its grant finds the tenant level full).
+    held.release()
+    # Then: nothing of the ticket stays booked, and it is queued again with its arrival.
+    gate = store.counters().find_one({"_id": GATE})
+    assert ticket not in tokens(GATE) and tokens(GLOBEX) == ["newcomer-token"]
+    assert [(t["id"], t["at"]) for t in gate["queue"]] == [(ticket, arrived)]
+    # Once the newcomer is gone, the waiter gets its turn (it books itself when woken).
+    waiting.give_back([GLOBEX], newcomer)
+    waiter.join(10)
+    assert waiter.lease is not None and waiter.lease.token == ticket
+    waiter.lease.release()
+
+
+def test_given_a_ticket_fenced_on_a_narrower_level_then_it_is_not_granted_directly():
+    define("res", "levels: {global: 1, user: 1}\nwaitMs: 10000\nfence: user")
+    held = leases.acquire(req(user="h"))
+    waiter = helpers.queue_up(req(user="w"), GATE)
+    ticket = store.counters().find_one({"_id": GATE})["queue"][0]
+    assert "lv" not in ticket and not grants.grantable(ticket, store.server_now())
+    held.release()
+    waiter.join(10)
+    assert waiter.lease is not None  # woken, it booked itself
+    waiter.lease.release()
+
+
+def test_given_a_grant_seen_on_the_gate_alone_then_the_waiter_claims_only_once_its_narrower_levels_are_booked(
+        two_levels, settings, monkeypatch):
+    # Given: no wake-ups reach anyone (the waiter learns of grants from the gate), and a
+    # grant whose bulk has booked the gate but not yet the ticket's tenant level.
+    settings.LEASES_WAIT_POLL_MS = 200
+    monkeypatch.setattr(waiting, "hand_off", lambda gate, skip=None: [])  # nobody grants or wakes
+    held = leases.acquire(req(user="h"))
+    waiter = helpers.queue_up(req(tenant="globex", user="w"), GATE)
+    ticket = store.counters().find_one({"_id": GATE})["queue"][0]
+    held.release()
+    booking = grants.booking_of(ticket)
+    store.counters().update_one({"_id": GATE}, {"$push": {"holders": booking}, "$inc": {"count": 1},
+                                                "$pull": {"queue": {"id": ticket["id"]}}})
+    # When: the waiter reads the gate on its keep-alives. Then: it does not claim yet.
+    waiter.join(1.0)
+    assert waiter.lease is None
+    assert store.holders().find_one({"_id": ticket["id"]})["state"] == "PENDING"
+    # When: the bulk books the tenant level too. Then: the waiter claims the lease.
+    store.counters().update_one({"_id": GLOBEX}, {"$push": {"holders": booking}, "$inc": {"count": 1}})
+    waiter.join(5)
+    assert waiter.lease is not None and waiter.lease.token == ticket["id"]
+    waiter.lease.release()
