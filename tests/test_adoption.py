@@ -449,7 +449,12 @@ def _then_beats_sweep_reaps_the_expired_holder_and_the_scrape_shows_every_proces
         assert time.monotonic() - planted < 5 * REAP_INTERVAL + 10, "no sweep reaped the expired holder"
         time.sleep(0.2)
     print(f"swept {time.monotonic() - planted:.1f} s after the holder expired")
-    assert mongo[LEASE_DB]["lease_tombstones"].find_one({"_id": held})["reason"] == "idle"
+    # The reap deletes the holder first and writes its tombstone after it has returned the slots.
+    tombstones = mongo[LEASE_DB]["lease_tombstones"]
+    while (tombstone := tombstones.find_one({"_id": held})) is None:
+        assert time.monotonic() - planted < 5 * REAP_INTERVAL + 10, "the reap wrote no tombstone"
+        time.sleep(0.1)
+    assert tombstone["reason"] == "idle"
 
     # The README's scrape line as typed: the sweep's reap (the worker's pool child counts it
     # just after the delete, so it may take a moment), and every grant of both processes.

@@ -12,10 +12,10 @@ from leases.store import client as store, entries
 from tests.helpers import PYTHON, REPO, child_env
 
 WORKERS = 8
-# Cycles per worker: 8 x 60 contended cycles over four stacked levels cross every level's
+# Cycles per worker: 8 x 40 contended cycles over four stacked levels cross every level's
 # cap many times; the suite's 10-minute budget sets the number. Longer runs are
 # bench/bench_chaos.py's and the history checker's (bench/bench_pauses.py).
-CYCLES = 60
+CYCLES = 40
 
 
 def spawn(args):

@@ -175,7 +175,7 @@ def run_machine(server: Server, django_settings) -> None:
                 assert gate is not None
                 assert gate["fence"][f"s{fence.slot}"] == {"e": lease._booking(), "g": fence.generation}
 
-    Fences.TestCase.settings = settings(max_examples=12, stateful_step_count=25, deadline=None,
+    Fences.TestCase.settings = settings(max_examples=8, stateful_step_count=25, deadline=None,
                                         suppress_health_check=list(HealthCheck))
     Fences.TestCase().runTest()
 
