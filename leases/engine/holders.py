@@ -297,6 +297,7 @@ def end(query: dict[str, Any], reason: str, *, hold_ms: float | None = None) -> 
         with store.bounded():
             gate = waiting.give_back(ending.keys, ending.booking, hold_ms=ending.hold_ms)
             if gate is None and released_by_owner(doc, reason, ending):
+                doc["state"] = "RELEASED"  # what callers see: no handler is dispatched for it
                 ending = Ending.of(doc, "release")
     except pymongo.errors.PyMongoError as exc:
         ending.account(exc)
@@ -323,13 +324,10 @@ def released_by_owner(doc: HolderDoc, reason: str, ending: Ending) -> bool:
     gate slot back itself: its owner's release returns the slots first (the hand-off does
     not wait for the delete) and died before its delete. Nobody else pulls the entry of a
     holder that still exists as written (repair pulls only entries whose holder is gone or
-    was written again), so it ends as released: tombstone ``release``, and the returned
-    document says ``RELEASED`` so that no caller dispatches the handler — a regular release
+    was written again), so it ends as released: tombstone ``release``, and :func:`end` returns
+    the document as ``RELEASED`` so that no caller dispatches the handler — a regular release
     never runs it."""
-    if reason == "release" or doc.get("state") != "HELD" or not ending.keys:
-        return False
-    doc["state"] = "RELEASED"
-    return True
+    return reason != "release" and doc.get("state") == "HELD" and bool(ending.keys)
 
 
 def release_owned(token: str, keys: list[str], booking: str, *, bound: Scope | None = None,

@@ -127,16 +127,16 @@ def _claim_granted(attempt: Attempt) -> Lease | CounterDoc | None:
         pymongo.errors.PyMongoError: the store failed.
     """
     current = waiting.read_gate(attempt.gate.key)
-    booking = grants.granted_entry(current, attempt.token)
-    if booking is None:
+    grant = grants.grant_on(current, attempt.token, attempt.keys[:-1])
+    if grant is None:
         return None
-    if current is not None and not grants.complete(attempt.keys[:-1], booking):
+    if not grant.complete:
         return current
     try:
-        return attempt.claim(booking, grants.fence_of(current, booking))
+        return attempt.claim(grant.booking, grant.fence)
     except _Vanished:
         # Its holder was written again or ended since: the entry books for nobody.
-        waiting.give_back(list(attempt.keys), booking)
+        waiting.give_back(list(attempt.keys), grant.booking)
         return None
 
 

@@ -230,13 +230,12 @@ class Waiter:
             return None
         waiting.note_queue(gate)
         if ticket_in(gate, self.attempt.token) is None:
-            booking = grants.granted_entry(gate, self.attempt.token)
-            narrow = self.attempt.keys[:-1]
-            if booking is not None and step(self.attempt, lambda: grants.complete(narrow, booking)):
+            grant = step(self.attempt, lambda: grants.grant_on(gate, self.attempt.token, self.attempt.keys[:-1]))
+            if grant is not None and grant.complete:
                 # Granted, its wake-up lost or not yet read (and, with narrower levels, the
                 # grant's bulk has booked them all: it is neither under way nor being undone).
                 wakeups.take_grant(self.attempt.token)
-                return self._claim(booking, grants.fence_of(gate, booking))
+                return self._claim(grant.booking, grant.fence)
         now = gate["clock"]
         if order.stale_ids(gate, now):
             gate = self.gate = step(self.attempt, lambda: waiting.prune(gate))
@@ -324,12 +323,12 @@ class Waiter:
         before = waiting.leave(self.gate_key, attempt.token)
         if before is None or ticket_in(before, attempt.token) is not None:
             return None  # still queued until now: nobody can grant it any more
-        booking = grants.granted_entry(before, attempt.token)
-        if booking is None:
+        grant = grants.grant_on(before, attempt.token, attempt.keys[:-1])
+        if grant is None:
             return None
-        if grants.complete(attempt.keys[:-1], booking):
-            return self._claim(booking, grants.fence_of(before, booking))
-        waiting.give_back(list(attempt.keys), booking)
+        if grant.complete:
+            return self._claim(grant.booking, grant.fence)
+        waiting.give_back(list(attempt.keys), grant.booking)
         return None
 
     def _give_up(self, *, left: bool = False) -> LeaseBusy:

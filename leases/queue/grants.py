@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -215,6 +216,29 @@ def granted_entry(gate: CounterDoc | None, token: str) -> str | None:
         if entries.token_of(value) == token:
             return str(value)
     return None
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A grant a counter shows for a token: its entry, its fence, and whether every narrower
+    level books the entry too (else the grant's bulk is under way or being undone)."""
+
+    booking: str
+    fence: str | None
+    complete: bool
+
+
+def grant_on(gate: CounterDoc | None, token: str, narrow_keys: Sequence[str]) -> Grant | None:
+    """The grant ``gate`` shows for ``token`` (its wake-up lost or not read yet), or None; a
+    waiter claims it only when it is :attr:`Grant.complete` (one read with narrower levels).
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed.
+    """
+    booking = granted_entry(gate, token)
+    if booking is None:
+        return None
+    return Grant(booking, fence_of(gate, booking), complete(narrow_keys, booking))
 
 
 def fence_of(counter: CounterDoc | None, booking: str) -> str | None:
