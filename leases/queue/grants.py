@@ -134,6 +134,65 @@ def hand_over(gate: CounterDoc, picked: Sequence[str]) -> tuple[list[str], Count
     return left, latest
 
 
+def hand_back(gate_key: str, booking: str, more: dict[str, Any] | None = None) -> CounterDoc | None:
+    """Return the gate slot of ``booking`` and grant it to the next ticket in one update.
+
+    One read of the gate (with MongoDB's clock) shows who is next once this slot is free;
+    when that is exactly one ticket the freeing process may grant (:func:`grantable`, with
+    no narrower levels to book), one update swaps the entries
+    (:func:`leases.store.ticket_commands.swap`) — only on the entries as read, so anything
+    booked, returned or granted in between makes it match nothing — and the waiter is told.
+    That is the whole critical path of a hand-off on the releaser's side: a read and one
+    write, both by ``_id``, instead of a return and a grant that each answer the document.
+    ``more``: the release's own update operators.
+
+    Returns:
+        The gate as the swap left it (built from the read: no command answers it), or None
+        when nothing was done — nobody to grant, several to grant, a ticket that books
+        itself, the entry not on the gate, or a race — and the caller returns the slot the
+        plain way (:func:`leases.queue.slots.give_back` and the hand-off on what it answers).
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed; nothing or everything was done (one
+            update), and the caller's plain return finds out which (it pulls by value).
+    """
+    read = next(iter(store.counters().aggregate(ticket_commands.read_with_clock(gate_key))), None)  # TRACE
+    holders = (read or {}).get("holders")
+    now = (read or {}).get("clock")
+    if read is None or now is None or not isinstance(holders, list) or booking not in holders:
+        return None
+    cap = int(read.get("cap") or 0)
+    if int(read.get("count") or 0) != len(holders) or len(holders) > cap:
+        return None  # a counter repair must look at first: the plain way
+    freed: CounterDoc = {**read, "holders": [h for h in holders if h != booking],
+                         "count": len(holders) - 1}
+    picked = order.next_grants(freed, now)
+    ticket = next((t for t in shapes.queue_of(freed) if picked and t["id"] == picked[0]), None)
+    if len(picked) != 1 or ticket is None or shapes.narrow_caps(ticket) or not grantable(ticket, now):
+        return None
+    ticket_id = ticket["id"]
+    turn = fences.turns(freed, picked).get(ticket_id)
+    if turn is None:
+        return None
+    entry = booking_of(ticket)
+    plan = plan_for(freed, ticket_id, turn, entry)
+    recorded: Any = (read.get(fences.FIELD) or {}).get(fences.slot_field(turn))
+    seen = {k: recorded[k] for k in ("e", "g") if k in recorded} if isinstance(recorded, dict) else None
+    command = ticket_commands.swap(
+        gate_key, released=booking, holders=holders, booking=entry, ticket_id=ticket_id, cap=cap,
+        slot_field=f"{fences.FIELD}.{fences.slot_field(turn)}", slot_seen=seen,
+        charge=order.charge(freed, ticket_id), record=plan.update(), more=more,
+        claimed_by=ticket_id if shapes.waker(ticket) else None)
+    if not store.counters().update_one(*command).matched_count:
+        return None
+    after: Any = {**freed, "holders": [*freed["holders"], entry], "count": len(holders),
+                  "queue": [t for t in shapes.queue_of(freed) if t["id"] != ticket_id],
+                  fences.FIELD: {**(read.get(fences.FIELD) or {}), fences.slot_field(turn): {"e": entry, "g": plan.generation}}}
+    fences.note(after)
+    _tell(ticket, entry, plan.fence)
+    return after
+
+
 def _grant_levels(gate: CounterDoc, ticket: TicketDoc, booking: str, grant: tuple[dict[str, Any], dict[str, Any]],
                   narrow: list[LevelSpec]) -> bool:
     """Grant a ticket with narrower levels: one ordered bulk books the gate first — the grant

@@ -90,6 +90,48 @@ def grant(gate_key: str, ticket_id: str, booking: str, *, cap: int, clauses: lis
     return query, update
 
 
+def read_with_clock(gate_key: str) -> list[dict[str, Any]]:
+    """The aggregation that reads the gate with ``clock`` set to MongoDB's time now, without
+    writing it (a release reads the gate it is about to hand a slot over on, :func:`swap`)."""
+    return [{"$match": {"_id": gate_key}}, {"$addFields": {"clock": "$$NOW"}}]
+
+
+def swap(gate_key: str, *, released: str, holders: list[str], booking: str, ticket_id: str, cap: int,
+         slot_field: str, slot_seen: dict[str, Any] | None, charge: dict[str, dict[str, Any]],
+         record: dict[str, Any], more: dict[str, Any] | None = None, claimed_by: str | None = None) -> Command:
+    """A release's return of its gate slot that grants it to the queued ticket ``ticket_id``
+    in the same update (the direct hand-off in one command): the releaser's entry
+    ``released`` is replaced by the ticket's ``booking``, the ticket dequeued, its pass
+    charged and its fence (``record``, on the slot at ``slot_field``) recorded.
+
+    Invariants, all from the gate as the releaser just read it: *no slot returned twice or
+    taken twice* — the filter requires the entries exactly as read (``holders``, which lists
+    ``released`` and not ``booking``), so any booking, return or grant since makes it match
+    nothing and the caller returns its slot the plain way; *never above cap* — the count is
+    not changed (one entry out, one in) and the cap must be the one read, which the entries
+    fit; *one grant per ticket* — the ticket must still be queued and leaves the queue;
+    *fences only grow* — the fence slot's record must be as read (``slot_seen``, or none).
+    ``more``: the release's own update operators (the hold duration, the wait estimate's
+    outcome); ``claimed_by`` as in :func:`grant`.
+    """
+    query: dict[str, Any] = {"_id": gate_key, "holders": list(holders), "cap": cap, "count": len(holders),
+                             "queue.id": ticket_id}
+    if slot_seen is None:
+        query[slot_field] = {"$exists": False}
+    else:  # field by field: a subdocument's equality would also compare its field order
+        query.update({f"{slot_field}.{name}": value for name, value in slot_seen.items()})
+    update: dict[str, Any] = {"$set": {"holders": [h for h in holders if h != released] + [booking], **record},
+                              "$pull": {"queue": {"id": ticket_id}},
+                              "$unset": {claim_field(released.rsplit("/", 1)[-1]): ""},
+                              "$currentDate": {"updatedAt": True, "clock": True}}
+    if claimed_by is not None:
+        update["$currentDate"][claim_field(claimed_by)] = True
+    for extra in (charge, more or {}):
+        for op, values in extra.items():
+            update[op] = {**update.get(op, {}), **values}
+    return query, update
+
+
 def mark_blocked(gate_key: str, ticket_id: str, level: str) -> Command:
     """Record which level blocked the ticket last, and when (``lvl``, ``bat``; with
     :func:`mine`). Diagnosis only: no decision reads it as a right to a slot."""

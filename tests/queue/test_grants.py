@@ -106,3 +106,60 @@ def test_given_a_grant_seen_on_the_gate_alone_then_the_waiter_claims_only_once_i
     waiter.join(5)
     assert waiter.lease is not None and waiter.lease.token == ticket["id"]
     waiter.lease.release()
+
+
+@pytest.fixture
+def one_slot():
+    define("res", "levels: {global: 1}\nwaitMs: 10000")
+
+
+def fence_slot(key, slot=0):
+    return (store.counters().find_one({"_id": key}).get("fence") or {}).get(f"s{slot}")
+
+
+def test_given_a_waiting_ticket_when_the_holder_releases_then_one_update_returns_and_grants_the_slot(one_slot):
+    # Given: the one slot is held and a ticket waits (this process saw the queue).
+    held = leases.acquire(req(user="h"))
+    waiter = helpers.queue_up(req(user="w"), GATE)
+    before = fence_slot(GATE)
+    # When: the holder releases, its gate commands counted.
+    with helpers.counted_commands() as counter:
+        held.release()
+    # Then: the gate was read once and written once — the entry swapped, not pulled and then
+    # pushed — and the ticket holds the same slot one generation up; the count never moved.
+    assert counter.commands[:2] == ["aggregate", "update"] and "findAndModify" not in counter.commands[:2]
+    gate = store.counters().find_one({"_id": GATE})
+    assert tokens(GATE) == [waiter.ticket] and gate["count"] == 1 and helpers.queued_ids(GATE) == []
+    after = fence_slot(GATE)
+    assert after["g"] > before["g"] and entries.token_of(after["e"]) == waiter.ticket
+    waiter.join(10)
+    assert waiter.lease is not None and waiter.lease.token == waiter.ticket
+    assert store.holders().find_one({"_id": waiter.ticket})["state"] == "HELD"
+    waiter.lease.release()
+    assert tokens(GATE) == [] and store.counters().find_one({"_id": GATE})["count"] == 0
+
+
+def test_given_the_ticket_leaves_between_the_read_and_the_swap_then_the_slot_is_returned_once(one_slot, monkeypatch):
+    # Given: a ticket waits, and it leaves the queue (its waiter's deadline) right after the
+    # releaser read the gate.
+    from leases.store import ticket_commands
+
+    held = leases.acquire(req(user="h"))
+    waiter = helpers.queue_up(req(user="w", wait_ms=400), GATE)
+    swap = ticket_commands.swap
+
+    def racing(*args, **kwargs):
+        waiting.dequeue(GATE, waiter.ticket)
+        return swap(*args, **kwargs)
+
+    monkeypatch.setattr(ticket_commands, "swap", racing)
+    # When: the holder releases.
+    held.release()
+    # Then: the swap matched nothing and the plain return gave the slot back, once; nobody
+    # was granted it.
+    gate = store.counters().find_one({"_id": GATE})
+    assert gate["holders"] == [] and gate["count"] == 0 and helpers.queued_ids(GATE) == []
+    waiter.join(10)
+    assert waiter.lease is None or waiter.lease.token == waiter.ticket
+    if waiter.lease is not None:
+        waiter.lease.release()

@@ -52,3 +52,23 @@ def test_given_a_dispatch_then_the_claim_matches_only_an_unclaimed_tombstone_and
     assert query == {"_id": "tok", "handledBy": {"$exists": False}}
     assert pipeline[0]["$set"]["at"] == {"$ifNull": ["$at", "$$NOW"]}
     assert pipeline[0]["$set"]["handledBy"] == {"$literal": "pod-1"}
+
+
+def test_given_a_release_and_a_pick_then_swap_replaces_the_entry_only_on_the_gate_as_read():
+    query, update = commands.swap("g", released="a/p/u/x/rel", holders=["a/p/u/x/rel", "b/p/u/y/other"],
+                                  booking="c/p/u/z/tok", ticket_id="tok", cap=2, slot_field="fence.s0",
+                                  slot_seen={"e": "a/p/u/x/rel", "g": 7}, charge={"$inc": {"vt.c": 1.0}},
+                                  record={"fence.s0": {"e": "c/p/u/z/tok", "g": 8}},
+                                  more={"$push": {"holds": {"$each": [100.0], "$slice": -20}}}, claimed_by="tok")
+    # The entries exactly as read, the cap and count read, the ticket queued, the fence slot as read.
+    assert query == {"_id": "g", "holders": ["a/p/u/x/rel", "b/p/u/y/other"], "cap": 2, "count": 2,
+                     "queue.id": "tok", "fence.s0.e": "a/p/u/x/rel", "fence.s0.g": 7}
+    # One entry out, one in: the count is not touched; the ticket leaves the queue, is charged,
+    # its fence recorded and its claim window started; the releaser's claim (if any) cleared.
+    assert update["$set"] == {"holders": ["b/p/u/y/other", "c/p/u/z/tok"], "fence.s0": {"e": "c/p/u/z/tok", "g": 8}}
+    assert "count" not in update.get("$inc", {}) and update["$inc"] == {"vt.c": 1.0}
+    assert update["$pull"] == {"queue": {"id": "tok"}} and update["$unset"] == {"claims.rel": ""}
+    assert update["$currentDate"] == {"updatedAt": True, "clock": True, "claims.tok": True}
+    assert update["$push"] == {"holds": {"$each": [100.0], "$slice": -20}}
+    assert commands.swap("g", released="r", holders=["r"], booking="n", ticket_id="t", cap=1, slot_field="fence.s0",
+                         slot_seen=None, charge={}, record={})[0]["fence.s0"] == {"$exists": False}
