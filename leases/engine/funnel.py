@@ -60,6 +60,7 @@ class Attempt:
         self.fence_spec = fences.spec_of(definition, specs)
         self.acquired_at: datetime | None = None
         self.created_at = 0.0  # monotonic, when the holder document was (re)written
+        self.interval_seconds: int | None = None
         self.written_at: datetime | None = None  # MongoDB's clock then: a (re)queued ticket is seen then
         # (rank, class): resolved once from the definition, carried in the ticket; a resumed
         # ticket brings the one it queued with (``priority``).
@@ -83,17 +84,18 @@ class Attempt:
         """
         attempt_id = slots.new_attempt_id()
         self.named(attempt_id)
+        interval = choose_interval(self.definition.ttl_seconds, self.request.interval_seconds)
         doc = store.holders().find_one_and_update(
             *commands.holder_upsert(self.token, definition=self.definition, request=self.request, pod=self.pod,
                                     keys=self.keys, attempt_id=attempt_id, priority=self.priority[1],
-                                    interval_seconds=choose_interval(self.definition.ttl_seconds,
-                                                                     self.request.interval_seconds)),
+                                    interval_seconds=interval),
             upsert=True,
             projection={"acquiredAt": 1},
             return_document=ReturnDocument.AFTER,
         )
         assert doc is not None  # an upsert returning the document after always has one
         self.acquired_at = self.acquired_at or doc["acquiredAt"]
+        self.interval_seconds = interval  # the server-issued interval, as the holder has it
         self.written_at = doc["acquiredAt"]
         self.created_at = time.monotonic()
 
@@ -174,10 +176,15 @@ class Attempt:
             raise
         return self._lease(held)
 
-    def claim(self, booking: str, fence: str | None) -> Lease:
+    def claim(self, booking: str, fence: str | None, at: datetime | None = None) -> Lease:
         """The freeing process booked ``booking`` for this attempt's ticket (the direct
         hand-off, :mod:`leases.queue.grants`): mark the holder HELD with ``fence``, one
         command, nothing booked here.
+
+        ``at``: the grant's time on MongoDB's clock, as the granter's command saw it. With it
+        the command is a plain update (it answers no document) and the lease's deadline is
+        told from ``at``: a few milliseconds before the one the holder got (set from the
+        server's clock when the update lands), never after it.
 
         Raises:
             _Vanished: the holder the entry names is gone or was written again (the claim
@@ -186,10 +193,17 @@ class Attempt:
             pymongo.errors.PyMongoError: the store failed.
         """
         attempt_id = entries.attempt_of(booking)
-        held = store.holders().find_one_and_update(
-            *commands.mark_held(self.token, keys=self.keys, ttl_seconds=self.definition.ttl_seconds,
-                                attempt_id=attempt_id, fence=fence),
-            projection=commands.HELD_PROJECTION, return_document=ReturnDocument.AFTER)
+        command = commands.mark_held(self.token, keys=self.keys, ttl_seconds=self.definition.ttl_seconds,
+                                     attempt_id=attempt_id, fence=fence)
+        if at is not None and self.written_at is not None and self.interval_seconds is not None:
+            if not store.holders().update_one(*command).matched_count:
+                raise _Vanished()
+            held: dict[str, Any] | None = {
+                "expiresAt": at + timedelta(seconds=self.definition.ttl_seconds), "lastSeenAt": at,
+                "acquiredAt": self.written_at, "intervalSeconds": self.interval_seconds, "fence": fence}
+        else:
+            held = store.holders().find_one_and_update(*command, projection=commands.HELD_PROJECTION,
+                                                       return_document=ReturnDocument.AFTER)
         if held is None:
             raise _Vanished()
         self.named(attempt_id)

@@ -18,6 +18,7 @@ import random
 import threading
 import time
 from collections.abc import Generator
+from datetime import datetime
 
 import pymongo.errors
 
@@ -188,16 +189,17 @@ class Waiter:
             gate = self._enqueue()
         return gate
 
-    def _claim(self, booking: str, fence: str | None) -> Lease | None:
-        """Our ticket was granted (the entry ``booking`` is on the gate): mark the holder
-        HELD, nothing else to book. If the claim window passed and the slot went on (or our
-        holder was written again), give the entry back if still there and queue again."""
+    def _claim(self, booking: str, fence: str | None, at: datetime | None = None) -> Lease | None:
+        """Our ticket was granted (the entry ``booking`` is on the gate; ``at``: when, on
+        MongoDB's clock, if the wake-up said): mark the holder HELD, nothing else to book. If
+        the claim window passed and the slot went on (or our holder was written again), give
+        the entry back if still there and queue again."""
         attempt = self.attempt
 
         def run() -> Lease | None:
             pause_point("claim")  # crash-window tests stop here: granted, not yet claimed
             try:
-                lease = attempt.claim(booking, fence)
+                lease = attempt.claim(booking, fence, at)
             except _Vanished:
                 waiting.give_back(list(attempt.keys), booking)
                 attempt.create_holder()

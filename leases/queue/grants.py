@@ -114,6 +114,7 @@ def hand_over(gate: CounterDoc, picked: Sequence[str]) -> tuple[list[str], Count
         grant = ticket_commands.grant(gate["_id"], ticket_id, booking, cap=cap, clauses=[plan.clause()],
                                       charge=order.charge(gate, ticket_id), record=plan.update(),
                                       claimed_by=ticket_id if shapes.waker(ticket) else None)
+        at = None  # the grant's time on MongoDB's clock, when its command answers it
         try:
             narrow = narrow_specs(ticket)
             if narrow:
@@ -122,7 +123,7 @@ def hand_over(gate: CounterDoc, picked: Sequence[str]) -> tuple[list[str], Count
                 after = store.counters().find_one_and_update(*grant, return_document=ReturnDocument.AFTER)
                 granted = after is not None
                 if after is not None:
-                    latest = after
+                    latest, at = after, after.get("clock")
                     fences.note(after)
         except pymongo.errors.PyMongoError as exc:
             log.info("grant of %s on %s failed (%s); it is woken instead", ticket_id, gate["_id"], exc)
@@ -130,7 +131,7 @@ def hand_over(gate: CounterDoc, picked: Sequence[str]) -> tuple[list[str], Count
         if not granted:
             left.append(ticket_id)  # taken, gone, raced or a narrower level full: its waiter decides itself
             continue
-        _tell(ticket, booking, plan.fence)
+        _tell(ticket, booking, plan.fence, at)
     return left, latest
 
 
@@ -189,7 +190,7 @@ def hand_back(gate_key: str, booking: str, more: dict[str, Any] | None = None) -
                   "queue": [t for t in shapes.queue_of(freed) if t["id"] != ticket_id],
                   fences.FIELD: {**(read.get(fences.FIELD) or {}), fences.slot_field(turn): {"e": entry, "g": plan.generation}}}
     fences.note(after)
-    _tell(ticket, entry, plan.fence)
+    _tell(ticket, entry, plan.fence, now)
     return after
 
 
@@ -251,12 +252,12 @@ def complete(keys: Sequence[str], booking: str) -> bool:
     return store.counters().count_documents({"_id": {"$in": list(keys)}, "holders": booking}) == len(set(keys))
 
 
-def _tell(ticket: TicketDoc, booking: str, fence: str) -> None:
-    """Wake the granted ticket's waiter with its entry and fence (an HTTP ticket has no
-    waker: its next poll claims it). Never raises."""
+def _tell(ticket: TicketDoc, booking: str, fence: str, at: datetime | None) -> None:
+    """Wake the granted ticket's waiter with its entry, its fence and the grant's time on
+    MongoDB's clock (an HTTP ticket has no waker: its next poll claims it). Never raises."""
     process = shapes.waker(ticket)
     if process is not None:
-        wakeups.grant(ticket["id"], process, booking, fence)
+        wakeups.grant(ticket["id"], process, booking, fence, at)
 
 
 def unclaimed(counter: CounterDoc, now: datetime) -> dict[str, datetime]:

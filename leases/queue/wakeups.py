@@ -22,7 +22,8 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, NamedTuple
 
 import redis
 
@@ -49,9 +50,18 @@ _process: tuple[int, str] | None = None
 _publisher: redis.Redis | None = None
 _publisher_pid: int | None = None
 _publish_blocked_until = 0.0
-# Ticket id -> (entry, fence) of a grant made for it (leases.queue.grants), until its waiter
-# takes it; only this process's registered waiters are kept.
-_grants: dict[str, tuple[str, str]] = {}
+# Ticket id -> (entry, fence, MongoDB's clock at the grant) of a grant made for it
+# (leases.queue.grants), until its waiter takes it; only this process's registered waiters.
+_grants: dict[str, "Granted"] = {}
+
+
+class Granted(NamedTuple):
+    """What a wake-up says was granted: the booked entry, the fence, and when (MongoDB's
+    clock, as the grant's own command saw it; None from a granter that did not say)."""
+
+    booking: str
+    fence: str
+    at: datetime | None = None
 
 
 def _redis_url() -> str:
@@ -92,24 +102,31 @@ def unregister(ticket_id: str) -> None:
         _grants.pop(ticket_id, None)
 
 
-def take_grant(ticket_id: str) -> tuple[str, str] | None:
-    """The ``(entry, fence)`` a wake-up said was granted to ``ticket_id``, once; None without."""
+def take_grant(ticket_id: str) -> Granted | None:
+    """What a wake-up said was granted to ``ticket_id``, once; None without."""
     with _lock:
         return _grants.pop(ticket_id, None)
 
 
-def _note_grant(ticket_id: str, booking: str, fence: str) -> None:
+def _note_grant(ticket_id: str, granted: Granted) -> None:
     with _lock:
         if ticket_id in _events:
-            _grants[ticket_id] = (booking, fence)
+            _grants[ticket_id] = granted
 
 
-def grant(ticket_id: str, process: str, booking: str, fence: str) -> str:
-    """Wake a waiter whose ticket was granted: the message carries the booked entry and
-    the fence, so it claims without reading the gate. Never raises; answers as :func:`wake`."""
+_EPOCH = datetime(1970, 1, 1)
+
+
+def grant(ticket_id: str, process: str, booking: str, fence: str, at: datetime | None = None) -> str:
+    """Wake a waiter whose ticket was granted: the message carries the booked entry, the
+    fence and the grant's time on MongoDB's clock (``at``), so it claims without reading the
+    gate. Never raises; answers as :func:`wake`."""
     if process == process_id():
-        _note_grant(ticket_id, booking, fence)
-    return wake(ticket_id, process, {"grant": {"id": ticket_id, "e": booking, "f": fence}})
+        _note_grant(ticket_id, Granted(booking, fence, at))
+    body: dict[str, Any] = {"id": ticket_id, "e": booking, "f": fence}
+    if at is not None:
+        body["t"] = (at - _EPOCH) // timedelta(milliseconds=1)
+    return wake(ticket_id, process, {"grant": body})
 
 
 def _deliver(ticket_ids: Iterable[str]) -> int:
@@ -173,7 +190,9 @@ def on_message(data: Any) -> None:
             fences.note_hint(hint)
             granted = hint.get("grant")
             if isinstance(granted, dict) and all(isinstance(granted.get(k), str) for k in ("id", "e", "f")):
-                _note_grant(granted["id"], granted["e"], granted["f"])
+                at = granted.get("t")
+                when = _EPOCH + timedelta(milliseconds=at) if isinstance(at, int) and not isinstance(at, bool) else None
+                _note_grant(granted["id"], Granted(granted["e"], granted["f"], when))
     _deliver(i for i in items if isinstance(i, str))
 
 

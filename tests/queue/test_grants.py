@@ -3,10 +3,13 @@ the ticket the order rule picks, narrower levels included, in one bulk; the wait
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 from functools import partial
 
+import pymongo
 import pytest
+from django.conf import settings
 
 import leases
 from leases.queue import grants, waiting
@@ -134,9 +137,50 @@ def test_given_a_waiting_ticket_when_the_holder_releases_then_one_update_returns
     assert after["g"] > before["g"] and entries.token_of(after["e"]) == waiter.ticket
     waiter.join(10)
     assert waiter.lease is not None and waiter.lease.token == waiter.ticket
-    assert store.holders().find_one({"_id": waiter.ticket})["state"] == "HELD"
+    holder = store.holders().find_one({"_id": waiter.ticket})
+    assert holder["state"] == "HELD" and holder["fence"] == waiter.lease.fence
+    # The lease's deadline is told from the grant's time on MongoDB's clock: never after the
+    # holder's own (set when the claim landed), and only the claim's few milliseconds before.
+    assert holder["expiresAt"] - timedelta(seconds=1) < waiter.lease.expires_at <= holder["expiresAt"]
     waiter.lease.release()
     assert tokens(GATE) == [] and store.counters().find_one({"_id": GATE})["count"] == 0
+
+
+def test_given_a_grant_woken_with_its_time_then_the_claim_is_one_plain_update(one_slot):
+    # Given: a ticket waits; its waiter's commands are recorded by thread.
+    from pymongo import monitoring
+
+    class ByThread(monitoring.CommandListener):
+        def __init__(self):
+            self.seen = []
+
+        def started(self, event):
+            self.seen.append((threading.get_ident(), event.command_name, event.command.get(event.command_name)))
+
+        def succeeded(self, event):
+            pass
+
+        def failed(self, event):
+            pass
+
+    listener = ByThread()
+    client = pymongo.MongoClient(settings.MONGODB_URI, event_listeners=[listener])
+    store.set_client(client)
+    try:
+        held = leases.acquire(req(user="h"))
+        waiter = helpers.queue_up(req(user="w"), GATE)
+        listener.seen.clear()
+        # When: the holder releases (the wake-up carries the grant's time).
+        held.release()
+        waiter.join(10)
+        # Then: the waiter's only command on the holders was a plain update (no document asked back).
+        assert [(name, coll) for thread, name, coll in listener.seen
+                if thread == waiter.ident and coll == store.HOLDERS] == [("update", store.HOLDERS)]
+        assert waiter.lease is not None
+        waiter.lease.release()
+    finally:
+        store.set_client(None)
+        client.close()
 
 
 def test_given_the_ticket_leaves_between_the_read_and_the_swap_then_the_slot_is_returned_once(one_slot, monkeypatch):

@@ -143,3 +143,23 @@ def test_given_a_frozen_redis_then_wake_answers_unknown_within_its_bound_and_bac
         server.send_signal(signal.SIGCONT)
         time.sleep(1.1)  # the backoff is over
         assert wakeups.wake("tk", "nobody-here") == wakeups.DEAD
+
+
+def test_given_a_grant_message_then_its_entry_fence_and_time_reach_the_waiter_once():
+    from datetime import datetime
+
+    event = wakeups.register("tk-g")
+    try:
+        # Given: a grant message as a granter publishes it, with the grant's time in ms.
+        at = datetime(2026, 12, 6, 1, 2, 3, 456000)
+        message = ["tk-g", {"grant": {"id": "tk-g", "e": "t/p/u/a/tk-g", "f": "F1", "t": 1796518923456}}]
+        # When: it arrives. Then: the waiter is woken and takes the grant, once.
+        wakeups.on_message(json.dumps(message))
+        assert event.is_set()
+        assert wakeups.take_grant("tk-g") == wakeups.Granted("t/p/u/a/tk-g", "F1", at)
+        assert wakeups.take_grant("tk-g") is None
+        # A grant without a time (or a malformed one) is taken without it.
+        wakeups.on_message(json.dumps(["tk-g", {"grant": {"id": "tk-g", "e": "e", "f": "f", "t": "soon"}}]))
+        assert wakeups.take_grant("tk-g") == wakeups.Granted("e", "f", None)
+    finally:
+        wakeups.unregister("tk-g")
