@@ -182,9 +182,8 @@ class Attempt:
         command, nothing booked here.
 
         ``at``: the grant's time on MongoDB's clock, as the granter's command saw it. With it
-        the command is a plain update (it answers no document) and the lease's deadline is
-        told from ``at``: a few milliseconds before the one the holder got (set from the
-        server's clock when the update lands), never after it.
+        the command is a plain update (it answers no document): the holder's TTL runs from
+        ``at``, so the lease knows its deadline and server time without reading them back.
 
         Raises:
             _Vanished: the holder the entry names is gone or was written again (the claim
@@ -193,13 +192,16 @@ class Attempt:
             pymongo.errors.PyMongoError: the store failed.
         """
         attempt_id = entries.attempt_of(booking)
+        # Without the holder's own write time and interval this process cannot tell the lease
+        # its fields: then the claim asks for the document back.
+        granted = at if self.written_at is not None and self.interval_seconds is not None else None
         command = commands.mark_held(self.token, keys=self.keys, ttl_seconds=self.definition.ttl_seconds,
-                                     attempt_id=attempt_id, fence=fence)
-        if at is not None and self.written_at is not None and self.interval_seconds is not None:
+                                     attempt_id=attempt_id, fence=fence, granted_at=granted)
+        if granted is not None:
             if not store.holders().update_one(*command).matched_count:
                 raise _Vanished()
             held: dict[str, Any] | None = {
-                "expiresAt": at + timedelta(seconds=self.definition.ttl_seconds), "lastSeenAt": at,
+                "expiresAt": granted + timedelta(seconds=self.definition.ttl_seconds), "lastSeenAt": granted,
                 "acquiredAt": self.written_at, "intervalSeconds": self.interval_seconds, "fence": fence}
         else:
             held = store.holders().find_one_and_update(*command, projection=commands.HELD_PROJECTION,

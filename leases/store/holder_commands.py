@@ -21,7 +21,7 @@ The lifecycle, one command per step:
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypedDict
 
 from ..errors import InvalidLeaseRequest
@@ -123,18 +123,26 @@ def holder_upsert(token: str, *, definition: Any, request: Any, pod: str, keys: 
 
 
 def mark_held(token: str, *, keys: list[str], ttl_seconds: int, attempt_id: str | None,
-              fence: str | None = None) -> Command:
+              fence: str | None = None, granted_at: datetime | None = None) -> Command:
     """Every level is booked: the holder becomes HELD with the counters it booked.
 
     Invariant: only the holder as written by ``attempt_id`` (the one its entries name;
     ``None``: a holder written before attempts existed) turns HELD, else nothing matches (it
     vanished, or was written again: its entries book for nobody). ``fence``: the one its
     booking issued, kept on the holder so that every renewal, poll and operator view
-    answers it.
+    answers it. ``granted_at``: a slot handed over by a release (the direct hand-off), the
+    grant's time on MongoDB's clock as the granter's command saw it: the TTL runs from
+    there, so the claimant knows its deadline without asking for the document back.
     """
+    seen: Any
+    deadline: Any
+    if granted_at is None:
+        seen, deadline = "$$NOW", now_plus_ms(ttl_seconds * 1000)
+    else:
+        seen, deadline = {"$literal": granted_at}, {"$literal": granted_at + timedelta(seconds=ttl_seconds)}
     return {"_id": token, "attemptId": attempt_id}, [{"$set": {
-        "state": "HELD", "levels": {"$literal": keys}, "lastSeenAt": "$$NOW", "heldAt": "$$NOW",
-        "expiresAt": now_plus_ms(ttl_seconds * 1000), "fence": {"$literal": fence}}}]
+        "state": "HELD", "levels": {"$literal": keys}, "lastSeenAt": seen, "heldAt": "$$NOW",
+        "expiresAt": deadline, "fence": {"$literal": fence}}}]
 
 
 def unclaimed(token: str) -> dict[str, Any]:

@@ -139,9 +139,10 @@ def test_given_a_waiting_ticket_when_the_holder_releases_then_one_update_returns
     assert waiter.lease is not None and waiter.lease.token == waiter.ticket
     holder = store.holders().find_one({"_id": waiter.ticket})
     assert holder["state"] == "HELD" and holder["fence"] == waiter.lease.fence
-    # The lease's deadline is told from the grant's time on MongoDB's clock: never after the
-    # holder's own (set when the claim landed), and only the claim's few milliseconds before.
-    assert holder["expiresAt"] - timedelta(seconds=1) < waiter.lease.expires_at <= holder["expiresAt"]
+    # The TTL runs from the grant's time on MongoDB's clock, which the wake-up carried: the
+    # lease was told exactly the deadline and server time its holder has.
+    assert (waiter.lease.expires_at, waiter.lease.last_seen_at) == (holder["expiresAt"], holder["lastSeenAt"])
+    assert holder["heldAt"] >= holder["lastSeenAt"] and waiter.lease.fence == holder["fence"]
     waiter.lease.release()
     assert tokens(GATE) == [] and store.counters().find_one({"_id": GATE})["count"] == 0
 

@@ -36,6 +36,15 @@ def test_given_an_attempt_when_marking_held_then_only_that_attempts_holder_match
     assert pipeline[0]["$set"]["expiresAt"] == {"$add": ["$$NOW", 5000]}
 
 
+def test_given_a_grant_time_when_marking_held_then_the_ttl_runs_from_the_grant():
+    from datetime import datetime, timedelta
+
+    at = datetime(2026, 12, 6, 2, 0, 0, 123000)
+    fields = commands.mark_held("tok", keys=["k"], ttl_seconds=5, attempt_id="a2", granted_at=at)[1][0]["$set"]
+    assert fields["lastSeenAt"] == {"$literal": at}
+    assert fields["expiresAt"] == {"$literal": at + timedelta(seconds=5)} and fields["heldAt"] == "$$NOW"
+
+
 def test_given_a_payload_when_renewing_then_it_is_a_literal_set_only_on_a_live_holder():
     # When: a renewal with a payload whose strings look like field paths, and an interval.
     interval = {"$toInt": 7}
