@@ -20,6 +20,7 @@ from ..definitions.model import LeaseDefinition
 from ..errors import LeaseLost, LeaseUnavailable
 from ..queue import slots
 from ..store import client as store
+from ..store.documents import HolderDoc
 from ..telemetry import metrics
 from . import holders
 from .request import LeaseRequest
@@ -129,7 +130,7 @@ class Lease:
         try:
             held_ms = (time.monotonic() - self._granted) * 1000
             doc = holders.release_owned(self.token, list(self.levels), self._booking(), bound=self._scope(),
-                                        hold_ms=held_ms, outcome=self.grant_outcome)
+                                        hold_ms=held_ms, outcome=self.grant_outcome, known=self._holder())
         except pymongo.errors.PyMongoError as exc:
             self._release_failed = True
             metrics.RELEASE.labels(resource=tag, outcome="error").inc()
@@ -138,6 +139,16 @@ class Lease:
         if doc is None:
             metrics.RELEASE.labels(resource=tag, outcome="already-released").inc()
         return doc is not None
+
+    def _holder(self) -> HolderDoc:
+        """What this lease knows of its holder document: what a release needs of it."""
+        r = self.request
+        doc: HolderDoc = {"_id": self.token, "keys": list(self.levels), "levels": list(self.levels),
+                          "resource": self.resource, "tenantId": r.tenant_id, "projectId": r.project_id,
+                          "userId": r.user_id, "state": "HELD"}
+        if self.attempt_id is not None:  # a holder written before attempts existed has none
+            doc["attemptId"] = self.attempt_id
+        return doc
 
     def _booking(self) -> str:
         r = self.request

@@ -9,6 +9,7 @@ import leases
 from leases.queue import waiting
 from leases.store import client as store
 from leases.upkeep import reaper
+from tests import helpers
 from tests.helpers import define, lease_request, quiet_handler_fixture
 
 handler = quiet_handler_fixture("test")
@@ -22,6 +23,22 @@ def test_given_a_release_then_the_holder_is_gone_its_slot_is_free_and_it_is_tomb
     assert store.counters().find_one({"_id": "res|global|*"})["holders"] == []
     assert store.tombstones().find_one({"_id": lease.token})["reason"] == "release"
     assert lease.release() is False  # idempotent
+
+
+def test_given_an_owners_release_then_its_holder_is_deleted_without_being_read_back():
+    # Given: a held lease of tenant acme, project p1.
+    define("res", "levels: {global: 1}")
+    lease = leases.acquire(lease_request(pod=""))
+    # When: its owner releases it, the commands counted.
+    with helpers.counted_commands() as counter:
+        assert lease.release() is True
+    # Then: the gate was returned, the holder deleted with a plain delete (the owner knows
+    # what the release needs of it) and tombstoned in the owner's scope.
+    assert counter.commands == ["findAndModify", "delete", "update"]
+    tombstone = store.tombstones().find_one({"_id": lease.token})
+    assert (tombstone["reason"], tombstone["tenantId"], tombstone["projectId"], tombstone["resource"]) == (
+        "release", "acme", "p1", "res")
+    assert store.holders().find_one({"_id": lease.token}) is None
 
 
 def test_given_an_owner_that_returned_its_slots_and_died_when_its_holder_is_reaped_then_no_handler_runs():

@@ -434,8 +434,9 @@ def test_uncontended_command_budget():
     # One renewal: it decides on the deadline it replaced, returned by the same command.
     assert check_cmds == ["findAndModify"]
     # The narrower levels in one bulk, the gate (which returns its queue, for the hand-off),
-    # then the delete, then the tombstone (a later renewal answers EXPIRED, as over HTTP).
-    assert release_cmds == ["update", "findAndModify", "findAndModify", "update"]
+    # then the delete (a plain one: the owner knows its holder), then the tombstone (a later
+    # renewal answers EXPIRED, as over HTTP).
+    assert release_cmds == ["update", "findAndModify", "delete", "update"]
 
 
 def test_uncontended_command_budget_of_one_level():
@@ -445,7 +446,7 @@ def test_uncontended_command_budget_of_one_level():
     leases.acquire(req(lease="one")).release()
     with counted_commands() as counted:
         leases.acquire(req(lease="one")).release()
-    assert counted.commands == ["findAndModify", "update", "findAndModify", "findAndModify", "findAndModify",
+    assert counted.commands == ["findAndModify", "update", "findAndModify", "findAndModify", "delete",
                                 "update"]
 
 
