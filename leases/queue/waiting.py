@@ -234,16 +234,14 @@ def give_back(keys: list[str], booking: str, *, hold_ms: float | None = None,
     from . import estimates
 
     record = estimates.merged(estimates.hold_update(hold_ms), more)
-    if keys and queue_likely(keys[-1]):
-        # Tickets were waiting a moment ago: return the slot and grant it in one update.
-        *narrow, gate_key = keys
-        if narrow:
-            store.counters().bulk_write(slots.pull_ops(narrow, booking), ordered=False)
-        swapped = grants.hand_back(gate_key, booking, record)
+    if len(keys) == 1 and queue_likely(keys[0]):
+        # Tickets were waiting a moment ago: return the slot and grant it in one update. Only
+        # for a lease of one level: the tickets of a lease with narrower levels have them too,
+        # and their grant books those in a bulk of its own (the plain way below).
+        swapped = grants.hand_back(keys[0], booking, record)
         if swapped is not None:
             note_queue(swapped)
             return swapped
-        keys = [gate_key]  # the narrower levels are returned already
     gate = slots.give_back(keys, booking, record=record)
     note_queue(gate)
     hand_off(gate)
