@@ -119,6 +119,7 @@ def hand_over(gate: CounterDoc, picked: Sequence[str]) -> tuple[list[str], Count
             narrow = narrow_specs(ticket)
             if narrow:
                 granted = _grant_levels(gate, ticket, booking, grant, narrow)
+                at = now  # the bulk answers no document: the TTL runs from the read just before
             else:
                 after = store.counters().find_one_and_update(*grant, return_document=ReturnDocument.AFTER)
                 granted = after is not None
