@@ -1,14 +1,19 @@
 """Direct hand-off: whoever frees a gate slot grants it to the ticket the order rule picks.
 
-A release (or a reap, a revoke, a repair) returns its gate slot with one command that
-answers the gate as it is now; the order rule (:mod:`leases.queue.order`) picks the next
+In one update (:func:`hand_back`): a process that saw tickets waiting reads the gate with
+MongoDB's clock, runs the order rule (:mod:`leases.queue.order`) on it as if its own entry
+were gone, and swaps its entry for the pick's in one update conditional on the gate as read
+(:func:`leases.store.ticket_commands.swap`). Otherwise, or when that update matches nothing,
+the plain way (:func:`hand_over`): a release (or a reap, a revoke, a repair) returns its gate
+slot with one command that answers the gate as it is now, the order rule picks the next
 ticket on that document, and the freeing process books the slot *for* it with one more
 update of the gate (:func:`leases.store.ticket_commands.grant`): the ticket's entry pushed,
 the ticket dequeued, its pass charged and its fence recorded, all conditional on the ticket
 still being queued and the gate below its cap. The waiter learns it from its wake-up (the
-message carries the entry and the fence) or, if that is lost, from the gate on its next
-keep-alive; it books nothing and only marks its holder ``HELD`` (one command). Nobody can
-take the slot in between, so the cap never idles for a wake-up and a booking round trip.
+message carries the entry, the fence and the grant's time on MongoDB's clock) or, if that is
+lost, from the gate on its next keep-alive; it books nothing and only marks its holder
+``HELD`` (one command). Nobody can take the slot in between, so the cap never idles for a
+wake-up and a booking round trip.
 
 What is granted directly: tickets whose holder's ``attemptId`` the ticket carries (the
 entry must name it), which look alive (kept alive within half their TTL), and whose
