@@ -279,11 +279,9 @@ def _raw_cycle(db, levels: Sequence[str], i: int, *, recorder: CommandRecorder |
         raise RuntimeError("raw floor: check missed")
     if recorder is not None:
         out["check"] = recorder.take()
-    # release: delete the holder, pull the entry from the narrower levels in one bulk, then
-    # from the gate with findAndModify (the engine hands the slot on from what it returns).
-    h.find_one_and_delete({"_id": token, "tenantId": "acme", "projectId": "p1"},
-                          projection={"keys": 1, "levels": 1, "resource": 1, "tenantId": 1, "projectId": 1,
-                                      "userId": 1, "state": 1, "heldAt": 1})
+    # release: pull the entry from the narrower levels in one bulk, then from the gate with
+    # findAndModify (the engine hands the slot on from what it returns), then delete the
+    # holder (a plain delete: the owner knows what the release needs of the document).
     pull = {"$pull": {"holders": booking}, "$inc": {"count": -1}, "$currentDate": {"updatedAt": True, "clock": True}}
     *narrow, gate = keys
     if narrow:
@@ -293,6 +291,8 @@ def _raw_cycle(db, levels: Sequence[str], i: int, *, recorder: CommandRecorder |
     if c.find_one_and_update({"_id": gate, "holders": booking}, {**pull, **hold},
                              return_document=ReturnDocument.AFTER) is None:
         raise RuntimeError("raw floor: gate entry missing")
+    if not h.delete_one({"_id": token, "tenantId": "acme", "projectId": "p1"}).deleted_count:
+        raise RuntimeError("raw floor: holder missing at release")
     # ... and the tombstone: a later renewal of the token answers EXPIRED (release).
     db.lease_tombstones.update_one(
         {"_id": token}, [{"$set": {"tenantId": {"$literal": "acme"}, "projectId": {"$literal": "p1"},
