@@ -258,7 +258,24 @@ def pick(tickets: list[TicketDoc], held: Occupancy, passes: Passes, now: datetim
     if not eligible:
         return None
     eligible = [t for t in eligible if not is_suspect(t, now)] or eligible
+    eligible = [t for t in eligible if not _younger_of_its_user(t, eligible)]
     return min(eligible, key=lambda t: _rank_key(t, held, passes, now, lead))
+
+
+def _younger_of_its_user(ticket: TicketDoc, eligible: list[TicketDoc]) -> bool:
+    """Whether an older ticket of the same capped user (tenant-wide), of the same class or
+    a higher one, could take the slot too: arrival order within a user holds across its
+    projects. The project shares alone would give the user's slot to whichever of its
+    projects is due, and a user waiting in a project that is rarely due when its slot is
+    free would be passed over by its own younger tickets for as long as that lasts. The
+    oldest ticket of each user always stays, so the list never empties."""
+    if "user" not in (ticket.get("caps") or {}):
+        return False
+    scope, mine = _scope_at(ticket, "user"), (ticket.get("at"), ticket.get("id", ""))
+    rank = shapes.priority_rank(ticket)
+    return any(other.get("id") != ticket.get("id") and "user" in (other.get("caps") or {})
+               and _scope_at(other, "user") == scope and shapes.priority_rank(other) <= rank
+               and (other.get("at"), other.get("id", "")) < mine for other in eligible)
 
 
 def ranked(gate: CounterDoc, now: datetime, limit: int | None = None) -> list[TicketDoc]:

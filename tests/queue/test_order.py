@@ -55,6 +55,22 @@ def test_given_user_and_project_caps_then_they_are_counted_per_tenant():
     assert order.next_grants(gate(3, held, q), NOW) == ["t3"]
 
 
+def test_given_one_user_in_two_projects_then_its_older_ticket_takes_the_user_slot_first():
+    # Given: user u1 of tenant a (user cap 1, the user is tenant-wide) waits in project p3
+    # since 9 s, and again in project p1 since 1 s; p1 is due by the project shares (p3's
+    # other user holds a slot, which counts against p3).
+    held = [booking("a", "h1", project="p3", user="u3")]
+    q = [ticket("old", "a", 9, project="p3", user="u1", caps={"user": 1}),
+         ticket("new", "a", 1, project="p1", user="u1", caps={"user": 1})]
+    # When: a slot frees. Then: the user's older ticket goes first — arrival order within a
+    # user holds across projects, or the older one is passed over for as long as the younger
+    # one's project keeps its turn.
+    assert order.next_grants(gate(3, held, q), NOW) == ["old"]
+    # A higher class of the same user still goes first.
+    q[1]["pc"], q[0]["pc"] = 0, 1
+    assert order.next_grants(gate(3, held, q), NOW)[0] == "new"
+
+
 def test_given_a_stale_ticket_then_it_is_ignored_and_reported_for_pruning():
     g = gate(1, [], [ticket("dead", "a", 9, seen_s=5), ticket("live", "b", 1)])
     assert order.next_grants(g, NOW) == ["live"]
