@@ -258,7 +258,7 @@ def pick(tickets: list[TicketDoc], held: Occupancy, passes: Passes, now: datetim
     if not eligible:
         return None
     eligible = [t for t in eligible if not is_suspect(t, now)] or eligible
-    eligible = [t for t in eligible if not _younger_of_its_user(t, eligible)]
+    eligible = [t for t in eligible if is_starved(t, now, lead) or not _younger_of_its_user(t, eligible)]
     return min(eligible, key=lambda t: _rank_key(t, held, passes, now, lead))
 
 
@@ -268,7 +268,8 @@ def _younger_of_its_user(ticket: TicketDoc, eligible: list[TicketDoc]) -> bool:
     projects. The project shares alone would give the user's slot to whichever of its
     projects is due, and a user waiting in a project that is rarely due when its slot is
     free would be passed over by its own younger tickets for as long as that lasts. The
-    oldest ticket of each user always stays, so the list never empties."""
+    oldest ticket of each user always stays, so the list never empties; a starved ticket is
+    never held back (the caller keeps it)."""
     if "user" not in (ticket.get("caps") or {}):
         return False
     scope, mine = _scope_at(ticket, "user"), (ticket.get("at"), ticket.get("id", ""))

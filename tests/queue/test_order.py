@@ -69,6 +69,10 @@ def test_given_one_user_in_two_projects_then_its_older_ticket_takes_the_user_slo
     # A higher class of the same user still goes first.
     q[1]["pc"], q[0]["pc"] = 0, 1
     assert order.next_grants(gate(3, held, q), NOW)[0] == "new"
+    # And a younger ticket past its starvation bound is never held back by an older one.
+    q[1]["pc"], q[0]["pc"] = 1, 0
+    q[1]["ms"] = 500
+    assert order.next_grants(gate(3, held, q), NOW)[0] == "new"
 
 
 def test_given_a_stale_ticket_then_it_is_ignored_and_reported_for_pruning():
