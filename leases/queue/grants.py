@@ -163,7 +163,7 @@ def hand_back(gate_key: str, booking: str, more: dict[str, Any] | None = None) -
         pymongo.errors.PyMongoError: the store failed; nothing or everything was done (one
             update), and the caller's plain return finds out which (it pulls by value).
     """
-    read = next(iter(store.counters().aggregate(ticket_commands.read_with_clock(gate_key))), None)  # TRACE
+    read = next(iter(store.counters().aggregate(ticket_commands.read_with_clock(gate_key))), None)
     holders = (read or {}).get("holders")
     now = (read or {}).get("clock")
     if read is None or now is None or not isinstance(holders, list) or booking not in holders:
@@ -174,8 +174,10 @@ def hand_back(gate_key: str, booking: str, more: dict[str, Any] | None = None) -
     freed: CounterDoc = {**read, "holders": [h for h in holders if h != booking],
                          "count": len(holders) - 1}
     picked = order.next_grants(freed, now)
-    ticket = next((t for t in shapes.queue_of(freed) if picked and t["id"] == picked[0]), None)
-    if len(picked) != 1 or ticket is None or shapes.narrow_caps(ticket) or not grantable(ticket, now):
+    if len(picked) != 1:
+        return None  # nobody to grant, or several free slots: the plain hand-off grants them all
+    ticket = next((t for t in shapes.queue_of(freed) if t["id"] == picked[0]), None)
+    if ticket is None or shapes.narrow_caps(ticket) or not grantable(ticket, now):
         return None
     ticket_id = ticket["id"]
     turn = fences.turns(freed, picked).get(ticket_id)

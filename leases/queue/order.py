@@ -258,25 +258,32 @@ def pick(tickets: list[TicketDoc], held: Occupancy, passes: Passes, now: datetim
     if not eligible:
         return None
     eligible = [t for t in eligible if not is_suspect(t, now)] or eligible
-    eligible = [t for t in eligible if is_starved(t, now, lead) or not _younger_of_its_user(t, eligible)]
+    behind = _behind_their_user(eligible)
+    eligible = [t for t in eligible if t.get("id") not in behind or is_starved(t, now, lead)]
     return min(eligible, key=lambda t: _rank_key(t, held, passes, now, lead))
 
 
-def _younger_of_its_user(ticket: TicketDoc, eligible: list[TicketDoc]) -> bool:
-    """Whether an older ticket of the same capped user (tenant-wide), of the same class or
-    a higher one, could take the slot too: arrival order within a user holds across its
-    projects. The project shares alone would give the user's slot to whichever of its
-    projects is due, and a user waiting in a project that is rarely due when its slot is
-    free would be passed over by its own younger tickets for as long as that lasts. The
-    oldest ticket of each user always stays, so the list never empties; a starved ticket is
-    never held back (the caller keeps it)."""
-    if "user" not in (ticket.get("caps") or {}):
-        return False
-    scope, mine = _scope_at(ticket, "user"), (ticket.get("at"), ticket.get("id", ""))
-    rank = shapes.priority_rank(ticket)
-    return any(other.get("id") != ticket.get("id") and "user" in (other.get("caps") or {})
-               and _scope_at(other, "user") == scope and shapes.priority_rank(other) <= rank
-               and (other.get("at"), other.get("id", "")) < mine for other in eligible)
+def _behind_their_user(eligible: list[TicketDoc]) -> set[str]:
+    """The ids of tickets an older ticket of the same capped user (tenant-wide), of the
+    same class or a higher one, could take the slot ahead of: arrival order within a user
+    holds across its projects. The project shares alone would give the user's slot to
+    whichever of its projects is due, and a user waiting in a project that is rarely due
+    when its slot is free would be passed over by its own younger tickets for as long as
+    that lasts. The oldest ticket of each user is never among them, so the list never
+    empties; the caller keeps a starved ticket all the same."""
+    by_user: dict[tuple[str, ...], list[TicketDoc]] = {}
+    for ticket in eligible:
+        if "user" in (ticket.get("caps") or {}):
+            by_user.setdefault(_scope_at(ticket, "user"), []).append(ticket)
+    behind: set[str] = set()
+    for tickets in by_user.values():
+        best: int | None = None  # the highest class (lowest rank) among the older ones so far
+        for ticket in sorted(tickets, key=lambda t: (t.get("at"), t.get("id", ""))):
+            rank = shapes.priority_rank(ticket)
+            if best is not None and best <= rank:
+                behind.add(str(ticket.get("id")))
+            best = rank if best is None else min(best, rank)
+    return behind
 
 
 def ranked(gate: CounterDoc, now: datetime, limit: int | None = None) -> list[TicketDoc]:
