@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import pymongo.errors
 
@@ -26,6 +26,12 @@ from . import holders
 from .request import LeaseRequest
 
 log = logging.getLogger(__name__)
+
+
+class PendingClaim(Protocol):
+    """A grant's mark ``HELD`` still under way (:class:`leases.engine.claims.PendingClaim`)."""
+
+    def wait(self) -> None: ...
 
 
 class Lease:
@@ -58,6 +64,9 @@ class Lease:
         self._released = False
         self._release_failed = False
         self._granted = time.monotonic()  # a duration for wait estimates, never a TTL
+        #: A grant answered before its holder was marked HELD (:mod:`leases.engine.claims`):
+        #: every store call on the lease waits for the mark first.
+        self.pending_claim: PendingClaim | None = None
 
     @property
     def resource(self) -> str:
@@ -81,7 +90,23 @@ class Lease:
     def _scope(self) -> holders.Scope:
         return holders.scope(self.request.tenant_id, self.request.project_id)
 
+    def wait_claimed(self) -> None:
+        """Block until the holder's record says ``HELD``: a grant handed over by a release
+        is answered at once and marked in the background, within milliseconds
+        (:mod:`leases.engine.claims`); meanwhile :attr:`expires_at` is the claim window's end.
+        A no-op for any other lease. :meth:`check`, :meth:`update_payload` and
+        :meth:`release` call it first.
+
+        Raises:
+            LeaseLost: the claim came too late (``LeaseExpired``, reason ``unclaimed``).
+            LeaseUnavailable: the store failed while claiming (the next call tries again).
+        """
+        if self.pending_claim is not None:
+            self.pending_claim.wait()
+            self.pending_claim = None
+
     def _renew(self, payload: dict[str, Any] | None = None) -> None:
+        self.wait_claimed()
         doc = holders.renew(self.token, bound=self._scope(), payload=payload)
         self.expires_at, self.last_seen_at = doc["expiresAt"], doc["lastSeenAt"]
 
@@ -117,7 +142,9 @@ class Lease:
     def release(self) -> bool:
         """Give the slots back. Idempotent; True only for the call that actually released.
 
-        A regular release never calls the type's handler: the holder cleans up itself.
+        A regular release never calls the type's handler: the holder cleans up itself. A
+        grant whose claim came too late (:meth:`wait_claimed`) was never held for sure: its
+        release answers False.
 
         Raises:
             LeaseUnavailable: the store failed before the holder was deleted; nothing was
@@ -125,6 +152,12 @@ class Lease:
         """
         tag = metrics.resource_tag(self.resource)
         if self._released:
+            metrics.RELEASE.labels(resource=tag, outcome="already-released").inc()
+            return False
+        try:
+            self.wait_claimed()
+        except LeaseLost:  # never held for sure: the slot went on, and its entry was given back
+            self._released = True
             metrics.RELEASE.labels(resource=tag, outcome="already-released").inc()
             return False
         try:

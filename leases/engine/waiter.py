@@ -24,9 +24,11 @@ import pymongo.errors
 
 from ..errors import LeaseBusy
 from ..queue import estimates, fences, grants, order, shares, slots, waiting, wakeups
+from ..store import entries
 from ..store.documents import CounterDoc, TicketDoc
 from ..store.shapes import ticket_in
 from ..telemetry import history, metrics
+from . import claims
 from .busy import busy
 from .funnel import Attempt, _Blocked, _Vanished, first
 from .lease import Lease
@@ -58,6 +60,9 @@ class Waiter:
         self.raw_estimate_ms: float | None = None  # uncalibrated, for the gate's record
         self.queued_at = 0.0  # monotonic
         self.sat_out = False  # our last turn found a narrower level full (see order.sits_out)
+        # Claim a grant the wake-up told of in the background (leases.engine.claims): only the
+        # blocking API; an HTTP ticket and the async executor answer a holder already HELD.
+        self.claim_later = False
 
     def _ticket(self) -> TicketDoc:
         # Arrived when the request first asked (its place among its tenant's tickets), but
@@ -75,6 +80,7 @@ class Waiter:
         Raises:
             LeaseBusy, LeaseUnavailable: as :func:`acquire`.
         """
+        self.claim_later = self.keep_ms is None
         steps = self.steps(blocked)
         woken: bool | None = None
         try:
@@ -191,12 +197,19 @@ class Waiter:
 
     def _claim(self, booking: str, fence: str | None, at: datetime | None = None) -> Lease | None:
         """Our ticket was granted (the entry ``booking`` is on the gate; ``at``: when, on
-        MongoDB's clock, if the wake-up said): mark the holder HELD, nothing else to book. If
-        the claim window passed and the slot went on (or our holder was written again), give
-        the entry back if still there and queue again."""
+        MongoDB's clock, if the wake-up said): mark the holder HELD, nothing else to book —
+        with :attr:`claim_later` and ``at``, in the background, answering the lease at once
+        (:mod:`leases.engine.claims`). If the claim window passed and the slot went on (or
+        our holder was written again), give the entry back if still there and queue again."""
         attempt = self.attempt
 
         def run() -> Lease | None:
+            if self.claim_later and at is not None and attempt.written_at is not None \
+                    and attempt.interval_seconds is not None and entries.attempt_of(booking) == attempt.attempt_id:
+                # The slot is ours until the claim window ends: answer now, mark HELD meanwhile.
+                # (A grant naming an earlier attempt — our holder was written again since, its
+                # ticket queued again — is given back below, as the claim finds nobody.)
+                return self._granted(claims.claim_later(attempt, booking, fence, at))
             pause_point("claim")  # crash-window tests stop here: granted, not yet claimed
             try:
                 lease = attempt.claim(booking, fence, at)
@@ -205,13 +218,17 @@ class Waiter:
                 attempt.create_holder()
                 self.gate = self._enqueue()
                 return None
-            lease.estimated_wait_s = self.estimate_s
-            if self.queued_at:
-                lease.grant_outcome = estimates.outcome_update(self.raw_estimate_ms,
-                                                               (time.monotonic() - self.queued_at) * 1000)
-            return lease
+            return self._granted(lease)
 
         return step(attempt, run)
+
+    def _granted(self, lease: Lease) -> Lease:
+        """``lease``, told how its wait estimate came out."""
+        lease.estimated_wait_s = self.estimate_s
+        if self.queued_at:
+            lease.grant_outcome = estimates.outcome_update(self.raw_estimate_ms,
+                                                           (time.monotonic() - self.queued_at) * 1000)
+        return lease
 
     def _keep_ticket(self) -> "Ticket":
         """Out of wait time, but the caller keeps its place: stretch the ticket's TTL to the

@@ -12,8 +12,9 @@ the ticket dequeued, its pass charged and its fence recorded, all conditional on
 still being queued and the gate below its cap. The waiter learns it from its wake-up (the
 message carries the entry, the fence and the grant's time on MongoDB's clock) or, if that is
 lost, from the gate on its next keep-alive; it books nothing and only marks its holder
-``HELD`` (one command). Nobody can take the slot in between, so the cap never idles for a
-wake-up and a booking round trip.
+``HELD`` (one command) — a blocking ``leases.acquire`` told by the wake-up returns at once
+and sends that mark from a background thread (:mod:`leases.engine.claims`). Nobody can take
+the slot in between, so the cap never idles for a wake-up and a booking round trip.
 
 What is granted directly: tickets whose holder's ``attemptId`` the ticket carries (the
 entry must name it), which look alive (kept alive within half their TTL), and whose

@@ -43,6 +43,7 @@ def test_given_a_multi_level_ticket_when_the_holder_releases_then_one_bulk_books
     assert helpers.queued_ids(GATE) == []
     waiter.join(10)
     assert waiter.lease is not None and waiter.lease.token == ticket and waiter.lease.fence is not None
+    waiter.lease.wait_claimed()
     assert store.holders().find_one({"_id": ticket})["state"] == "HELD"
     waiter.lease.release()
     assert tokens(GATE) == [] and tokens(GLOBEX) == []
@@ -137,6 +138,7 @@ def test_given_a_waiting_ticket_when_the_holder_releases_then_one_update_returns
     assert after["g"] > before["g"] and entries.token_of(after["e"]) == waiter.ticket
     waiter.join(10)
     assert waiter.lease is not None and waiter.lease.token == waiter.ticket
+    waiter.lease.wait_claimed()
     holder = store.holders().find_one({"_id": waiter.ticket})
     assert holder["state"] == "HELD" and holder["fence"] == waiter.lease.fence
     # The TTL runs from the grant's time on MongoDB's clock, which the wake-up carried: the
@@ -147,8 +149,8 @@ def test_given_a_waiting_ticket_when_the_holder_releases_then_one_update_returns
     assert tokens(GATE) == [] and store.counters().find_one({"_id": GATE})["count"] == 0
 
 
-def test_given_a_grant_woken_with_its_time_then_the_claim_is_one_plain_update(one_slot):
-    # Given: a ticket waits; its waiter's commands are recorded by thread.
+def test_given_a_grant_woken_with_its_time_then_the_waiter_returns_and_the_claim_is_one_plain_update(one_slot):
+    # Given: a ticket waits; every command is recorded with the thread that sent it.
     from pymongo import monitoring
 
     class ByThread(monitoring.CommandListener):
@@ -174,10 +176,15 @@ def test_given_a_grant_woken_with_its_time_then_the_claim_is_one_plain_update(on
         # When: the holder releases (the wake-up carries the grant's time).
         held.release()
         waiter.join(10)
-        # Then: the waiter's only command on the holders was a plain update (no document asked back).
-        assert [(name, coll) for thread, name, coll in listener.seen
-                if thread == waiter.ident and coll == store.HOLDERS] == [("update", store.HOLDERS)]
         assert waiter.lease is not None
+        waiter.lease.check()  # waits for the claim, then renews
+        # Then: the waiter's own thread sent nothing to the holders before it returned; its
+        # claim was one plain update (no document asked back) from the claim thread.
+        on_holders = [(thread, name) for thread, name, coll in listener.seen if coll == store.HOLDERS]
+        assert [name for thread, name in on_holders if thread == waiter.ident] == []
+        claim_threads = {t for t in (threading.enumerate()) if t.name.startswith("leases-claim")}
+        assert [name for thread, name in on_holders if thread in {t.ident for t in claim_threads}] == ["update"]
+        assert store.holders().find_one({"_id": waiter.lease.token})["state"] == "HELD"
         waiter.lease.release()
     finally:
         store.set_client(None)

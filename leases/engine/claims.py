@@ -1,0 +1,146 @@
+"""A direct grant claimed in the background: the granted waiter returns at once.
+
+A waiter told of its grant by the wake-up (the entry, the fence and the grant's time on
+MongoDB's clock) holds the slot already: the gate books its entry, and nobody takes it back
+before the claim window has passed (repair ends only grants older than ``GRANT_CLAIM_MS``
+on MongoDB's clock). Marking its holder ``HELD`` is the one command left, and it need not
+stand between one holder's release and the next one's start. So :func:`claim_later` answers
+the lease at once, told the deadline it has for sure — the grant's time plus the claim
+window (never more than the TTL) — and sends the mark from a background thread; once it
+lands, the deadline is the TTL's from the grant.
+
+Every call on the lease that asks the store (check, payload, release) first waits for the
+mark (:meth:`PendingClaim.wait`). A mark that comes too late — the process stalled past the
+window, the slot went on and the holder was ended without a handler, as it was never
+``HELD`` — makes the lease lost (``LeaseExpired``, reason ``unclaimed``); its entry, if still
+booked, is given back. A mark the store failed is tried once more by that call.
+
+Only the blocking API claims this way (``leases.acquire``): an HTTP poll, a kept ticket and
+the async executor answer their callers a holder already ``HELD``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import datetime, timedelta
+
+import pymongo.errors
+
+from ..conf import lease_settings
+from ..errors import LeaseExpired, LeaseUnavailable
+from ..queue import grants, waiting
+from ..store import client as store, entries
+from .funnel import Attempt, _Vanished
+from .lease import Lease
+from .pausepoints import pause_point
+from .step import store_bound
+
+log = logging.getLogger(__name__)
+
+# Claims are one short command each; two threads keep one slow store reply from delaying
+# the next grant's claim in the same process.
+WORKERS = 2
+
+_lock = threading.Lock()
+_pool: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _executor() -> ThreadPoolExecutor:
+    """This process's claim threads (fork-aware: a forked child starts its own)."""
+    global _pool
+    with _lock:
+        if _pool is None or _pool[0] != os.getpid():
+            _pool = (os.getpid(), ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="leases-claim"))
+        return _pool[1]
+
+
+def sure_until(at: datetime, ttl_seconds: int) -> datetime:
+    """The deadline a granted, not yet claimed lease has for sure: the grant's time plus the
+    claim window, never past its TTL."""
+    return at + min(timedelta(milliseconds=grants.claim_ms()), timedelta(seconds=ttl_seconds))
+
+
+class PendingClaim:
+    """The mark of a granted holder ``HELD``, sent from a background thread."""
+
+    def __init__(self, attempt: Attempt, lease: Lease, booking: str, fence: str | None, at: datetime):
+        self.attempt, self.lease, self.booking, self.fence, self.at = attempt, lease, booking, fence, at
+        self.answered = time.monotonic()  # when the lease was answered (a duration, never a deadline)
+        self.future: Future[None] = _executor().submit(self._mark, True)
+
+    def _mark(self, background: bool) -> None:
+        """Mark the holder ``HELD`` (one command) and tell the lease its deadline.
+
+        Raises:
+            LeaseExpired: the claim came too late (reason ``unclaimed``); the entry was given back.
+            LeaseUnavailable: the store failed; whether the mark landed is not known.
+        """
+        if background:
+            pause_point("claim")  # crash-window tests stop here: granted, returned, not yet claimed
+        try:
+            with store_bound():
+                try:
+                    claimed = self.attempt.claim(self.booking, self.fence, self.at)
+                except _Vanished:
+                    self._give_back()
+                    late_ms = (time.monotonic() - self.answered) * 1000
+                    raise LeaseExpired(f"lease {self.attempt.token} was granted, but its claim came {late_ms:.0f} ms "
+                                       "after its answer, past the claim window: the slot went on",
+                                       reason="unclaimed") from None
+        except pymongo.errors.PyMongoError as exc:
+            raise LeaseUnavailable(store.unreachable("lease store", exc, " while claiming a grant")) from None
+        self.lease.expires_at, self.lease.last_seen_at = claimed.expires_at, claimed.last_seen_at
+
+    def _give_back(self) -> None:
+        """Best effort: an entry left booked for a holder that is gone is repair's to pull."""
+        try:
+            waiting.give_back(list(self.attempt.keys), self.booking)
+        except pymongo.errors.PyMongoError as exc:
+            log.info("give-back of the unclaimed %s failed (%s); repair returns it", self.booking, exc)
+
+    def wait(self) -> None:
+        """Wait for the mark (one store bound, plus the claim window); a mark the store
+        failed is sent once more from this thread.
+
+        Raises:
+            LeaseExpired: the claim came too late; the lease is lost.
+            LeaseUnavailable: the store failed again, or the mark did not answer in bound
+                (the next call waits again).
+        """
+        bound = (int(lease_settings.MONGO_TIMEOUT_MS) + grants.claim_ms()) / 1000.0
+        try:
+            self.future.result(timeout=bound)
+        except LeaseUnavailable:
+            retry: Future[None] = Future()  # a second try, here; the next call repeats it if it fails too
+            try:
+                self._mark(False)
+            except LeaseExpired as exc:
+                retry.set_exception(exc)
+                raise
+            except LeaseUnavailable:
+                retry = self.future  # still unknown: the next call tries again
+                raise
+            else:
+                retry.set_result(None)
+            finally:
+                self.future = retry
+        except TimeoutError:
+            raise LeaseUnavailable(f"the claim of lease {self.attempt.token} did not answer within "
+                                   f"{bound:.1f} s") from None
+
+
+def claim_later(attempt: Attempt, booking: str, fence: str | None, at: datetime) -> Lease:
+    """The lease of a grant the wake-up told of, answered now; its holder is marked ``HELD``
+    in the background (:class:`PendingClaim`). Needs the holder's own write time and interval
+    (:attr:`Attempt.written_at`), which a waiter's attempt always has."""
+    assert attempt.written_at is not None and attempt.interval_seconds is not None
+    lease = Lease(attempt.token, attempt.definition, attempt.request, list(attempt.keys),
+                  expires_at=sure_until(at, attempt.definition.ttl_seconds), acquired_at=attempt.written_at,
+                  last_seen_at=at, interval_seconds=attempt.interval_seconds,
+                  attempt_id=entries.attempt_of(booking), fence=fence)
+    lease.pending_claim = PendingClaim(attempt, lease, booking, fence, at)
+    return lease

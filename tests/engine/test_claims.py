@@ -1,0 +1,155 @@
+"""A grant claimed in the background (``leases.engine.claims``): the waiter returns at once,
+told the deadline it has for sure; a claim that comes too late loses the lease, never the cap."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+from functools import partial
+
+import pymongo.errors
+import pytest
+
+import leases
+from leases.engine import claims
+from leases.engine.funnel import Attempt
+from leases.errors import LeaseExpired
+from leases.queue import grants, waiting
+from leases.store import client as store, entries
+from tests import helpers
+from tests.helpers import define, lease_request, quiet_handler_fixture
+
+handler = quiet_handler_fixture("test")
+req = partial(lease_request, pod="")
+GATE = "res|global|*"
+
+
+@pytest.fixture
+def one_slot():
+    define("res", "levels: {global: 1}\nwaitMs: 10000\nttlSeconds: 60")
+
+
+@pytest.fixture
+def held_back(monkeypatch):
+    """Claims sent from the claim thread wait until the test sets the returned event."""
+    go = threading.Event()
+    mark = claims.PendingClaim._mark
+
+    def slow(self, background):
+        if background:
+            assert go.wait(30), "the test never let the claim go"
+        return mark(self, background)
+
+    monkeypatch.setattr(claims.PendingClaim, "_mark", slow)
+    yield go
+    go.set()
+
+
+def gate_tokens():
+    return [entries.token_of(e) for e in (store.counters().find_one({"_id": GATE}) or {}).get("holders") or ()]
+
+
+def test_given_a_granted_waiter_then_it_returns_before_its_holder_is_marked_and_is_told_the_claim_window(
+        one_slot, held_back):
+    # Given: a waiter queued behind a holder; its claim thread is held back.
+    held = leases.acquire(req(user="h"))
+    waiter = helpers.queue_up(req(user="w"), GATE)
+    # When: the holder releases.
+    held.release()
+    waiter.join(10)
+    # Then: the acquire returned while the holder is still PENDING, with the slot booked for
+    # it, told the deadline it has for sure: the grant's time plus the claim window.
+    lease = waiter.lease
+    assert lease is not None and gate_tokens() == [lease.token]
+    assert store.holders().find_one({"_id": lease.token})["state"] == "PENDING"
+    assert lease.expires_at == lease.last_seen_at + timedelta(milliseconds=grants.claim_ms())
+    # When: the claim goes; then the holder is HELD, the lease told the TTL's deadline.
+    held_back.set()
+    lease.wait_claimed()
+    holder = store.holders().find_one({"_id": lease.token})
+    assert holder["state"] == "HELD" and lease.expires_at == holder["expiresAt"]
+    assert holder["expiresAt"] == lease.last_seen_at + timedelta(seconds=60)
+    lease.check()
+    assert lease.release() is True and gate_tokens() == []
+
+
+def test_given_a_claim_later_than_its_window_then_the_slot_goes_on_and_the_lease_is_lost_never_doubled(
+        one_slot, held_back, settings):
+    # Given: a short claim window, a polling follower, and a granted waiter whose claim stalls.
+    settings.LEASES_GRANT_CLAIM_MS = 200
+    settings.LEASES_WAIT_POLL_MS = 100
+    settings.LEASES_REPAIR_INTERVAL_MS = 100
+    held = leases.acquire(req(user="h"))
+    late = helpers.queue_up(req(user="late"), GATE)
+    follower = helpers.queue_up(req(user="f"), GATE)
+    held.release()
+    late.join(10)
+    assert late.lease is not None
+    told_until = late.lease.expires_at
+    # When: the window passes; the follower's repair ends the unclaimed grant (no handler: it
+    # was never HELD) and takes the slot.
+    follower.join(10)
+    assert follower.lease is not None and gate_tokens() == [follower.lease.token]
+    assert store.holders().find_one({"_id": late.lease.token}) is None
+    # The late lease was told a deadline that ended before the follower's grant.
+    assert told_until <= follower.lease.last_seen_at
+    # Then: once its claim runs, the late lease is lost: its check fails, and it stays lost.
+    held_back.set()
+    with pytest.raises(LeaseExpired) as lost:
+        late.lease.check()
+    assert lost.value.reason == "unclaimed"
+    with pytest.raises(leases.LeaseLost):
+        late.lease.check()
+    # Its release returns nothing twice: the gate still books the follower alone.
+    assert late.lease.release() is False
+    assert gate_tokens() == [follower.lease.token]
+    assert store.counters().find_one({"_id": GATE})["count"] == 1
+    follower.lease.release()
+    assert gate_tokens() == []
+
+
+def test_given_the_store_failing_the_background_claim_then_the_next_call_claims_again(one_slot, monkeypatch):
+    # Given: the claim thread's mark fails once as if the store dropped the connection.
+    claim = Attempt.claim
+    failures = []
+
+    def flaky(self, booking, fence, at=None):
+        if threading.current_thread().name.startswith("leases-claim") and not failures:
+            failures.append(booking)
+            raise pymongo.errors.AutoReconnect("connection closed")
+        return claim(self, booking, fence, at)
+
+    monkeypatch.setattr(Attempt, "claim", flaky)
+    held = leases.acquire(req(user="h"))
+    waiter = helpers.queue_up(req(user="w"), GATE)
+    held.release()
+    waiter.join(10)
+    assert waiter.lease is not None
+    # When: the holder checks; then that call claims again, and the lease is held.
+    waiter.lease.check()
+    assert failures and store.holders().find_one({"_id": waiter.lease.token})["state"] == "HELD"
+    assert waiter.lease.release() is True and gate_tokens() == []
+
+
+def test_given_a_waiter_with_its_grant_then_the_async_executor_still_answers_a_held_holder(one_slot):
+    # The async executor (and an HTTP ticket) claims before it answers: only leases.acquire
+    # answers a grant whose mark is under way.
+    import asyncio
+
+    held = leases.acquire(req(user="h"))
+
+    async def wait_async():
+        return await leases.aacquire(req(user="a"))
+
+    result = {}
+    thread = threading.Thread(target=lambda: result.setdefault("lease", asyncio.run(wait_async())), daemon=True)
+    thread.start()
+    assert helpers.wait_for(lambda: helpers.queued_ids(GATE), 10, step=0.01)
+    held.release()
+    thread.join(10)
+    lease = result["lease"]
+    assert store.holders().find_one({"_id": lease.token})["state"] == "HELD"
+    asyncio.run(lease.arelease())
+    time.sleep(0)  # nothing pending on the async side
+    assert gate_tokens() == [] and waiting.is_full(store.counters().find_one({"_id": GATE})) is False
