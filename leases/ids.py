@@ -13,6 +13,7 @@ ids back out of an entry; the stored documents keep the plain ids in their own f
 from __future__ import annotations
 
 import re
+import secrets
 
 # ``%`` first on the way in (so the escapes it writes are not escaped again), last on the way out.
 _ENCODE = (("%", "%25"), ("/", "%2F"), ("|", "%7C"))
@@ -67,3 +68,13 @@ def readable_key(value: str) -> str:
     """A counter key as people read it: its scope's ids decoded (display only)."""
     head, sep, tail = value.rpartition("|")
     return f"{head}{sep}{readable_scope(tail)}" if sep else value
+
+
+def new_token(nbytes: int = 24) -> str:
+    """A fresh random token (URL-safe base64 of ``nbytes`` bytes) that never starts with
+    ``-``: operators pass tokens to ``manage.py lease show <token>``, where argparse would
+    take a leading dash for an option (one token in 64 used to)."""
+    while True:
+        token = secrets.token_urlsafe(nbytes)
+        if not token.startswith("-"):
+            return token

@@ -12,13 +12,13 @@ rollback, release, reap and repair pull them by value, each exactly once.
 from __future__ import annotations
 
 import logging
-import secrets
 import time
 from datetime import datetime, timedelta
 from typing import Any
 
 from pymongo import ReturnDocument
 
+from .. import ids
 from ..definitions.model import LeaseDefinition, LevelSpec
 from ..queue import fences, shares, slots, waiting
 from ..store import client as store, entries, holder_commands as commands
@@ -51,7 +51,7 @@ class Attempt:
         self.definition = definition
         self.specs = specs
         self.pod = pod
-        self.token = secrets.token_urlsafe(24)
+        self.token = ids.new_token()
         self.attempt_id: str | None = None
         self.booking = ""
         self.named(slots.new_attempt_id())
