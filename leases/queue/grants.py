@@ -142,8 +142,32 @@ def hand_over(gate: CounterDoc, picked: Sequence[str]) -> tuple[list[str], Count
     return left, latest
 
 
+# A swap that raced (another hand-off changed the gate between the read and the update) reads
+# and swaps again this many times in all before the plain way: the read and the swap are
+# commands by ``_id``, the plain way's two ``findAndModify`` cost several times more on the
+# embedded server, and under short holds two slots' hand-offs collide often.
+SWAP_TRIES = 3
+
+
 def hand_back(gate_key: str, booking: str, more: dict[str, Any] | None = None) -> CounterDoc | None:
-    """Return the gate slot of ``booking`` and grant it to the next ticket in one update.
+    """Return the gate slot of ``booking`` and grant it to the next ticket in one update
+    (read and swap again, up to :data:`SWAP_TRIES` in all, when another hand-off raced it).
+
+    Returns, raises: as :func:`_hand_back_once`.
+    """
+    for _ in range(SWAP_TRIES):
+        done = _hand_back_once(gate_key, booking, more)
+        if done is not _RACED:
+            return done
+    return None
+
+
+_RACED: Any = object()  # the swap matched nothing: the gate changed since the read
+
+
+def _hand_back_once(gate_key: str, booking: str, more: dict[str, Any] | None = None) -> Any:
+    """One read and one swap: return the gate slot of ``booking`` and grant it to the next
+    ticket in one update.
 
     One read of the gate (with MongoDB's clock) shows who is next once this slot is free;
     when that is exactly one ticket the freeing process may grant (:func:`grantable`, with
@@ -157,8 +181,9 @@ def hand_back(gate_key: str, booking: str, more: dict[str, Any] | None = None) -
     Returns:
         The gate as the swap left it (built from the read: no command answers it), or None
         when nothing was done — nobody to grant, several to grant, a ticket that books
-        itself, the entry not on the gate, or a race — and the caller returns the slot the
-        plain way (:func:`leases.queue.slots.give_back` and the hand-off on what it answers).
+        itself, the entry not on the gate — and the caller returns the slot the plain way
+        (:func:`leases.queue.slots.give_back` and the hand-off on what it answers), or
+        ``_RACED`` when the swap matched nothing (nothing was done either).
 
     Raises:
         pymongo.errors.PyMongoError: the store failed; nothing or everything was done (one
@@ -194,7 +219,7 @@ def hand_back(gate_key: str, booking: str, more: dict[str, Any] | None = None) -
         charge=order.charge(freed, ticket_id), record=plan.update(), more=more,
         claimed_by=ticket_id if shapes.waker(ticket) else None)
     if not store.counters().update_one(*command).matched_count:
-        return None
+        return _RACED
     after: Any = {**freed, "holders": [*freed["holders"], entry], "count": len(holders),
                   "queue": [t for t in shapes.queue_of(freed) if t["id"] != ticket_id],
                   fences.FIELD: {**(read.get(fences.FIELD) or {}), fences.slot_field(turn): {"e": entry, "g": plan.generation}}}

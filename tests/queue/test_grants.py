@@ -191,6 +191,41 @@ def test_given_a_grant_woken_with_its_time_then_the_waiter_returns_and_the_claim
         client.close()
 
 
+def test_given_another_hand_off_between_the_read_and_the_swap_then_the_release_reads_and_swaps_again(monkeypatch):
+    # Given: two holders of a cap of 2 and two waiting tickets; the other holder's whole
+    # hand-off lands between the first releaser's read and its swap.
+    from leases.store import ticket_commands
+
+    define("res", "levels: {global: 2}\nwaitMs: 10000")
+    first, other = leases.acquire(req(user="h1")), leases.acquire(req(user="h2"))
+    w1 = helpers.queue_up(req(user="w1"), GATE)
+    w2 = helpers.queue_up(req(user="w2"), GATE)
+    swap, raced = ticket_commands.swap, []
+
+    def racing(*args, **kwargs):
+        if not raced:
+            raced.append(kwargs["ticket_id"])
+            other.release()  # its own read and swap run here, in full
+        return swap(*args, **kwargs)
+
+    monkeypatch.setattr(ticket_commands, "swap", racing)
+    # When: the first holder releases.
+    with helpers.counted_commands() as counter:
+        first.release()
+    # Then: its first swap matched nothing (the entries had changed), it read and swapped
+    # again — no findAndModify of the plain way — and each ticket got one slot, once.
+    assert raced == [w1.ticket]
+    assert "findAndModify" not in counter.commands and counter.commands.count("aggregate") == 3
+    gate = store.counters().find_one({"_id": GATE})
+    assert sorted(tokens(GATE)) == sorted([w1.ticket, w2.ticket]) and gate["count"] == 2
+    assert helpers.queued_ids(GATE) == []
+    for waiter in (w1, w2):
+        waiter.join(10)
+        assert waiter.lease is not None
+        waiter.lease.release()
+    assert tokens(GATE) == []
+
+
 def test_given_the_ticket_leaves_between_the_read_and_the_swap_then_the_slot_is_returned_once(one_slot, monkeypatch):
     # Given: a ticket waits, and it leaves the queue (its waiter's deadline) right after the
     # releaser read the gate.
