@@ -115,32 +115,35 @@ class PendingClaim:
         try:
             self.future.result(timeout=bound)
         except LeaseUnavailable:
-            retry: Future[None] = Future()  # a second try, here; the next call repeats it if it fails too
+            # A second try, here; if the store fails again, the next call tries once more.
+            done: Future[None] = Future()
             try:
                 self._mark(False)
             except LeaseExpired as exc:
-                retry.set_exception(exc)
+                done.set_exception(exc)  # lost for good: every later call says so
+                self.future = done
                 raise
-            except LeaseUnavailable:
-                retry = self.future  # still unknown: the next call tries again
-                raise
-            else:
-                retry.set_result(None)
-            finally:
-                self.future = retry
+            done.set_result(None)
+            self.future = done
         except TimeoutError:
             raise LeaseUnavailable(f"the claim of lease {self.attempt.token} did not answer within "
                                    f"{bound:.1f} s") from None
 
 
-def claim_later(attempt: Attempt, booking: str, fence: str | None, at: datetime) -> Lease:
+def claim_later(attempt: Attempt, booking: str, fence: str | None, at: datetime | None) -> Lease | None:
     """The lease of a grant the wake-up told of, answered now; its holder is marked ``HELD``
-    in the background (:class:`PendingClaim`). Needs the holder's own write time and interval
-    (:attr:`Attempt.written_at`), which a waiter's attempt always has."""
-    assert attempt.written_at is not None and attempt.interval_seconds is not None
-    lease = Lease(attempt.token, attempt.definition, attempt.request, list(attempt.keys),
-                  expires_at=sure_until(at, attempt.definition.ttl_seconds), acquired_at=attempt.written_at,
-                  last_seen_at=at, interval_seconds=attempt.interval_seconds,
-                  attempt_id=entries.attempt_of(booking), fence=fence)
+    in the background (:class:`PendingClaim`).
+
+    Returns:
+        None when it cannot be answered now and the caller claims first: the wake-up gave no
+        grant time, the attempt lacks its own write time or interval
+        (:meth:`Attempt.held_fields`), or the entry names an earlier attempt of the waiter
+        (its holder was written again since and its ticket queued again: the claim would
+        find nobody, and the caller gives the entry back and queues on).
+    """
+    known = attempt.held_fields(at, fence)
+    if known is None or at is None or entries.attempt_of(booking) != attempt.attempt_id:
+        return None
+    lease = attempt.lease_of({**known, "expiresAt": sure_until(at, attempt.definition.ttl_seconds)})
     lease.pending_claim = PendingClaim(attempt, lease, booking, fence, at)
     return lease

@@ -174,7 +174,7 @@ class Attempt:
             if taken:
                 self.give_back(taken)
             raise
-        return self._lease(held)
+        return self.lease_of(held)
 
     def claim(self, booking: str, fence: str | None, at: datetime | None = None) -> Lease:
         """The freeing process booked ``booking`` for this attempt's ticket (the direct
@@ -192,26 +192,37 @@ class Attempt:
             pymongo.errors.PyMongoError: the store failed.
         """
         attempt_id = entries.attempt_of(booking)
-        # Without the holder's own write time and interval this process cannot tell the lease
-        # its fields: then the claim asks for the document back.
-        granted = at if self.written_at is not None and self.interval_seconds is not None else None
+        # Without them known (no grant time, or not this attempt's own write time and
+        # interval) the claim asks for the document back.
+        known = self.held_fields(at, fence)
         command = commands.mark_held(self.token, keys=self.keys, ttl_seconds=self.definition.ttl_seconds,
-                                     attempt_id=attempt_id, fence=fence, granted_at=granted)
-        if granted is not None:
+                                     attempt_id=attempt_id, fence=fence,
+                                     granted_at=at if known is not None else None)
+        held: dict[str, Any] | None
+        if known is not None:
             if not store.holders().update_one(*command).matched_count:
                 raise _Vanished()
-            held: dict[str, Any] | None = {
-                "expiresAt": granted + timedelta(seconds=self.definition.ttl_seconds), "lastSeenAt": granted,
-                "acquiredAt": self.written_at, "intervalSeconds": self.interval_seconds, "fence": fence}
+            held = known
         else:
             held = store.holders().find_one_and_update(*command, projection=commands.HELD_PROJECTION,
                                                        return_document=ReturnDocument.AFTER)
         if held is None:
             raise _Vanished()
         self.named(attempt_id)
-        return self._lease(held)
+        return self.lease_of(held)
 
-    def _lease(self, held: dict[str, Any]) -> Lease:
+    def held_fields(self, at: datetime | None, fence: str | None) -> dict[str, Any] | None:
+        """The holder's fields once a grant made at ``at`` (MongoDB's clock, as the granter's
+        command saw it) is claimed with ``fence`` — the TTL runs from ``at`` — known without
+        reading the document back; None without ``at``, or without this attempt's own write
+        time and interval."""
+        if at is None or self.written_at is None or self.interval_seconds is None:
+            return None
+        return {"expiresAt": at + timedelta(seconds=self.definition.ttl_seconds), "lastSeenAt": at,
+                "acquiredAt": self.written_at, "intervalSeconds": self.interval_seconds, "fence": fence}
+
+    def lease_of(self, held: dict[str, Any]) -> Lease:
+        """This attempt's lease, told the holder fields ``held`` (those of :data:`leases.store.holder_commands.HELD_PROJECTION`)."""
         return Lease(self.token, self.definition, self.request, list(self.keys),
                      expires_at=held.get("expiresAt"), acquired_at=held.get("acquiredAt"),
                      last_seen_at=held.get("lastSeenAt"), interval_seconds=held.get("intervalSeconds"),

@@ -24,7 +24,6 @@ import pymongo.errors
 
 from ..errors import LeaseBusy
 from ..queue import estimates, fences, grants, order, shares, slots, waiting, wakeups
-from ..store import entries
 from ..store.documents import CounterDoc, TicketDoc
 from ..store.shapes import ticket_in
 from ..telemetry import history, metrics
@@ -204,12 +203,10 @@ class Waiter:
         attempt = self.attempt
 
         def run() -> Lease | None:
-            if self.claim_later and at is not None and attempt.written_at is not None \
-                    and attempt.interval_seconds is not None and entries.attempt_of(booking) == attempt.attempt_id:
-                # The slot is ours until the claim window ends: answer now, mark HELD meanwhile.
-                # (A grant naming an earlier attempt — our holder was written again since, its
-                # ticket queued again — is given back below, as the claim finds nobody.)
-                return self._granted(claims.claim_later(attempt, booking, fence, at))
+            # The slot is ours until the claim window ends: answer now, mark HELD meanwhile.
+            answered = claims.claim_later(attempt, booking, fence, at) if self.claim_later else None
+            if answered is not None:
+                return self._granted(answered)
             pause_point("claim")  # crash-window tests stop here: granted, not yet claimed
             try:
                 lease = attempt.claim(booking, fence, at)

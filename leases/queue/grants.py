@@ -147,6 +147,7 @@ def hand_over(gate: CounterDoc, picked: Sequence[str]) -> tuple[list[str], Count
 # commands by ``_id``, the plain way's two ``findAndModify`` cost several times more on the
 # embedded server, and under short holds two slots' hand-offs collide often.
 SWAP_TRIES = 3
+_RACED: Any = object()  # what one try answers when its swap matched nothing
 
 
 def hand_back(gate_key: str, booking: str, more: dict[str, Any] | None = None) -> CounterDoc | None:
@@ -160,9 +161,6 @@ def hand_back(gate_key: str, booking: str, more: dict[str, Any] | None = None) -
         if done is not _RACED:
             return done
     return None
-
-
-_RACED: Any = object()  # the swap matched nothing: the gate changed since the read
 
 
 def _hand_back_once(gate_key: str, booking: str, more: dict[str, Any] | None = None) -> Any:
