@@ -6,14 +6,21 @@ before the claim window has passed (repair ends only grants older than ``GRANT_C
 on MongoDB's clock). Marking its holder ``HELD`` is the one command left, and it need not
 stand between one holder's release and the next one's start. So :func:`claim_later` answers
 the lease at once, told the deadline it has for sure — the grant's time plus the claim
-window (never more than the TTL) — and sends the mark from a background thread; once it
-lands, the deadline is the TTL's from the grant.
+window (never more than the TTL) — and has the mark sent from a background thread once
+:data:`DEFER_SHARE` of the window has passed; once it lands, the deadline is the TTL's from
+the grant.
 
-Every call on the lease that asks the store (check, payload, release) first waits for the
-mark (:meth:`PendingClaim.wait`). A mark that comes too late — the process stalled past the
-window, the slot went on and the holder was ended without a handler, as it was never
-``HELD`` — makes the lease lost (``LeaseExpired``, reason ``unclaimed``); its entry, if still
-booked, is given back. A mark the store failed is tried once more by that call.
+The mark waits because most leases around short calls are released before it would be
+due: their release ends the ``PENDING`` holder as it is (:meth:`PendingClaim.drop`), and the
+mark — a seventh of a contended grant's store commands — is never sent. A lease held
+longer is marked with the rest of the window to spare.
+
+Every other call on the lease that asks the store (check, payload) first has the mark sent
+now if it is not yet, and waits for it (:meth:`PendingClaim.wait`). A mark that comes too
+late — the process stalled past the window, the slot went on and the holder was ended
+without a handler, as it was never ``HELD`` — makes the lease lost (``LeaseExpired``, reason
+``unclaimed``); its entry, if still booked, is given back. A mark the store failed is tried
+once more by that call.
 
 Only the blocking API claims this way (``leases.acquire``): an HTTP poll, a kept ticket and
 the async executor answer their callers a holder already ``HELD``.
@@ -21,6 +28,8 @@ the async executor answer their callers a holder already ``HELD``.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import os
 import threading
@@ -44,9 +53,14 @@ log = logging.getLogger(__name__)
 # Claims are one short command each; two threads keep one slow store reply from delaying
 # the next grant's claim in the same process.
 WORKERS = 2
+#: The share of the claim window a granted lease's mark waits before it is sent: a lease
+#: released sooner never needs it; one held longer keeps the rest of the window to spare
+#: (a process stalled for that long loses the lease, never the cap).
+DEFER_SHARE = 0.5
 
 _lock = threading.Lock()
 _pool: tuple[int, ThreadPoolExecutor] | None = None
+_timer: tuple[int, "_Timer"] | None = None
 
 
 def _executor() -> ThreadPoolExecutor:
@@ -56,6 +70,39 @@ def _executor() -> ThreadPoolExecutor:
         if _pool is None or _pool[0] != os.getpid():
             _pool = (os.getpid(), ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="leases-claim"))
         return _pool[1]
+
+
+class _Timer:
+    """One daemon thread per process that sends each claim's mark when it is due."""
+
+    def __init__(self) -> None:
+        self._due: list[tuple[float, int, PendingClaim]] = []
+        self._order = itertools.count()  # equal due times keep their order (claims never compare)
+        self._ready = threading.Condition()
+        threading.Thread(target=self._run, name="leases-claim-timer", daemon=True).start()
+
+    def at(self, due: float, claim: "PendingClaim") -> None:
+        """Send ``claim``'s mark at ``due`` (``time.monotonic()``) unless it was sent or dropped."""
+        with self._ready:
+            heapq.heappush(self._due, (due, next(self._order), claim))
+            self._ready.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._ready:
+                while not self._due or self._due[0][0] > time.monotonic():
+                    self._ready.wait(None if not self._due else self._due[0][0] - time.monotonic())
+                claim = heapq.heappop(self._due)[2]
+            claim.send()
+
+
+def _timer_thread() -> _Timer:
+    """This process's claim timer (fork-aware: a forked child starts its own)."""
+    global _timer
+    with _lock:
+        if _timer is None or _timer[0] != os.getpid():
+            _timer = (os.getpid(), _Timer())
+        return _timer[1]
 
 
 def sure_until(at: datetime, ttl_seconds: int) -> datetime:
@@ -70,7 +117,32 @@ class PendingClaim:
     def __init__(self, attempt: Attempt, lease: Lease, booking: str, fence: str | None, at: datetime):
         self.attempt, self.lease, self.booking, self.fence, self.at = attempt, lease, booking, fence, at
         self.answered = time.monotonic()  # when the lease was answered (a duration, never a deadline)
-        self.future: Future[None] = _executor().submit(self._mark, True)
+        self._state = threading.Lock()
+        self.future: Future[None] | None = None  # None: not sent yet
+        self.dropped = False  # its release came first: the mark is never sent
+        _timer_thread().at(self.answered + grants.claim_ms() * DEFER_SHARE / 1000.0, self)
+
+    def send(self) -> None:
+        """The timer's turn: hand the mark to a claim thread unless it was sent or dropped."""
+        with self._state:
+            if self.future is None and not self.dropped:
+                try:
+                    self.future = _executor().submit(self._mark, True)
+                except RuntimeError:  # the interpreter is exiting: the window gives the slot back
+                    self.dropped = True
+
+    def drop(self) -> bool:
+        """Before a release: drop the mark if it was not sent yet — the release ends the
+        ``PENDING`` holder as it is, by its token, and returns the entry the gate books.
+
+        Returns:
+            True when the mark was dropped (it will never be sent); False when it was sent
+            and the caller waits for it (:meth:`wait`).
+        """
+        with self._state:
+            if self.future is None:
+                self.dropped = True
+            return self.dropped
 
     def _mark(self, background: bool) -> None:
         """Mark the holder ``HELD`` (one command) and tell the lease its deadline.
@@ -103,36 +175,48 @@ class PendingClaim:
             log.info("give-back of the unclaimed %s failed (%s); repair returns it", self.booking, exc)
 
     def wait(self) -> None:
-        """Wait for the mark (one store bound, plus the claim window); a mark the store
-        failed is sent once more from this thread.
+        """Wait for the mark (one store bound, plus the claim window), sending it from
+        this thread if it is not due yet; a mark the store failed is sent once more.
 
         Raises:
             LeaseExpired: the claim came too late; the lease is lost.
             LeaseUnavailable: the store failed again, or the mark did not answer in bound
                 (the next call waits again).
         """
-        bound = (int(lease_settings.MONGO_TIMEOUT_MS) + grants.claim_ms()) / 1000.0
-        try:
-            self.future.result(timeout=bound)
-        except LeaseUnavailable:
-            # A second try, here; if the store fails again, the next call tries once more.
-            done: Future[None] = Future()
+        done: Future[None] = Future()
+        with self._state:
+            sent = self.future
+            if sent is None:
+                self.future = done  # not due yet: this thread sends it, the timer never will
+        if sent is not None:
+            bound = (int(lease_settings.MONGO_TIMEOUT_MS) + grants.claim_ms()) / 1000.0
             try:
-                self._mark(False)
-            except LeaseExpired as exc:
-                done.set_exception(exc)  # lost for good: every later call says so
+                sent.result(timeout=bound)
+                return
+            except TimeoutError:
+                raise LeaseUnavailable(f"the claim of lease {self.attempt.token} did not answer within "
+                                       f"{bound:.1f} s") from None
+            except LeaseUnavailable:
+                pass  # the background try failed: a second one, here
+        try:
+            self._mark(False)
+        except LeaseExpired as exc:
+            done.set_exception(exc)  # lost for good: every later call says so
+            with self._state:
                 self.future = done
-                raise
-            done.set_result(None)
+            raise
+        except LeaseUnavailable as exc:
+            done.set_exception(exc)  # the next call tries once more
+            raise
+        done.set_result(None)
+        with self._state:
             self.future = done
-        except TimeoutError:
-            raise LeaseUnavailable(f"the claim of lease {self.attempt.token} did not answer within "
-                                   f"{bound:.1f} s") from None
 
 
 def claim_later(attempt: Attempt, booking: str, fence: str | None, at: datetime | None) -> Lease | None:
     """The lease of a grant the wake-up told of, answered now; its holder is marked ``HELD``
-    in the background (:class:`PendingClaim`).
+    from the background once :data:`DEFER_SHARE` of the claim window has passed, unless its
+    release comes first (:class:`PendingClaim`).
 
     Returns:
         None when it cannot be answered now and the caller claims first: the wake-up gave no

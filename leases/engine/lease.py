@@ -33,6 +33,8 @@ class PendingClaim(Protocol):
 
     def wait(self) -> None: ...
 
+    def drop(self) -> bool: ...
+
 
 class Lease:
     """A held lease. Use as a context manager or call :meth:`release` (idempotent)."""
@@ -92,8 +94,8 @@ class Lease:
 
     def wait_claimed(self) -> None:
         """Block until the holder's record says ``HELD``: a grant handed over by a release
-        is answered at once and marked in the background, within milliseconds
-        (:mod:`leases.engine.claims`); meanwhile :attr:`expires_at` is the claim window's end.
+        is answered at once and marked later, in the background (:mod:`leases.engine.claims`),
+        or now by this call; meanwhile :attr:`expires_at` is the claim window's end.
         A no-op for any other lease. :meth:`check`, :meth:`update_payload` and
         :meth:`release` call it first.
 
@@ -155,6 +157,10 @@ class Lease:
             metrics.RELEASE.labels(resource=tag, outcome="already-released").inc()
             return False
         try:
+            if self.pending_claim is not None and self.pending_claim.drop():
+                # Released before its mark was due: the holder ends as it is (PENDING), the
+                # entry its gate books comes back, and the mark is never sent.
+                self.pending_claim = None
             self.wait_claimed()
         except LeaseLost:  # never held for sure: the slot went on, and its entry was given back
             self._released = True

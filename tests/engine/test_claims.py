@@ -126,6 +126,8 @@ def test_given_the_store_failing_the_background_claim_then_the_next_call_claims_
     held.release()
     waiter.join(10)
     assert waiter.lease is not None
+    # The mark is due after its share of the claim window; it fails there.
+    assert helpers.wait_for(lambda: failures, 10, step=0.01)
     # When: the holder checks; then that call claims again, and the lease is held.
     waiter.lease.check()
     assert failures and store.holders().find_one({"_id": waiter.lease.token})["state"] == "HELD"
@@ -153,3 +155,73 @@ def test_given_a_waiter_with_its_grant_then_the_async_executor_still_answers_a_h
     asyncio.run(lease.arelease())
     time.sleep(0)  # nothing pending on the async side
     assert gate_tokens() == [] and waiting.is_full(store.counters().find_one({"_id": GATE})) is False
+
+
+def counted_claims(monkeypatch):
+    """The marks sent (from any thread), as the tokens they named."""
+    claim = Attempt.claim
+    sent: list[str] = []
+
+    def counting(self, booking, fence, at=None):
+        sent.append(self.token)
+        return claim(self, booking, fence, at)
+
+    monkeypatch.setattr(Attempt, "claim", counting)
+    return sent
+
+
+def test_given_a_grant_released_before_its_mark_is_due_then_no_mark_is_ever_sent(one_slot, monkeypatch):
+    # Given: a granted waiter that holds its lease a moment, shorter than the mark's delay.
+    sent = counted_claims(monkeypatch)
+    held = leases.acquire(req(user="h"))
+    waiter = helpers.queue_up(req(user="w"), GATE)
+    held.release()
+    waiter.join(10)
+    lease = waiter.lease
+    assert lease is not None and store.holders().find_one({"_id": lease.token})["state"] == "PENDING"
+    # When: it releases before its mark is due.
+    assert lease.release() is True
+    # Then: the holder ended as it was, its slot came back, it was tombstoned as released,
+    # and even after the mark's time has passed no mark was sent for it.
+    assert gate_tokens() == [] and store.holders().find_one({"_id": lease.token}) is None
+    assert store.tombstones().find_one({"_id": lease.token})["reason"] == "release"
+    time.sleep(grants.claim_ms() * claims.DEFER_SHARE / 1000 + 0.2)
+    assert lease.token not in sent
+    assert lease.release() is False
+
+
+def test_given_a_grant_held_past_its_mark_delay_then_the_background_marks_it_held(one_slot, monkeypatch):
+    # Given: a granted waiter that keeps its lease and makes no call.
+    sent = counted_claims(monkeypatch)
+    held = leases.acquire(req(user="h"))
+    waiter = helpers.queue_up(req(user="w"), GATE)
+    held.release()
+    waiter.join(10)
+    lease = waiter.lease
+    assert lease is not None
+    # When: its share of the claim window passes; then the holder is HELD without any call,
+    # well inside the window, and the lease is told the TTL's deadline.
+    assert helpers.wait_for(lambda: store.holders().find_one({"_id": lease.token, "state": "HELD"}), 10, step=0.01)
+    assert sent == [lease.token]
+    assert helpers.wait_for(lambda: lease.expires_at == lease.last_seen_at + timedelta(seconds=60), 5, step=0.01)
+    lease.check()
+    assert sent == [lease.token] and lease.release() is True and gate_tokens() == []
+
+
+def test_given_a_check_before_the_mark_is_due_then_the_check_marks_it_first(one_slot, monkeypatch):
+    # Given: a granted waiter whose mark is not due yet.
+    sent = counted_claims(monkeypatch)
+    monkeypatch.setattr(claims, "DEFER_SHARE", 0.9)
+    held = leases.acquire(req(user="h"))
+    waiter = helpers.queue_up(req(user="w"), GATE)
+    held.release()
+    waiter.join(10)
+    lease = waiter.lease
+    assert lease is not None and sent == []
+    # When: it checks; then that call marked it (once, the timer never sends it again).
+    lease.check()
+    assert sent == [lease.token]
+    assert store.holders().find_one({"_id": lease.token})["state"] == "HELD"
+    time.sleep(grants.claim_ms() * 0.9 / 1000 + 0.2)
+    assert sent == [lease.token]
+    assert lease.release() is True and gate_tokens() == []
