@@ -167,6 +167,13 @@ def check_intervals(app_configs: Any = None, **kwargs: Any) -> list:
     timeout = _int("MONGO_TIMEOUT_MS", errors)
     if timeout is not None and timeout <= 0:
         errors.append(Error(f"LEASES_MONGO_TIMEOUT_MS must be positive, got {timeout}", id="leases.E007"))
+    claim, mark = _int("GRANT_CLAIM_MS", errors), _int("GRANT_MARK_DELAY_MS", errors)
+    if claim is not None and claim <= 0:
+        errors.append(Error(f"LEASES_GRANT_CLAIM_MS must be positive, got {claim}", id="leases.E007"))
+    elif claim is not None and mark is not None and not 0 <= mark * 2 <= claim:
+        # Later, a process that pauses a moment would lose every lease it was handed.
+        errors.append(Error(f"LEASES_GRANT_MARK_DELAY_MS must be between 0 and half of LEASES_GRANT_CLAIM_MS "
+                            f"({claim // 2}), got {mark}", id="leases.E007"))
     return errors
 
 

@@ -52,6 +52,11 @@ DEFAULTS: dict[str, Any] = {
     # A slot handed to a waiting ticket by the release that freed it must be claimed (its
     # holder marked HELD) within this long, or it goes to the next ticket.
     "GRANT_CLAIM_MS": 500,
+    # A blocking acquire answered by a hand-off marks its holder HELD this long after its
+    # answer (at most half the claim window), or never if it is released first: short holds
+    # skip one command. Until the mark, the holder is PENDING, and a process that dies while
+    # using the slot is ended without its handler; 0 marks at once.
+    "GRANT_MARK_DELAY_MS": 50,
     "TICKET_POLL_SECONDS": 2,
     # The least LeaseBusy.retry_after the engine suggests (ms): a caller that sleeps it
     # must not spin, however short the recorded holds.

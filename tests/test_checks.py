@@ -85,6 +85,9 @@ def test_given_pod_interval_bounds_that_contradict_when_checked_then_it_fails(ov
     ({"LEASES_TICKET_POLL_SECONDS": 0}, "leases.E007"),
     ({"LEASES_HISTORY_HOURS": 0}, "leases.E007"),
     ({"LEASES_MONGO_TIMEOUT_MS": -1}, "leases.E007"),
+    ({"LEASES_GRANT_MARK_DELAY_MS": 300}, "leases.E007"),  # past half the 500 ms claim window
+    ({"LEASES_GRANT_MARK_DELAY_MS": -1}, "leases.E007"),
+    ({"LEASES_GRANT_CLAIM_MS": 0}, "leases.E007"),
 ])
 def test_given_other_out_of_range_settings_when_checked_then_each_has_its_error(overrides, expected):
     with override_settings(**overrides):

@@ -7,13 +7,16 @@ on MongoDB's clock). Marking its holder ``HELD`` is the one command left, and it
 stand between one holder's release and the next one's start. So :func:`claim_later` answers
 the lease at once, told the deadline it has for sure — the grant's time plus the claim
 window (never more than the TTL) — and has the mark sent from a background thread once
-:data:`DEFER_SHARE` of the window has passed; once it lands, the deadline is the TTL's from
+:func:`mark_delay_ms` has passed; once it lands, the deadline is the TTL's from
 the grant.
 
-The mark waits because most leases around short calls are released before it would be
-due: their release ends the ``PENDING`` holder as it is (:meth:`PendingClaim.drop`), and the
-mark — a seventh of a contended grant's store commands — is never sent. A lease held
-longer is marked with the rest of the window to spare.
+The mark waits (``LEASES_GRANT_MARK_DELAY_MS``, 50 ms) because leases around short calls
+are released before it is due: their release ends the ``PENDING`` holder as it is
+(:meth:`PendingClaim.drop`), and the mark — a seventh of a contended grant's store commands
+— is never sent. A lease held longer is marked with the rest of the window to spare. The
+price: until the mark, a process that dies while using the slot is ended as a ticket
+that never held (repair, after the window), without the type's handler — the delay bounds
+that stretch (0 marks at once, as before), and half the window bounds the delay.
 
 Every other call on the lease that asks the store (check, payload) first has the mark sent
 now if it is not yet, and waits for it (:meth:`PendingClaim.wait`). A mark that comes too
@@ -53,10 +56,9 @@ log = logging.getLogger(__name__)
 # Claims are one short command each; two threads keep one slow store reply from delaying
 # the next grant's claim in the same process.
 WORKERS = 2
-#: The share of the claim window a granted lease's mark waits before it is sent: a lease
-#: released sooner never needs it; one held longer keeps the rest of the window to spare
-#: (a process stalled for that long loses the lease, never the cap).
-DEFER_SHARE = 0.5
+#: The most of the claim window a mark may wait: the rest is the margin of a process that
+#: pauses (past it, the lease is lost, never the cap).
+MAX_DELAY_SHARE = 0.5
 
 _lock = threading.Lock()
 _pool: tuple[int, ThreadPoolExecutor] | None = None
@@ -105,6 +107,12 @@ def _timer_thread() -> _Timer:
         return _timer[1]
 
 
+def mark_delay_ms() -> int:
+    """How long after its answer a granted lease's mark is sent (``LEASES_GRANT_MARK_DELAY_MS``,
+    never past :data:`MAX_DELAY_SHARE` of the claim window)."""
+    return max(0, min(int(lease_settings.GRANT_MARK_DELAY_MS), int(grants.claim_ms() * MAX_DELAY_SHARE)))
+
+
 def sure_until(at: datetime, ttl_seconds: int) -> datetime:
     """The deadline a granted, not yet claimed lease has for sure: the grant's time plus the
     claim window, never past its TTL."""
@@ -120,7 +128,11 @@ class PendingClaim:
         self._state = threading.Lock()
         self.future: Future[None] | None = None  # None: not sent yet
         self.dropped = False  # its release came first: the mark is never sent
-        _timer_thread().at(self.answered + grants.claim_ms() * DEFER_SHARE / 1000.0, self)
+        delay_ms = mark_delay_ms()
+        if delay_ms:
+            _timer_thread().at(self.answered + delay_ms / 1000.0, self)
+        else:
+            self.send()
 
     def send(self) -> None:
         """The timer's turn: hand the mark to a claim thread unless it was sent or dropped."""
@@ -215,7 +227,7 @@ class PendingClaim:
 
 def claim_later(attempt: Attempt, booking: str, fence: str | None, at: datetime | None) -> Lease | None:
     """The lease of a grant the wake-up told of, answered now; its holder is marked ``HELD``
-    from the background once :data:`DEFER_SHARE` of the claim window has passed, unless its
+    from the background once :func:`mark_delay_ms` has passed, unless its
     release comes first (:class:`PendingClaim`).
 
     Returns:

@@ -170,9 +170,10 @@ def counted_claims(monkeypatch):
     return sent
 
 
-def test_given_a_grant_released_before_its_mark_is_due_then_no_mark_is_ever_sent(one_slot, monkeypatch):
+def test_given_a_grant_released_before_its_mark_is_due_then_no_mark_is_ever_sent(one_slot, monkeypatch, settings):
     # Given: a granted waiter that holds its lease a moment, shorter than the mark's delay.
     sent = counted_claims(monkeypatch)
+    settings.LEASES_GRANT_MARK_DELAY_MS = 250  # room for a slow machine between grant and release
     held = leases.acquire(req(user="h"))
     waiter = helpers.queue_up(req(user="w"), GATE)
     held.release()
@@ -185,7 +186,7 @@ def test_given_a_grant_released_before_its_mark_is_due_then_no_mark_is_ever_sent
     # and even after the mark's time has passed no mark was sent for it.
     assert gate_tokens() == [] and store.holders().find_one({"_id": lease.token}) is None
     assert store.tombstones().find_one({"_id": lease.token})["reason"] == "release"
-    time.sleep(grants.claim_ms() * claims.DEFER_SHARE / 1000 + 0.2)
+    time.sleep(claims.mark_delay_ms() / 1000 + 0.2)
     assert lease.token not in sent
     assert lease.release() is False
 
@@ -208,10 +209,10 @@ def test_given_a_grant_held_past_its_mark_delay_then_the_background_marks_it_hel
     assert sent == [lease.token] and lease.release() is True and gate_tokens() == []
 
 
-def test_given_a_check_before_the_mark_is_due_then_the_check_marks_it_first(one_slot, monkeypatch):
+def test_given_a_check_before_the_mark_is_due_then_the_check_marks_it_first(one_slot, monkeypatch, settings):
     # Given: a granted waiter whose mark is not due yet.
     sent = counted_claims(monkeypatch)
-    monkeypatch.setattr(claims, "DEFER_SHARE", 0.9)
+    settings.LEASES_GRANT_MARK_DELAY_MS = 250
     held = leases.acquire(req(user="h"))
     waiter = helpers.queue_up(req(user="w"), GATE)
     held.release()
@@ -222,6 +223,21 @@ def test_given_a_check_before_the_mark_is_due_then_the_check_marks_it_first(one_
     lease.check()
     assert sent == [lease.token]
     assert store.holders().find_one({"_id": lease.token})["state"] == "HELD"
-    time.sleep(grants.claim_ms() * 0.9 / 1000 + 0.2)
+    time.sleep(0.25 + 0.2)
     assert sent == [lease.token]
+    assert lease.release() is True and gate_tokens() == []
+
+
+def test_given_no_mark_delay_then_the_mark_is_sent_at_once(one_slot, monkeypatch, settings):
+    # Given: LEASES_GRANT_MARK_DELAY_MS = 0 (every grant marked at once, as before the delay).
+    sent = counted_claims(monkeypatch)
+    settings.LEASES_GRANT_MARK_DELAY_MS = 0
+    held = leases.acquire(req(user="h"))
+    waiter = helpers.queue_up(req(user="w"), GATE)
+    held.release()
+    waiter.join(10)
+    lease = waiter.lease
+    assert lease is not None
+    # When: it releases at once; then its mark had been sent all the same, and the slot is back.
+    assert helpers.wait_for(lambda: sent == [lease.token], 5, step=0.005)
     assert lease.release() is True and gate_tokens() == []

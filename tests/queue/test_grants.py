@@ -178,7 +178,7 @@ def test_given_a_grant_woken_with_its_time_then_the_waiter_returns_and_the_claim
         held.release()
         waiter.join(10)
         assert waiter.lease is not None
-        # The claim is due after its share of the window (leases.engine.claims.DEFER_SHARE).
+        # The claim is due after its share of the window (LEASES_GRANT_MARK_DELAY_MS).
         assert helpers.wait_for(lambda: store.holders().find_one({"_id": waiter.lease.token, "state": "HELD"}),
                                 10, step=0.01)
         waiter.lease.check()  # the claim landed: it only renews
