@@ -128,6 +128,7 @@ class PendingClaim:
         self._state = threading.Lock()
         self.future: Future[None] | None = None  # None: not sent yet
         self.dropped = False  # its release came first: the mark is never sent
+        self.released = False  # its release has begun: the entry is the release's to return
         delay_ms = mark_delay_ms()
         if delay_ms:
             _timer_thread().at(self.answered + delay_ms / 1000.0, self)
@@ -145,13 +146,14 @@ class PendingClaim:
 
     def drop(self) -> bool:
         """Before a release: drop the mark if it was not sent yet — the release ends the
-        ``PENDING`` holder as it is, by its token, and returns the entry the gate books.
+        holder as it is, by its token, and returns the entry the gate books. A mark under
+        way that finds the holder gone after the release gives nothing back.
 
         Returns:
-            True when the mark was dropped (it will never be sent); False when it was sent
-            and the caller waits for it (:meth:`wait`).
+            True when the mark was dropped (it will never be sent); False when it was sent.
         """
         with self._state:
+            self.released = True
             if self.future is None:
                 self.dropped = True
             return self.dropped
@@ -170,7 +172,8 @@ class PendingClaim:
                 try:
                     claimed = self.attempt.claim(self.booking, self.fence, self.at)
                 except _Vanished:
-                    self._give_back()
+                    if not self.released:
+                        self._give_back()
                     late_ms = (time.monotonic() - self.answered) * 1000
                     raise LeaseExpired(f"lease {self.attempt.token} was granted, but its claim came {late_ms:.0f} ms "
                                        "after its answer, past the claim window: the slot went on",

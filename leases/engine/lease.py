@@ -96,8 +96,8 @@ class Lease:
         """Block until the holder's record says ``HELD``: a grant handed over by a release
         is answered at once and marked later, in the background (:mod:`leases.engine.claims`),
         or now by this call; meanwhile :attr:`expires_at` is the claim window's end.
-        A no-op for any other lease. :meth:`check`, :meth:`update_payload` and
-        :meth:`release` call it first.
+        A no-op for any other lease. :meth:`check` and :meth:`update_payload` call it first
+        (:meth:`release` needs no mark: it ends the holder as it is).
 
         Raises:
             LeaseLost: the claim came too late (``LeaseExpired``, reason ``unclaimed``).
@@ -146,7 +146,7 @@ class Lease:
 
         A regular release never calls the type's handler: the holder cleans up itself. A
         grant whose claim came too late (:meth:`wait_claimed`) was never held for sure: its
-        release answers False.
+        release answers False. It does not wait for a claim under way.
 
         Raises:
             LeaseUnavailable: the store failed before the holder was deleted; nothing was
@@ -156,16 +156,13 @@ class Lease:
         if self._released:
             metrics.RELEASE.labels(resource=tag, outcome="already-released").inc()
             return False
-        try:
-            if self.pending_claim is not None and self.pending_claim.drop():
-                # Released before its mark was due: the holder ends as it is (PENDING), the
-                # entry its gate books comes back, and the mark is never sent.
-                self.pending_claim = None
-            self.wait_claimed()
-        except LeaseLost:  # never held for sure: the slot went on, and its entry was given back
-            self._released = True
-            metrics.RELEASE.labels(resource=tag, outcome="already-released").inc()
-            return False
+        if self.pending_claim is not None:
+            # The release ends the holder as it is, PENDING or HELD, and waits for no mark: one
+            # not sent yet never is; one under way lands before the delete, or after it and
+            # matches nobody (it marks only the holder as written). A grant whose mark came too
+            # late finds its entry gone and answers False.
+            self.pending_claim.drop()
+            self.pending_claim = None
         try:
             held_ms = (time.monotonic() - self._granted) * 1000
             doc = holders.release_owned(self.token, list(self.levels), self._booking(), bound=self._scope(),

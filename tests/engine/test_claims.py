@@ -241,3 +241,31 @@ def test_given_no_mark_delay_then_the_mark_is_sent_at_once(one_slot, monkeypatch
     # When: it releases at once; then its mark had been sent all the same, and the slot is back.
     assert helpers.wait_for(lambda: sent == [lease.token], 5, step=0.005)
     assert lease.release() is True and gate_tokens() == []
+
+
+def test_given_a_mark_under_way_when_the_lease_is_released_then_the_release_waits_for_none(
+        one_slot, held_back, settings):
+    # Given: a granted waiter whose mark was sent at once and is held back in flight.
+    settings.LEASES_GRANT_MARK_DELAY_MS = 0
+    held = leases.acquire(req(user="h"))
+    waiter = helpers.queue_up(req(user="w"), GATE)
+    held.release()
+    waiter.join(10)
+    lease = waiter.lease
+    assert lease is not None
+    pending = lease.pending_claim
+    assert pending is not None and pending.future is not None and not pending.future.done()
+    # When: it releases while the mark is under way.
+    started = time.monotonic()
+    assert lease.release() is True
+    # Then: the release did not wait for the mark; the holder is gone and the slot is back.
+    assert time.monotonic() - started < 2.0
+    assert store.holders().find_one({"_id": lease.token}) is None and gate_tokens() == []
+    # When the mark lands after the delete, it matches nobody: no holder comes back, and it
+    # gives back nothing (the slot is free, the count stays 0).
+    held_back.set()
+    assert helpers.wait_for(pending.future.done, 5, step=0.01)
+    assert isinstance(pending.future.exception(), LeaseExpired)
+    assert store.holders().find_one({"_id": lease.token}) is None
+    gate = store.counters().find_one({"_id": GATE})
+    assert gate["count"] == 0 and gate_tokens() == []
