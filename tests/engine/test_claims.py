@@ -46,6 +46,15 @@ def held_back(monkeypatch):
     go.set()
 
 
+def handed_over():
+    """A waiter queued behind a holder, granted by the holder's release: its lease."""
+    held = leases.acquire(req(user="h"))
+    waiter = helpers.queue_up(req(user="w"), GATE)
+    held.release()
+    waiter.join(10)
+    return waiter.lease
+
+
 def gate_tokens():
     return [entries.token_of(e) for e in (store.counters().find_one({"_id": GATE}) or {}).get("holders") or ()]
 
@@ -174,11 +183,7 @@ def test_given_a_grant_released_before_its_mark_is_due_then_no_mark_is_ever_sent
     # Given: a granted waiter that holds its lease a moment, shorter than the mark's delay.
     sent = counted_claims(monkeypatch)
     settings.LEASES_GRANT_MARK_DELAY_MS = 250  # room for a slow machine between grant and release
-    held = leases.acquire(req(user="h"))
-    waiter = helpers.queue_up(req(user="w"), GATE)
-    held.release()
-    waiter.join(10)
-    lease = waiter.lease
+    lease = handed_over()
     assert lease is not None and store.holders().find_one({"_id": lease.token})["state"] == "PENDING"
     # When: it releases before its mark is due.
     assert lease.release() is True
@@ -194,11 +199,7 @@ def test_given_a_grant_released_before_its_mark_is_due_then_no_mark_is_ever_sent
 def test_given_a_grant_held_past_its_mark_delay_then_the_background_marks_it_held(one_slot, monkeypatch):
     # Given: a granted waiter that keeps its lease and makes no call.
     sent = counted_claims(monkeypatch)
-    held = leases.acquire(req(user="h"))
-    waiter = helpers.queue_up(req(user="w"), GATE)
-    held.release()
-    waiter.join(10)
-    lease = waiter.lease
+    lease = handed_over()
     assert lease is not None
     # When: its share of the claim window passes; then the holder is HELD without any call,
     # well inside the window, and the lease is told the TTL's deadline.
@@ -213,11 +214,7 @@ def test_given_a_check_before_the_mark_is_due_then_the_check_marks_it_first(one_
     # Given: a granted waiter whose mark is not due yet.
     sent = counted_claims(monkeypatch)
     settings.LEASES_GRANT_MARK_DELAY_MS = 250
-    held = leases.acquire(req(user="h"))
-    waiter = helpers.queue_up(req(user="w"), GATE)
-    held.release()
-    waiter.join(10)
-    lease = waiter.lease
+    lease = handed_over()
     assert lease is not None and sent == []
     # When: it checks; then that call marked it (once, the timer never sends it again).
     lease.check()
@@ -232,11 +229,7 @@ def test_given_no_mark_delay_then_the_mark_is_sent_at_once(one_slot, monkeypatch
     # Given: LEASES_GRANT_MARK_DELAY_MS = 0 (every grant marked at once, as before the delay).
     sent = counted_claims(monkeypatch)
     settings.LEASES_GRANT_MARK_DELAY_MS = 0
-    held = leases.acquire(req(user="h"))
-    waiter = helpers.queue_up(req(user="w"), GATE)
-    held.release()
-    waiter.join(10)
-    lease = waiter.lease
+    lease = handed_over()
     assert lease is not None
     # When: it releases at once; then its mark had been sent all the same, and the slot is back.
     assert helpers.wait_for(lambda: sent == [lease.token], 5, step=0.005)
@@ -247,11 +240,7 @@ def test_given_a_mark_under_way_when_the_lease_is_released_then_the_release_wait
         one_slot, held_back, settings):
     # Given: a granted waiter whose mark was sent at once and is held back in flight.
     settings.LEASES_GRANT_MARK_DELAY_MS = 0
-    held = leases.acquire(req(user="h"))
-    waiter = helpers.queue_up(req(user="w"), GATE)
-    held.release()
-    waiter.join(10)
-    lease = waiter.lease
+    lease = handed_over()
     assert lease is not None
     pending = lease.pending_claim
     assert pending is not None and pending.future is not None and not pending.future.done()
