@@ -45,7 +45,8 @@ import pymongo.errors
 from ..conf import lease_settings
 from ..errors import LeaseExpired, LeaseUnavailable
 from ..queue import grants, waiting
-from ..store import client as store, entries
+from ..store import client as store, entries, holder_commands as commands
+from . import holders
 from .funnel import Attempt, _Vanished
 from .lease import Lease
 from .pausepoints import pause_point
@@ -174,13 +175,25 @@ class PendingClaim:
                 except _Vanished:
                     if not self.released:
                         self._give_back()
-                    late_ms = (time.monotonic() - self.answered) * 1000
-                    raise LeaseExpired(f"lease {self.attempt.token} was granted, but its claim came {late_ms:.0f} ms "
-                                       "after its answer, past the claim window: the slot went on",
-                                       reason="unclaimed") from None
+                    raise self._lost() from None
         except pymongo.errors.PyMongoError as exc:
             raise LeaseUnavailable(store.unreachable("lease store", exc, " while claiming a grant")) from None
         self.lease.expires_at, self.lease.last_seen_at = claimed.expires_at, claimed.last_seen_at
+
+    def _lost(self) -> LeaseExpired:
+        """Why the mark found no holder: the tombstone's reason when the holder was ended as
+        a lease (an operator revoked it: :func:`take_up`), else the claim came too late.
+
+        Raises:
+            pymongo.errors.PyMongoError: the store failed.
+        """
+        token = self.attempt.token
+        ended = holders.ended(token, holders.scope(self.attempt.request.tenant_id, self.attempt.request.project_id))
+        if isinstance(ended, LeaseExpired):
+            return ended
+        late_ms = (time.monotonic() - self.answered) * 1000
+        return LeaseExpired(f"lease {token} was granted, but its claim came {late_ms:.0f} ms after its answer, "
+                            "past the claim window: the slot went on", reason="unclaimed")
 
     def _give_back(self) -> None:
         """Best effort: an entry left booked for a holder that is gone is repair's to pull."""
@@ -246,3 +259,30 @@ def claim_later(attempt: Attempt, booking: str, fence: str | None, at: datetime 
     lease = attempt.lease_of({**known, "expiresAt": sure_until(at, attempt.definition.ttl_seconds)})
     lease.pending_claim = PendingClaim(attempt, lease, booking, fence, at)
     return lease
+
+
+def take_up(token: str, bound: holders.Scope | None = None) -> bool:
+    """Mark ``token``'s holder ``HELD`` on its waiter's behalf when a release granted it a
+    slot and its mark is not in yet (its lease may be in use: answered at once, marked
+    later or, released first, never), as its waiter would from the gate. An operator's
+    revoke does this first, so that it ends a lease — tombstone, handler — rather than a
+    ticket that never held.
+
+    Returns:
+        True when a holder was marked; False when ``token`` is no such grant (held already,
+        still waiting, or gone).
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed.
+    """
+    doc = store.holders().find_one({**holders.scoped(token, bound), "state": "PENDING"},
+                                   {"keys": 1, "attemptId": 1, "ttlSeconds": 1})
+    keys = list((doc or {}).get("keys") or ())
+    if doc is None or not keys or not isinstance(doc.get("ttlSeconds"), int):
+        return False
+    grant = grants.grant_on(store.counters().find_one({"_id": keys[-1]}), token, keys[:-1])
+    if grant is None or not grant.complete or entries.attempt_of(grant.booking) != doc.get("attemptId"):
+        return False
+    mark = commands.mark_held(token, keys=keys, ttl_seconds=doc["ttlSeconds"], attempt_id=doc.get("attemptId"),
+                              fence=grant.fence)
+    return bool(store.holders().update_one(*mark).matched_count)

@@ -15,7 +15,7 @@ import socket
 from typing import Any
 
 from .. import validation
-from ..engine import holders
+from ..engine import claims, holders
 from ..errors import HolderNotFound
 from ..revocation import audit, listener
 from ..revocation.handlers import RevokedHolder
@@ -50,8 +50,10 @@ def revoke_holder(token: str, *, tenant_id: str | None = None, acting_user: Any,
     given), its levels are returned, a tombstone and ``reap{reason=revoke}`` are recorded,
     then the type's handler is dispatched through the installed revocation listener — the
     same path as the sweeps. ``dispatch=False`` is the CLI's ``--force``: no handler runs.
-    An audit record names who, when, which holder and tenant. The holder's next
-    ``check()`` raises ``LeaseLost``.
+    A lease a release granted a moment ago, whose holder is not marked ``HELD`` yet, is
+    marked first (:func:`leases.engine.claims.take_up`) and revoked as one. An audit record
+    names who, when, which holder and tenant. The holder's next ``check()`` raises
+    ``LeaseLost``.
 
     Raises:
         InvalidLeaseRequest: malformed token, tenant id, reason or missing ``acting_user``.
@@ -63,8 +65,9 @@ def revoke_holder(token: str, *, tenant_id: str | None = None, acting_user: Any,
         validation.entity_id(tenant_id, "tenant id")
     actor = audit.actor_name(acting_user)
     note = validation.reason(reason)
-    holder = reaper.reap_holder(holders.scoped(token, None if tenant_id is None else holders.scope(tenant_id)),
-                                "revoke")
+    bound = None if tenant_id is None else holders.scope(tenant_id)
+    claims.take_up(token, bound)  # a lease granted a moment ago, its mark not in yet, is one
+    holder = reaper.reap_holder(holders.scoped(token, bound), "revoke")
     if holder is None:
         raise HolderNotFound(f"no holder {token}")
     if dispatch:
@@ -90,6 +93,7 @@ def revoke_pod(pod: str, *, acting_user: Any, reason: str = "revoke-pod", dispat
         batch = [d["_id"] for d in store.holders().find({"pod": pod}, {"_id": 1}).limit(POD_REVOKE_BATCH)]
         reaped = []
         for token in batch:
+            claims.take_up(token)
             holder = reaper.reap_holder({"_id": token, "pod": pod}, "revoke")
             if holder is not None:
                 reaped.append(holder)

@@ -97,3 +97,34 @@ def test_given_holders_on_a_pod_when_revoking_the_pod_then_all_of_its_holders_go
         actions.revoke_pod({"$ne": ""}, acting_user="ops")
     with pytest.raises(InvalidLeaseRequest):
         actions.revoke_pod("", acting_user="ops")
+
+
+def test_given_a_lease_granted_a_moment_ago_when_revoked_then_it_is_revoked_as_a_lease(handler, settings):
+    # Given: a one-slot lease handed over by a release to a waiter; its holder is not marked
+    # HELD yet (its mark is due later), and the waiter's process already has the lease.
+    import leases
+    from leases.errors import LeaseExpired
+    from tests import helpers
+
+    settings.LEASES_GRANT_MARK_DELAY_MS = 250
+    helpers.define("opone", "resource: opone\nlevels: {global: 1}\nwaitMs: 10000\nttlSeconds: 60")
+    req = lambda user: helpers.lease_request("opone", lease_type="optest", tenant="acme", user=user)  # noqa: E731
+    held = leases.acquire(req("h"))
+    waiter = helpers.queue_up(req("w"), "opone|global|*")
+    held.release()
+    waiter.join(10)
+    lease = waiter.lease
+    assert lease is not None and store.holders().find_one({"_id": lease.token})["state"] == "PENDING"
+    # When: an operator revokes it.
+    revoked = actions.revoke_holder(lease.token, tenant_id="acme", acting_user="ops", reason="stuck")
+    # Then: it was revoked as the lease it is — not "no holder" — with its tombstone, its
+    # handler run and its slot back; the lease is told why at its next call.
+    assert revoked.token == lease.token
+    assert store.tombstones().find_one({"_id": lease.token})["reason"] == "revoke"
+    assert dispatch.get_dispatcher().drain(timeout=10)
+    assert [h.token for h in handler.revoked] == [lease.token]
+    assert store.counters().find_one({"_id": "opone|global|*"})["count"] == 0
+    with pytest.raises(LeaseExpired) as lost:
+        lease.check()
+    assert lost.value.reason == "revoke"
+    assert lease.release() is False
