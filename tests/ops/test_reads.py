@@ -115,6 +115,26 @@ def test_given_a_crash_window_drift_then_counter_shows_it_against_booked():
     assert row.to_dict()["drift"] is True
 
 
+def test_given_a_lease_answered_before_its_holder_is_marked_then_its_slot_counts_as_booked(settings):
+    # Given: a one-slot lease handed over by a release; the waiter has its lease, its holder
+    # is still PENDING (its mark is due later).
+    from tests.helpers import define, lease_request
+
+    settings.LEASES_GRANT_MARK_DELAY_MS = 250
+    define("opone", "resource: opone\nlevels: {global: 1}\nwaitMs: 10000\nttlSeconds: 60")
+    held = leases.acquire(lease_request("opone", lease_type="optest", user="h"))
+    waiter = helpers_queue_up(lease_request("opone", lease_type="optest", user="w"), "opone|global|*")
+    held.release()
+    waiter.join(10)
+    assert waiter.lease is not None
+    assert store.holders().find_one({"_id": waiter.lease.token})["state"] == "PENDING"
+    # When: an operator lists the counters. Then: the slot is booked, not drift — it is what
+    # reconcile keeps (the entry's holder exists as the entry names it).
+    row = {c.key: c for c in reads.list_counters()}["opone|global|*"]
+    assert (row.count, row.booked, row.drift) == (1, 1, False)
+    waiter.lease.release()
+
+
 def test_definition_view_names_the_layer_of_each_field_and_discards_the_cache_first(settings):
     config.put_document("acme", "_tenant", document_path("oplease"), "levels: {tenant: 7}\nttlSeconds: 90")
     config.put_document("acme", "docs", document_path("oplease"), "levels: {project: 3, tenant: 99}")

@@ -12,14 +12,15 @@ from datetime import datetime
 from typing import Any
 
 from ... import ids, validation
-from ...store import client as store
+from ...store import client as store, entries
+from ...store.documents import HolderDoc
 
 LEVEL_ORDER = {"global": 0, "tenant": 1, "project": 2, "user": 3}
 
 
 @dataclass(frozen=True)
 class CounterView:
-    """A counter with BOOKED (holders whose ``levels`` name it), the value reconcile restores."""
+    """A counter with BOOKED (its entries whose holder exists), the value reconcile restores."""
 
     key: str
     resource: str
@@ -66,8 +67,7 @@ def list_counters(tenant_id: str | None = None, include_global: bool | None = No
 
     The global level belongs to no tenant (its count sums all tenants), so with a
     ``tenant_id`` it is left out whatever ``include_global`` says; without one it is
-    included unless ``include_global=False``. BOOKED comes from one aggregation over the
-    holders that book any of the listed keys (index on ``levels``).
+    included unless ``include_global=False``. BOOKED: :func:`_booked`.
 
     Raises:
         InvalidLeaseRequest: malformed tenant id.
@@ -80,20 +80,7 @@ def list_counters(tenant_id: str | None = None, include_global: bool | None = No
     elif include_global is False:
         query["level"] = {"$ne": "global"}
     docs = list(store.counters().find(query))
-    keys = [d["_id"] for d in docs]
-    booked: dict[str, int] = {}
-    if keys:
-        match: dict[str, Any] = {"levels": {"$in": keys}}
-        if tenant_id is not None:
-            match["tenantId"] = query["tenantId"]
-        pipeline: list[dict[str, Any]] = [
-            {"$match": match},
-            {"$project": {"levels": 1}},
-            {"$unwind": "$levels"},
-            {"$match": {"levels": {"$in": keys}}},
-            {"$group": {"_id": "$levels", "n": {"$sum": 1}}},
-        ]
-        booked = {row["_id"]: int(row["n"]) for row in store.holders().aggregate(pipeline)}
+    booked = _booked(docs, query.get("tenantId"))
     views = [
         CounterView(
             key=d["_id"], resource=d.get("resource", ""), level=d.get("level", ""),
@@ -103,6 +90,44 @@ def list_counters(tenant_id: str | None = None, include_global: bool | None = No
         for d in docs
     ]
     return sorted(views, key=_counter_sort_key)
+
+
+def _booked(docs: list[dict[str, Any]], tenant_id: str | None) -> dict[str, int]:
+    """BOOKED per counter: what reconcile restores — its entries whose holder exists as the
+    entry names it (token and ``attemptId``), ``PENDING`` ones included (a lease answered on
+    its grant books its slot before its holder is marked ``HELD``); one read of the holders.
+    A counter written before entries existed: the holders whose ``levels`` name it.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store is unreachable.
+    """
+    listed = [d for d in docs if isinstance(d.get("holders"), list)]
+    legacy = [d["_id"] for d in docs if not isinstance(d.get("holders"), list)]
+    tokens = sorted({entries.token_of(str(e)) for d in listed for e in d["holders"]})
+    found: dict[str, HolderDoc] = {}
+    if tokens:
+        holder_query: dict[str, Any] = {"_id": {"$in": tokens}}
+        if tenant_id is not None:
+            holder_query["tenantId"] = tenant_id
+        found = {h["_id"]: h for h in store.holders().find(holder_query, {"attemptId": 1})}
+
+    def live(entry: Any) -> bool:
+        return not entries.superseded(str(entry), found.get(entries.token_of(str(entry))))
+
+    booked = {d["_id"]: len([e for e in d["holders"] if live(e)]) for d in listed}
+    if legacy:
+        match: dict[str, Any] = {"levels": {"$in": legacy}}
+        if tenant_id is not None:
+            match["tenantId"] = tenant_id
+        pipeline: list[dict[str, Any]] = [
+            {"$match": match},
+            {"$project": {"levels": 1}},
+            {"$unwind": "$levels"},
+            {"$match": {"levels": {"$in": legacy}}},
+            {"$group": {"_id": "$levels", "n": {"$sum": 1}}},
+        ]
+        booked.update({row["_id"]: int(row["n"]) for row in store.holders().aggregate(pipeline)})
+    return booked
 
 
 def globally_full(resources: Iterable[str]) -> set[str]:
