@@ -168,6 +168,8 @@ class PendingClaim:
         """
         if background:
             pause_point("claim")  # crash-window tests stop here: granted, returned, not yet claimed
+            if self.released:  # its release began after the timer handed it over: not needed
+                return
         try:
             with store_bound():
                 try:

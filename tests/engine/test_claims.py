@@ -237,11 +237,22 @@ def test_given_no_mark_delay_then_the_mark_is_sent_at_once(one_slot, monkeypatch
 
 
 def test_given_a_mark_under_way_when_the_lease_is_released_then_the_release_waits_for_none(
-        one_slot, held_back, settings):
-    # Given: a granted waiter whose mark was sent at once and is held back in flight.
+        one_slot, monkeypatch, settings):
+    # Given: a granted waiter whose mark was sent at once and is held in flight, past the
+    # point where it could still see the release coming.
     settings.LEASES_GRANT_MARK_DELAY_MS = 0
+    go, inside = threading.Event(), threading.Event()
+    claim = Attempt.claim
+
+    def in_flight(self, booking, fence, at=None):
+        if threading.current_thread().name.startswith("leases-claim"):
+            inside.set()
+            assert go.wait(30), "the test never let the mark go"
+        return claim(self, booking, fence, at)
+
+    monkeypatch.setattr(Attempt, "claim", in_flight)
     lease = handed_over()
-    assert lease is not None
+    assert lease is not None and inside.wait(10)
     pending = lease.pending_claim
     assert pending is not None and pending.future is not None and not pending.future.done()
     # When: it releases while the mark is under way.
@@ -250,11 +261,29 @@ def test_given_a_mark_under_way_when_the_lease_is_released_then_the_release_wait
     # Then: the release did not wait for the mark; the holder is gone and the slot is back.
     assert time.monotonic() - started < 2.0
     assert store.holders().find_one({"_id": lease.token}) is None and gate_tokens() == []
-    # When the mark lands after the delete, it matches nobody: no holder comes back, and it
-    # gives back nothing (the slot is free, the count stays 0).
-    held_back.set()
+    # When the mark lands after the delete, it matches nobody: no holder comes back, it gives
+    # nothing back (the count stays 0), and it says why: the tombstone's reason.
+    go.set()
     assert helpers.wait_for(pending.future.done, 5, step=0.01)
     assert isinstance(pending.future.exception(), LeaseExpired)
+    assert pending.future.exception().reason == "release"
     assert store.holders().find_one({"_id": lease.token}) is None
     gate = store.counters().find_one({"_id": GATE})
     assert gate["count"] == 0 and gate_tokens() == []
+
+
+def test_given_a_mark_handed_to_a_claim_thread_when_the_release_comes_first_then_it_is_not_sent(
+        one_slot, held_back, monkeypatch, settings):
+    # Given: a granted waiter whose mark the timer handed to a claim thread, not yet running.
+    settings.LEASES_GRANT_MARK_DELAY_MS = 0
+    sent = counted_claims(monkeypatch)
+    lease = handed_over()
+    assert lease is not None and lease.pending_claim is not None
+    pending = lease.pending_claim
+    # When: it releases first, then the claim thread runs.
+    assert lease.release() is True
+    held_back.set()
+    # Then: the thread sends nothing; the slot is back.
+    assert helpers.wait_for(pending.future.done, 5, step=0.01)
+    assert pending.future.exception() is None and lease.token not in sent
+    assert gate_tokens() == []
