@@ -85,7 +85,7 @@ class _Timer:
         threading.Thread(target=self._run, name="leases-claim-timer", daemon=True).start()
 
     def at(self, due: float, claim: "PendingClaim") -> None:
-        """Send ``claim``'s mark at ``due`` (``time.monotonic()``) unless it was sent or dropped."""
+        """Send ``claim``'s mark at ``due`` (``time.monotonic()``) unless it was sent or released."""
         with self._ready:
             heapq.heappush(self._due, (due, next(self._order), claim))
             self._ready.notify()
@@ -128,8 +128,7 @@ class PendingClaim:
         self.answered = time.monotonic()  # when the lease was answered (a duration, never a deadline)
         self._state = threading.Lock()
         self.future: Future[None] | None = None  # None: not sent yet
-        self.dropped = False  # its release came first: the mark is never sent
-        self.released = False  # its release has begun: the entry is the release's to return
+        self.released = False  # its release has begun: no mark is sent, the entry is its to return
         delay_ms = mark_delay_ms()
         if delay_ms:
             _timer_thread().at(self.answered + delay_ms / 1000.0, self)
@@ -137,27 +136,21 @@ class PendingClaim:
             self.send()
 
     def send(self) -> None:
-        """The timer's turn: hand the mark to a claim thread unless it was sent or dropped."""
+        """The timer's turn: hand the mark to a claim thread unless it was sent or its release
+        began."""
         with self._state:
-            if self.future is None and not self.dropped:
+            if self.future is None and not self.released:
                 try:
                     self.future = _executor().submit(self._mark, True)
                 except RuntimeError:  # the interpreter is exiting: the window gives the slot back
-                    self.dropped = True
+                    pass
 
-    def drop(self) -> bool:
-        """Before a release: drop the mark if it was not sent yet — the release ends the
-        holder as it is, by its token, and returns the entry the gate books. A mark under
-        way that finds the holder gone after the release gives nothing back.
-
-        Returns:
-            True when the mark was dropped (it will never be sent); False when it was sent.
-        """
+    def drop(self) -> None:
+        """Before a release: a mark not sent yet never is — the release ends the holder as it
+        is, by its token, and returns the entry the gate books. A mark under way that finds
+        the holder gone after the release gives nothing back."""
         with self._state:
             self.released = True
-            if self.future is None:
-                self.dropped = True
-            return self.dropped
 
     def _mark(self, background: bool) -> None:
         """Mark the holder ``HELD`` (one command) and tell the lease its deadline.
