@@ -12,20 +12,37 @@ from pymongo import monitoring
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+#: The pid of the embedded server :func:`setup` started (None: MONGODB_URI named a server), so
+#: that a benchmark can read its CPU time.
+SERVER_PID: int | None = None
+
 
 def setup(db_name: str = "bench") -> None:
     """Start an embedded server if needed, point Django at a bench database, django.setup()."""
     if not os.environ.get("MONGODB_URI"):
         from leases.store.embedded import start_server
 
+        global SERVER_PID
         server = start_server(":memory:")
         atexit.register(server.stop)
+        SERVER_PID = server.pid
         os.environ["MONGODB_URI"] = server.uri
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     os.environ["MONGODB_DB"] = db_name
     import django
 
     django.setup()
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """The CPU time (user + system, seconds) process ``pid`` has used so far, from ``/proc``
+    (Linux); None when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 class CommandCounter(monitoring.CommandListener):

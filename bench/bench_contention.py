@@ -50,13 +50,15 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from bisect import bisect_left, bisect_right
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _setup import CommandCounter, register_bench_handler, setup  # noqa: E402
+import _setup  # noqa: E402
+from _setup import CommandCounter, cpu_seconds, register_bench_handler, setup  # noqa: E402
 
 HOLD_S = 0.1  # loads B, C and the who-goes-next loads; load A: each of --holds
 WAIT_MS = 60000
@@ -324,8 +326,11 @@ def _zk_child(index, hosts, path, cap, hold, seconds, ready_q, start_event, star
         zk.close()
 
 
-def run_processes(target, argsets, seconds) -> list[dict]:
-    """Spawn one process per argument set, release them into one window, collect results."""
+def run_processes(target, argsets, seconds, *, server_pid: int | None = None) -> tuple[list[dict], float | None]:
+    """Spawn one process per argument set, release them into one window, collect results.
+
+    Also answers the CPU seconds the server process ``server_pid`` used inside the window
+    (None without a pid, or when ``/proc`` could not be read)."""
     ctx = multiprocessing.get_context("spawn")
     ready_q, result_q = ctx.Queue(), ctx.Queue()
     start_event, start_value = ctx.Event(), ctx.Value("d", 0.0)
@@ -341,16 +346,43 @@ def run_processes(target, argsets, seconds) -> list[dict]:
             ready += 1
         start_value.value = time.time() + START_DELAY_S
         start_event.set()
+        sampler = _CpuSampler(server_pid, start_value.value, seconds)
         deadline = time.monotonic() + START_DELAY_S + seconds + DRAIN_TIMEOUT_S
         results = [result_q.get(timeout=max(0.1, deadline - time.monotonic())) for _ in procs]
         for proc in procs:
             proc.join(timeout=30)
-        return sorted(results, key=lambda r: r["index"])
+        return sorted(results, key=lambda r: r["index"]), sampler.result()
     finally:
         for proc in procs:
             if proc.is_alive():
                 proc.kill()
                 proc.join(timeout=5)
+
+
+class _CpuSampler:
+    """Reads a server process's CPU time at the window's start and end (wall clock, as the
+    children's), from a thread of its own: the server is what short holds wait on, so the
+    table shows how busy it was and what a grant cost it."""
+
+    def __init__(self, pid: int | None, start: float, seconds: float) -> None:
+        self.used: float | None = None
+        self._thread: threading.Thread | None = None
+        if pid is not None:
+            self._thread = threading.Thread(target=self._run, args=(pid, start, seconds), daemon=True)
+            self._thread.start()
+
+    def _run(self, pid: int, start: float, seconds: float) -> None:
+        time.sleep(max(0.0, start - time.time()))
+        first = cpu_seconds(pid)
+        time.sleep(max(0.0, start + seconds - time.time()))
+        last = cpu_seconds(pid)
+        if first is not None and last is not None:
+            self.used = last - first
+
+    def result(self) -> float | None:
+        if self._thread is not None:
+            self._thread.join()
+        return self.used
 
 
 # --- figures --------------------------------------------------------------------------------
@@ -458,9 +490,11 @@ class Figures:
     critical_mean: float | None = None
     critical_wide_mean: float | None = None
     critical_names: str = ""
+    server_cpu: float | None = None  # CPU seconds the server used in the window
 
 
-def figures(load: Load, results: list[dict], cap: int, seconds: float, hold: float = HOLD_S) -> Figures:
+def figures(load: Load, results: list[dict], cap: int, seconds: float, hold: float = HOLD_S,
+            server_cpu: float | None = None) -> Figures:
     grants = [len(r["grants"]) for r in results]
     total = sum(grants)
     waits = [w for r in results for w in r["waits"]]
@@ -480,6 +514,7 @@ def figures(load: Load, results: list[dict], cap: int, seconds: float, hold: flo
         shares={t: 100.0 * n / total if total else 0.0 for t, n in sorted(by_tenant.items())},
         commands_per_grant=(sum(commands) / total) if total and None not in commands else None,
         handoff_p50=percentile(gaps, 0.50), handoff_p99=percentile(gaps, 0.99), handoffs=len(pairs),
+        server_cpu=server_cpu,
     )
     if pairs and all(r.get("timed") is not None for r in results):
         counts, wide, names = critical_path(pairs, results)
@@ -631,6 +666,13 @@ def _ratio(value: float | None, ideal: float) -> str:
     return "—" if value is None or ideal <= 0 else f"{value / ideal:.2f}×"
 
 
+def _cpu(f: Figures, seconds: float) -> str:
+    if f.server_cpu is None:
+        return "—"
+    per_grant = f"{1000 * f.server_cpu / f.grants:.1f}" if f.grants else "—"
+    return f"{100 * f.server_cpu / seconds:.0f} %; {per_grant}"
+
+
 def _ideal(load: Load, cap: int, hold: float) -> float:
     """FIFO ideal wait: (waiters − cap) ÷ cap × hold."""
     return (len(load.procs) - cap) / cap * hold
@@ -700,6 +742,8 @@ def print_table(load: Load, cap: int, seconds: float, uncontended: int, ours: Fi
         f"≤ {T_CRITICAL_COMMANDS} (releaser's release call + the next holder's commands until it returns){approx}")
     row("… and all both processes started in [release call, grant] (with the releaser's next acquire)",
         lambda f: _s(f.critical_wide_mean, 2) if f is ours else "—", "(mean; not a target)")
+    row("server CPU in the window: share of one core; per grant (ms)", lambda f: _cpu(f, seconds),
+        "(not a target; embedded server or ZooKeeper, started by this bench)")
     row("hand-offs paired", lambda f: str(f.handoffs), "")
     row("acquire timeouts (LeaseBusy / LockTimeout)", lambda f: str(f.busy), "0")
     if ours.errors or (zk is not None and zk.errors):
@@ -709,18 +753,20 @@ def print_table(load: Load, cap: int, seconds: float, uncontended: int, ours: Fi
         print(f"Critical-path commands by name, mean per hand-off: {ours.critical_names}.\n")
 
 
-def print_summary(rows: list[tuple[float, Load, int, Figures, Figures | None]]) -> None:
+def print_summary(rows: list[tuple[float, Load, int, Figures, Figures | None]], seconds: float) -> None:
     """Load A across holds: ours beside kazoo's."""
     print("### Load A across holds\n")
     print("| hold | ours: utilisation / p99 ÷ ideal / hand-off p50 (ms) | ours: critical-path commands p50 / mean; "
-          "per grant | kazoo: utilisation / p99 ÷ ideal / hand-off p50 (ms) |")
-    print("|---:|---|---|---|")
+          "per grant | kazoo: utilisation / p99 ÷ ideal / hand-off p50 (ms) | server CPU, share of a core; ms a grant: "
+          "ours / ZooKeeper |")
+    print("|---:|---|---|---|---|")
     for hold, load, cap, ours, zk in rows:
         ideal = _ideal(load, cap, hold)
         cells = ["—" if f is None else f"{_s(f.utilisation)} / {_ratio(f.p99, ideal)} / {_ms(f.handoff_p50)}"
                  for f in (ours, zk)]
         print(f"| {hold * 1000:g} ms | {cells[0]} | {_s(ours.critical_p50, 0)} / {_s(ours.critical_mean, 2)}; "
-              f"{_s(ours.commands_per_grant, 1)} | {cells[1]} |")
+              f"{_s(ours.commands_per_grant, 1)} | {cells[1]} | {_cpu(ours, seconds)} / "
+              f"{_cpu(zk, seconds) if zk is not None else '—'} |")
     print(f"\nTargets: utilisation ≥ {T_UTILISATION} at {HOLD_S * 1000:g} ms and ≥ kazoo's at every hold; "
           f"p99 ≤ {T_P99_RATIO}× ideal at {HOLD_S * 1000:g} ms; hand-off p50 ≤ {T_HANDOFF_P50_MS:g} ms; "
           f"critical-path commands ≤ {T_CRITICAL_COMMANDS}; commands per grant ≤ {T_COMMANDS_PER_GRANT_A}.\n")
@@ -877,9 +923,10 @@ def main() -> None:
             define(load, hold)
             cap = effective_cap(load)
             uncontended = uncontended_commands(load, hold)
-            results = run_processes(_project_child,
-                                    [(i, load.name, proc, hold) for i, proc in enumerate(load.procs)], args.seconds)
-            ours = figures(load, results, cap, args.seconds, hold)
+            results, used = run_processes(_project_child,
+                                          [(i, load.name, proc, hold) for i, proc in enumerate(load.procs)],
+                                          args.seconds, server_pid=_setup.SERVER_PID)
+            ours = figures(load, results, cap, args.seconds, hold, used)
             if load.name in SHARE_LOADS:
                 print_share_table(load, cap, args.seconds, uncontended, ours, results, baseline)
                 sys.stdout.flush()
@@ -887,15 +934,16 @@ def main() -> None:
             theirs = None
             if load.zk and zk is not None:
                 path = f"/bench/contention-{load.name.lower()}-{round(hold * 1000)}"
-                zk_results = run_processes(_zk_child, [(i, zk.hosts, path, cap, hold) for i in range(len(load.procs))],
-                                           args.seconds)
-                theirs = figures(load, zk_results, cap, args.seconds, hold)
+                zk_results, zk_used = run_processes(
+                    _zk_child, [(i, zk.hosts, path, cap, hold) for i in range(len(load.procs))], args.seconds,
+                    server_pid=zk.process.pid if zk.process is not None else None)
+                theirs = figures(load, zk_results, cap, args.seconds, hold, zk_used)
             print_table(load, cap, args.seconds, uncontended, ours, theirs, zk_note, hold)
             if load.name == "A":
                 summary.append((hold, load, cap, ours, theirs))
             sys.stdout.flush()
         if summary:
-            print_summary(summary)
+            print_summary(summary, args.seconds)
     finally:
         if zk is not None:
             zk.stop()
