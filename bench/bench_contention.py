@@ -32,6 +32,9 @@ every hold) and B also run on ``kazoo.recipe.lock.Semaphore`` in the same run, s
 The kazoo side needs ``pip install -e ".[bench]"`` (kazoo) and ``apt-get install zookeeper``
 (Debian; the bench starts ``/usr/share/java/zookeeper.jar`` itself on a free port, or the jar
 named by ``ZK_CLASSPATH``) and java; without them the kazoo column says why it is missing.
+The CPU time each server process (the embedded server this bench started, ZooKeeper's JVM)
+used inside the window is read from ``/proc`` at its start and end: short holds are bound by
+the server, and this shows how busy it was and what a grant cost it ("—" with MONGODB_URI).
 
 Prints markdown tables, and with load A a summary across holds at the end. Run:
 ``python bench/bench_contention.py [--loads A,B,C | shares] [--holds 100,50,20,10]
