@@ -150,22 +150,32 @@ SWAP_TRIES = 3
 _RACED: Any = object()  # what one try answers when its swap matched nothing
 
 
-def hand_back(gate_key: str, booking: str, more: dict[str, Any] | None = None) -> CounterDoc | None:
-    """Return the gate slot of ``booking`` and grant it to the next ticket in one update
-    (read and swap again, up to :data:`SWAP_TRIES` in all, when another hand-off raced it).
+#: What :func:`hand_back` answers when it granted the slot and then undid the grant (a
+#: narrower level of the ticket was full): the releaser's gate entry is gone, the slot is
+#: free and the ticket queued again, so the caller hands the free slot off from a fresh read.
+UNDONE: Any = object()
 
-    Returns, raises: as :func:`_hand_back_once`.
+
+def hand_back(gate_key: str, booking: str, more: dict[str, Any] | None = None,
+              narrow: Sequence[str] = ()) -> Any:
+    """Return the gate slot of ``booking`` (and its ``narrow`` levels) and grant it to the next
+    ticket in one command (read and swap again, up to :data:`SWAP_TRIES` in all, when another
+    hand-off raced it).
+
+    Returns, raises: as :func:`_hand_back_once` (never ``_RACED``).
     """
     for _ in range(SWAP_TRIES):
-        done = _hand_back_once(gate_key, booking, more)
+        done = _hand_back_once(gate_key, booking, more, narrow)
         if done is not _RACED:
             return done
     return None
 
 
-def _hand_back_once(gate_key: str, booking: str, more: dict[str, Any] | None = None) -> Any:
+def _hand_back_once(gate_key: str, booking: str, more: dict[str, Any] | None = None,
+                    narrow: Sequence[str] = ()) -> Any:
     """One read and one swap: return the gate slot of ``booking`` and grant it to the next
-    ticket in one update.
+    ticket in one update — or, when the releaser has narrower levels (``narrow``, their
+    keys) or the ticket has, in one ordered bulk (:func:`_swap_levels`).
 
     One read of the gate (with MongoDB's clock) shows who is next once this slot is free;
     when that is exactly one ticket the freeing process may grant (:func:`grantable`, with
@@ -181,7 +191,8 @@ def _hand_back_once(gate_key: str, booking: str, more: dict[str, Any] | None = N
         when nothing was done — nobody to grant, several to grant, a ticket that books
         itself, the entry not on the gate — and the caller returns the slot the plain way
         (:func:`leases.queue.slots.give_back` and the hand-off on what it answers), or
-        ``_RACED`` when the swap matched nothing (nothing was done either).
+        ``_RACED`` when the swap matched nothing (nothing was done on the gate either), or
+        :data:`UNDONE`.
 
     Raises:
         pymongo.errors.PyMongoError: the store failed; nothing or everything was done (one
@@ -201,8 +212,9 @@ def _hand_back_once(gate_key: str, booking: str, more: dict[str, Any] | None = N
     if len(picked) != 1:
         return None  # nobody to grant, or several free slots: the plain hand-off grants them all
     ticket = next((t for t in shapes.queue_of(freed) if t["id"] == picked[0]), None)
-    if ticket is None or shapes.narrow_caps(ticket) or not grantable(ticket, now):
+    if ticket is None or not grantable(ticket, now):
         return None
+    levels = narrow_specs(ticket) if shapes.narrow_caps(ticket) else []
     ticket_id = ticket["id"]
     turn = fences.turns(freed, picked).get(ticket_id)
     if turn is None:
@@ -216,7 +228,11 @@ def _hand_back_once(gate_key: str, booking: str, more: dict[str, Any] | None = N
         slot_field=f"{fences.FIELD}.{fences.slot_field(turn)}", slot_seen=seen,
         charge=order.charge(freed, ticket_id), record=plan.update(), more=more,
         claimed_by=ticket_id if shapes.waker(ticket) else None)
-    if not store.counters().update_one(*command).matched_count:
+    if narrow or levels:
+        swapped = _swap_levels(read, ticket, entry, command, list(narrow), booking, levels)
+        if swapped is not True:
+            return swapped
+    elif not store.counters().update_one(*command).matched_count:
         return _RACED
     after: Any = {**freed, "holders": [*freed["holders"], entry], "count": len(holders),
                   "queue": [t for t in shapes.queue_of(freed) if t["id"] != ticket_id],
@@ -224,6 +240,51 @@ def _hand_back_once(gate_key: str, booking: str, more: dict[str, Any] | None = N
     fences.note(after)
     _tell(ticket, entry, plan.fence, now)
     return after
+
+
+def _swap_levels(gate: CounterDoc, ticket: TicketDoc, booking: str, swap: tuple[dict[str, Any], dict[str, Any]],
+                 narrow: list[str], released: str, levels: list[LevelSpec]) -> Any:
+    """The swap of a lease with narrower levels, in one ordered bulk: the releaser's narrower
+    entries ``released`` are pulled from ``narrow`` first (a ticket of the same user or
+    project may need the very slot), then the gate ``swap`` (an upsert: matching nothing, its
+    insert collides on ``_id`` and stops the bulk before anything is booked for the ticket),
+    then the ticket's narrower ``levels`` (conditional pushes, as a booking's; a full one
+    collides the same way).
+
+    Returns:
+        True when everything landed; ``_RACED`` when the swap matched nothing (the
+        releaser's narrower slots are back, its gate slot not yet); :data:`UNDONE` when a
+        narrower level of the ticket was full: what was booked for it is pulled back by
+        value and it is queued again as it was, as :func:`_grant_levels` does.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed, and so did the undo.
+    """
+    resource = str(gate.get("resource") or "")
+    ops = [UpdateOne(*counter_commands.pull(key, released)) for key in narrow]
+    at_swap = len(ops)
+    ops.append(UpdateOne(*swap, upsert=True))
+    for spec in levels:
+        seeded = counter_commands.seed(resource=resource, level=spec.level, scope=spec.scope,
+                                       tenant_id=spec.tenant_id, cap=spec.cap)
+        clauses = [c for c in (caps.obeyed(spec),) if c]
+        ops.append(UpdateOne(*counter_commands.take_slot(spec.key, booking, cap=spec.cap, seeded=seeded,
+                                                         clauses=clauses), upsert=True))
+    try:
+        store.counters().bulk_write(ops, ordered=True)
+        return True
+    except pymongo.errors.BulkWriteError as exc:
+        errors = exc.details.get("writeErrors") or []
+        stopped = int(errors[0]["index"]) if errors else len(ops)
+    except pymongo.errors.PyMongoError:
+        stopped = len(ops)  # unknown how far it went: undo all (pulls by value, enqueue if missing)
+    if stopped <= at_swap:
+        return _RACED
+    keys = [gate["_id"], *(spec.key for spec in levels[:stopped - at_swap - 1])]
+    undo = [UpdateOne(*counter_commands.pull(key, booking)) for key in keys]
+    undo.append(UpdateOne(*ticket_commands.enqueue(gate["_id"], dict(ticket))))
+    store.counters().bulk_write(undo, ordered=True)
+    return UNDONE
 
 
 def _grant_levels(gate: CounterDoc, ticket: TicketDoc, booking: str, grant: tuple[dict[str, Any], dict[str, Any]],

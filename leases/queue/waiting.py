@@ -234,15 +234,21 @@ def give_back(keys: list[str], booking: str, *, hold_ms: float | None = None,
     from . import estimates
 
     record = estimates.merged(estimates.hold_update(hold_ms), more)
-    if len(keys) == 1 and queue_likely(keys[0]):
-        # Tickets were waiting a moment ago: return the slot and grant it in one update. Only
-        # for a lease of one level: the tickets of a lease with narrower levels have them too,
-        # and their grant books those in a bulk of its own (the plain way below).
-        swapped = grants.hand_back(keys[0], booking, record)
-        if swapped is not None:
+    undone = False
+    if keys and queue_likely(keys[-1]):
+        # Tickets were waiting a moment ago: return the slots and grant the gate's in one
+        # command (a lease with narrower levels: one bulk that also returns those and books
+        # the ticket's).
+        swapped = grants.hand_back(keys[-1], booking, record, narrow=keys[:-1])
+        if swapped is not None and swapped is not grants.UNDONE:
             note_queue(swapped)
             return swapped
+        undone = swapped is grants.UNDONE
     gate = slots.give_back(keys, booking, record=record)
+    if gate is None and undone:
+        # The grant was undone after the swap had taken this entry off the gate: the slot is
+        # free and nobody was told; hand it off from the gate as it is now.
+        gate = read_gate(keys[-1])
     note_queue(gate)
     hand_off(gate)
     return gate

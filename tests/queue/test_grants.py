@@ -19,7 +19,7 @@ from tests.helpers import define, lease_request, quiet_handler_fixture
 
 handler = quiet_handler_fixture("test")
 req = partial(lease_request, pod="")
-GATE, GLOBEX = "res|global|*", "res|tenant|globex"
+GATE, GLOBEX, ACME = "res|global|*", "res|tenant|globex", "res|tenant|acme"
 
 
 def tokens(key):
@@ -36,10 +36,14 @@ def test_given_a_multi_level_ticket_when_the_holder_releases_then_one_bulk_books
     held = leases.acquire(req(user="h"))
     waiter = helpers.queue_up(req(tenant="globex", user="w"), GATE)
     ticket = helpers.queued_ids(GATE)[0]
-    # When: the holder releases.
-    held.release()
-    # Then: the release booked the gate and the ticket's tenant level for it and dequeued it.
-    assert tokens(GATE) == [ticket] and tokens(GLOBEX) == [ticket]
+    # When: the holder releases, its counter commands counted.
+    with helpers.counted_commands() as counter:
+        held.release()
+    # Then: one read of the gate and one bulk returned the holder's tenant slot, swapped its
+    # gate entry for the ticket's and booked the ticket's tenant level; nothing else wrote a
+    # counter (no findAndModify of the plain way), and the ticket left the queue.
+    assert counter.commands[:2] == ["aggregate", "update"] and "findAndModify" not in counter.commands
+    assert tokens(GATE) == [ticket] and tokens(GLOBEX) == [ticket] and tokens(ACME) == []
     assert helpers.queued_ids(GATE) == []
     waiter.join(10)
     assert waiter.lease is not None and waiter.lease.token == ticket and waiter.lease.fence is not None
@@ -64,9 +68,11 @@ def test_given_a_narrower_level_a_newcomer_booked_when_the_release_grants_then_i
     store.counters().update_one({"_id": GLOBEX}, {"$push": {"holders": newcomer}, "$inc": {"count": 1}})
     # When: the holder releases (its grant finds the tenant level full).
     held.release()
-    # Then: nothing of the ticket stays booked, and it is queued again with its arrival.
+    # Then: nothing of the ticket stays booked, it is queued again with its arrival, and the
+    # holder's slots are back (the gate's is free: the grant took it and gave it back).
     gate = store.counters().find_one({"_id": GATE})
-    assert ticket not in tokens(GATE) and tokens(GLOBEX) == ["newcomer-token"]
+    assert held.token not in tokens(GATE) and ticket not in tokens(GATE) and gate["count"] == len(tokens(GATE))
+    assert tokens(GLOBEX) == ["newcomer-token"] and tokens(ACME) == []
     assert [(t["id"], t["at"]) for t in gate["queue"]] == [(ticket, arrived)]
     # Once the newcomer is gone, the waiter gets its turn (it books itself when woken).
     store.holders().delete_one({"_id": "newcomer-token"})
@@ -94,6 +100,7 @@ def test_given_a_grant_seen_on_the_gate_alone_then_the_waiter_claims_only_once_i
     # grant whose bulk has booked the gate but not yet the ticket's tenant level.
     settings.LEASES_WAIT_POLL_MS = 200
     monkeypatch.setattr(waiting, "hand_off", lambda gate, skip=None: [])  # nobody grants or wakes
+    monkeypatch.setattr(grants, "hand_back", lambda *args, **kwargs: None)  # nor swaps on release
     held = leases.acquire(req(user="h"))
     waiter = helpers.queue_up(req(tenant="globex", user="w"), GATE)
     ticket = store.counters().find_one({"_id": GATE})["queue"][0]
@@ -227,6 +234,45 @@ def test_given_another_hand_off_between_the_read_and_the_swap_then_the_release_r
         assert waiter.lease is not None
         waiter.lease.release()
     assert tokens(GATE) == []
+
+
+def test_given_a_multi_level_swap_raced_then_the_bulk_stops_at_the_gate_and_the_release_swaps_again(
+        two_levels, monkeypatch):
+    # Given: acme holds the one global slot, a globex ticket waits, and the first swap the
+    # release sends matches nothing (as when another hand-off changed the gate in between).
+    from leases.store import ticket_commands
+
+    held = leases.acquire(req(user="h"))
+    waiter = helpers.queue_up(req(tenant="globex", user="w"), GATE)
+    ticket = helpers.queued_ids(GATE)[0]
+    swap, raced = ticket_commands.swap, []
+
+    def stale(*args, **kwargs):
+        query, update = swap(*args, **kwargs)
+        if not raced:
+            raced.append(kwargs["ticket_id"])
+            query = {**query, "count": 99}  # the gate as "read" no longer is
+        return query, update
+
+    monkeypatch.setattr(ticket_commands, "swap", stale)
+    counters_before = store.counters().count_documents({})
+    # When: the holder releases.
+    with helpers.counted_commands() as counter:
+        held.release()
+    # Then: the first bulk returned acme's tenant slot and stopped at the gate (its upsert
+    # collided: nothing booked for the ticket, no counter created); the release read and
+    # swapped again, and the ticket holds both levels, once.
+    assert raced == [ticket]
+    assert counter.commands[:4] == ["aggregate", "update", "aggregate", "update"]
+    assert "findAndModify" not in counter.commands
+    assert store.counters().count_documents({}) == counters_before
+    assert tokens(GATE) == [ticket] and tokens(GLOBEX) == [ticket] and tokens(ACME) == []
+    gate = store.counters().find_one({"_id": GATE})
+    assert gate["count"] == 1 and helpers.queued_ids(GATE) == []
+    waiter.join(10)
+    assert waiter.lease is not None and waiter.lease.token == ticket
+    waiter.lease.release()
+    assert tokens(GATE) == [] and tokens(GLOBEX) == []
 
 
 def test_given_the_ticket_leaves_between_the_read_and_the_swap_then_the_slot_is_returned_once(one_slot, monkeypatch):
