@@ -21,7 +21,9 @@ entry must name it), which look alive (kept alive within half their TTL), and wh
 narrower levels, if any, the ticket describes (``lv``: their keys and caps as its waiter's
 view had them; a ticket fenced on a narrower level carries none). A ticket with narrower
 levels is granted by one ordered bulk that books the gate first and then those levels
-(:func:`_grant_levels`). Every other pick is woken and books itself, as before.
+(:func:`_grant_levels`); a release that saw the queue puts its own narrower returns, the
+gate swap and those bookings in one ordered bulk (:func:`_swap_levels`). Every other pick is
+woken and books itself, as before.
 
 A grant nobody claims (its waiter died after it was picked, or stalls) gives the slot back
 once :func:`claim_ms` has passed: the grant records its time on the gate (``claims``, no
