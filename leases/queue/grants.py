@@ -248,56 +248,26 @@ def _swap_levels(gate: CounterDoc, ticket: TicketDoc, booking: str, swap: tuple[
                  narrow: list[str], released: str, levels: list[LevelSpec]) -> Any:
     """The swap of a lease with narrower levels, in one ordered bulk: the releaser's narrower
     entries ``released`` are pulled from ``narrow`` first (a ticket of the same user or
-    project may need the very slot), then the gate ``swap`` (an upsert: matching nothing, its
-    insert collides on ``_id`` and stops the bulk before anything is booked for the ticket),
-    then the ticket's narrower ``levels`` (conditional pushes, as a booking's; a full one
-    collides the same way).
+    project may need the very slot), then the gate ``swap`` and the ticket's narrower
+    ``levels``, as :func:`_grant_levels` books them.
 
     Returns:
         True when everything landed; ``_RACED`` when the swap matched nothing (the
         releaser's narrower slots are back, its gate slot not yet); :data:`UNDONE` when a
-        narrower level of the ticket was full: what was booked for it is pulled back by
-        value and it is queued again as it was, as :func:`_grant_levels` does.
+        narrower level of the ticket was full (the grant is undone, the ticket requeued).
 
     Raises:
         pymongo.errors.PyMongoError: the store failed, and so did the undo.
     """
-    resource = str(gate.get("resource") or "")
-    ops = [UpdateOne(*counter_commands.pull(key, released)) for key in narrow]
-    at_swap = len(ops)
-    ops.append(UpdateOne(*swap, upsert=True))
-    for spec in levels:
-        seeded = counter_commands.seed(resource=resource, level=spec.level, scope=spec.scope,
-                                       tenant_id=spec.tenant_id, cap=spec.cap)
-        clauses = [c for c in (caps.obeyed(spec),) if c]
-        ops.append(UpdateOne(*counter_commands.take_slot(spec.key, booking, cap=spec.cap, seeded=seeded,
-                                                         clauses=clauses), upsert=True))
-    try:
-        store.counters().bulk_write(ops, ordered=True)
-        return True
-    except pymongo.errors.BulkWriteError as exc:
-        errors = exc.details.get("writeErrors") or []
-        stopped = int(errors[0]["index"]) if errors else len(ops)
-    except pymongo.errors.PyMongoError:
-        stopped = len(ops)  # unknown how far it went: undo all (pulls by value, enqueue if missing)
-    if stopped <= at_swap:
-        return _RACED
-    keys = [gate["_id"], *(spec.key for spec in levels[:stopped - at_swap - 1])]
-    undo = [UpdateOne(*counter_commands.pull(key, booking)) for key in keys]
-    undo.append(UpdateOne(*ticket_commands.enqueue(gate["_id"], dict(ticket))))
-    store.counters().bulk_write(undo, ordered=True)
-    return UNDONE
+    pulls = [UpdateOne(*counter_commands.pull(key, released)) for key in narrow]
+    outcome = _in_one_bulk(gate, ticket, booking, swap, levels, before=pulls)
+    return {_BOOKED_ALL: True, _GATE_MISSED: _RACED}.get(outcome, UNDONE)
 
 
 def _grant_levels(gate: CounterDoc, ticket: TicketDoc, booking: str, grant: tuple[dict[str, Any], dict[str, Any]],
                   narrow: list[LevelSpec]) -> bool:
-    """Grant a ticket with narrower levels: one ordered bulk books the gate first — the grant
-    that dequeues the ticket, so of all who might grant it (or its own waiter) one alone goes
-    on — then each narrower level (conditional pushes, as a booking's). An upsert that does
-    not match collides on ``_id``, which stops the bulk there. If a narrower level is full
-    after all (a newcomer booked it on its way to the queue), what was booked is pulled back
-    by value and the ticket is queued again as it was (its arrival kept) in one more bulk:
-    its waiter then books itself when woken.
+    """Grant a ticket with narrower levels in one ordered bulk (:func:`_in_one_bulk`); its
+    waiter books itself when woken if that fails.
 
     Returns:
         Whether every level is booked for the ticket.
@@ -306,8 +276,33 @@ def _grant_levels(gate: CounterDoc, ticket: TicketDoc, booking: str, grant: tupl
         pymongo.errors.PyMongoError: the store failed (repair returns what a partial grant left:
             the ticket's holder is PENDING with entries booked, which it pulls once past its TTL).
     """
+    return _in_one_bulk(gate, ticket, booking, grant, narrow) == _BOOKED_ALL
+
+
+_BOOKED_ALL, _GATE_MISSED, _PULLED_BACK = "granted", "missed", "undone"
+
+
+def _in_one_bulk(gate: CounterDoc, ticket: TicketDoc, booking: str, grant: tuple[dict[str, Any], dict[str, Any]],
+                 narrow: list[LevelSpec], *, before: Sequence[UpdateOne] = ()) -> str:
+    """One ordered bulk: ``before`` (a releaser's own returns), then the gate's ``grant`` (or
+    swap) — which dequeues the ticket, so of all who might grant it (or its own waiter) one
+    alone goes on — then each narrower level (conditional pushes, as a booking's). The gate's
+    update and the pushes go as upserts: one that does not match collides on ``_id``, which
+    stops the bulk there, so nothing is booked for the ticket after a gate update that
+    matched nothing. If a narrower level is full after all (a newcomer booked it on its way
+    to the queue), what was booked is pulled back by value and the ticket is queued again as
+    it was (its arrival kept) in one more bulk.
+
+    Returns:
+        ``_BOOKED_ALL``; ``_GATE_MISSED`` (the gate's update matched nothing: nothing
+        booked for the ticket); ``_PULLED_BACK`` (booked, then pulled back and requeued).
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed, and so did the undo.
+    """
     resource = str(gate.get("resource") or "")
-    ops = [UpdateOne(*grant, upsert=True)]
+    ops = [*before, UpdateOne(*grant, upsert=True)]
+    at_gate = len(before)
     for spec in narrow:
         seeded = counter_commands.seed(resource=resource, level=spec.level, scope=spec.scope,
                                        tenant_id=spec.tenant_id, cap=spec.cap)
@@ -316,21 +311,21 @@ def _grant_levels(gate: CounterDoc, ticket: TicketDoc, booking: str, grant: tupl
                                                          clauses=clauses), upsert=True))
     try:
         store.counters().bulk_write(ops, ordered=True)
-        return True
+        return _BOOKED_ALL
     except pymongo.errors.BulkWriteError as exc:
         errors = exc.details.get("writeErrors") or []
         # The bulk stops at its first error, whatever it is; without one (a write concern
         # error) every op may have landed: undo them all.
-        booked = int(errors[0]["index"]) if errors else len(ops)
+        stopped = int(errors[0]["index"]) if errors else len(ops)
     except pymongo.errors.PyMongoError:
-        booked = len(ops)  # unknown how far it went: undo all (pulls by value, enqueue if missing)
-    if booked == 0:
-        return False
-    keys = [gate["_id"], *(spec.key for spec in narrow[:booked - 1])]
+        stopped = len(ops)  # unknown how far it went: undo all (pulls by value, enqueue if missing)
+    if stopped <= at_gate:
+        return _GATE_MISSED
+    keys = [gate["_id"], *(spec.key for spec in narrow[:stopped - at_gate - 1])]
     undo = [UpdateOne(*counter_commands.pull(key, booking)) for key in keys]
     undo.append(UpdateOne(*ticket_commands.enqueue(gate["_id"], dict(ticket))))
     store.counters().bulk_write(undo, ordered=True)
-    return False
+    return _PULLED_BACK
 
 
 def complete(keys: Sequence[str], booking: str) -> bool:
