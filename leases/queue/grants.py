@@ -22,7 +22,7 @@ narrower levels, if any, the ticket describes (``lv``: their keys and caps as it
 view had them; a ticket fenced on a narrower level carries none). A ticket with narrower
 levels is granted by one ordered bulk that books the gate first and then those levels
 (:func:`_grant_levels`); a release that saw the queue puts its own narrower returns, the
-gate swap and those bookings in one ordered bulk (:func:`_swap_levels`). Every other pick is
+gate swap and those bookings in one ordered bulk (:func:`_in_one_bulk`). Every other pick is
 woken and books itself, as before.
 
 A grant nobody claims (its waiter died after it was picked, or stalls) gives the slot back
@@ -177,7 +177,7 @@ def _hand_back_once(gate_key: str, booking: str, more: dict[str, Any] | None = N
                     narrow: Sequence[str] = ()) -> Any:
     """One read and one swap: return the gate slot of ``booking`` and grant it to the next
     ticket in one update — or, when the releaser has narrower levels (``narrow``, their
-    keys) or the ticket has, in one ordered bulk (:func:`_swap_levels`).
+    keys) or the ticket has, in one ordered bulk (:func:`_in_one_bulk`).
 
     One read of the gate (with MongoDB's clock) shows who is next once this slot is free;
     when that is exactly one ticket the freeing process may grant (:func:`grantable`, with
@@ -231,7 +231,10 @@ def _hand_back_once(gate_key: str, booking: str, more: dict[str, Any] | None = N
         charge=order.charge(freed, ticket_id), record=plan.update(), more=more,
         claimed_by=ticket_id if shapes.waker(ticket) else None)
     if narrow or levels:
-        swapped = _swap_levels(read, ticket, entry, command, list(narrow), booking, levels)
+        # One ordered bulk: the releaser's narrower entries first (a ticket of the same user
+        # or project may need the very slot), then the swap and the ticket's narrower levels.
+        swapped = _in_one_bulk(read, ticket, entry, command, levels,
+                               before=counter_commands.pull_ops(narrow, booking))
         if swapped is not True:
             return swapped
     elif not store.counters().update_one(*command).matched_count:
@@ -242,26 +245,6 @@ def _hand_back_once(gate_key: str, booking: str, more: dict[str, Any] | None = N
     fences.note(after)
     _tell(ticket, entry, plan.fence, now)
     return after
-
-
-def _swap_levels(gate: CounterDoc, ticket: TicketDoc, booking: str, swap: tuple[dict[str, Any], dict[str, Any]],
-                 narrow: list[str], released: str, levels: list[LevelSpec]) -> Any:
-    """The swap of a lease with narrower levels, in one ordered bulk: the releaser's narrower
-    entries ``released`` are pulled from ``narrow`` first (a ticket of the same user or
-    project may need the very slot), then the gate ``swap`` and the ticket's narrower
-    ``levels``, as :func:`_grant_levels` books them.
-
-    Returns:
-        True when everything landed; ``_RACED`` when the swap matched nothing (the
-        releaser's narrower slots are back, its gate slot not yet); :data:`UNDONE` when a
-        narrower level of the ticket was full (the grant is undone, the ticket requeued).
-
-    Raises:
-        pymongo.errors.PyMongoError: the store failed, and so did the undo.
-    """
-    pulls = [UpdateOne(*counter_commands.pull(key, released)) for key in narrow]
-    outcome = _in_one_bulk(gate, ticket, booking, swap, levels, before=pulls)
-    return {_BOOKED_ALL: True, _GATE_MISSED: _RACED}.get(outcome, UNDONE)
 
 
 def _grant_levels(gate: CounterDoc, ticket: TicketDoc, booking: str, grant: tuple[dict[str, Any], dict[str, Any]],
@@ -276,14 +259,11 @@ def _grant_levels(gate: CounterDoc, ticket: TicketDoc, booking: str, grant: tupl
         pymongo.errors.PyMongoError: the store failed (repair returns what a partial grant left:
             the ticket's holder is PENDING with entries booked, which it pulls once past its TTL).
     """
-    return _in_one_bulk(gate, ticket, booking, grant, narrow) == _BOOKED_ALL
-
-
-_BOOKED_ALL, _GATE_MISSED, _PULLED_BACK = "granted", "missed", "undone"
+    return _in_one_bulk(gate, ticket, booking, grant, narrow) is True
 
 
 def _in_one_bulk(gate: CounterDoc, ticket: TicketDoc, booking: str, grant: tuple[dict[str, Any], dict[str, Any]],
-                 narrow: list[LevelSpec], *, before: Sequence[UpdateOne] = ()) -> str:
+                 narrow: list[LevelSpec], *, before: Sequence[UpdateOne] = ()) -> Any:
     """One ordered bulk: ``before`` (a releaser's own returns), then the gate's ``grant`` (or
     swap) — which dequeues the ticket, so of all who might grant it (or its own waiter) one
     alone goes on — then each narrower level (conditional pushes, as a booking's). The gate's
@@ -294,8 +274,9 @@ def _in_one_bulk(gate: CounterDoc, ticket: TicketDoc, booking: str, grant: tuple
     it was (its arrival kept) in one more bulk.
 
     Returns:
-        ``_BOOKED_ALL``; ``_GATE_MISSED`` (the gate's update matched nothing: nothing
-        booked for the ticket); ``_PULLED_BACK`` (booked, then pulled back and requeued).
+        True when every level is booked for the ticket; ``_RACED`` when the gate's update
+        matched nothing (nothing booked for the ticket; ``before`` may have landed);
+        :data:`UNDONE` when it was booked, then pulled back and requeued.
 
     Raises:
         pymongo.errors.PyMongoError: the store failed, and so did the undo.
@@ -311,7 +292,7 @@ def _in_one_bulk(gate: CounterDoc, ticket: TicketDoc, booking: str, grant: tuple
                                                          clauses=clauses), upsert=True))
     try:
         store.counters().bulk_write(ops, ordered=True)
-        return _BOOKED_ALL
+        return True
     except pymongo.errors.BulkWriteError as exc:
         errors = exc.details.get("writeErrors") or []
         # The bulk stops at its first error, whatever it is; without one (a write concern
@@ -320,12 +301,12 @@ def _in_one_bulk(gate: CounterDoc, ticket: TicketDoc, booking: str, grant: tuple
     except pymongo.errors.PyMongoError:
         stopped = len(ops)  # unknown how far it went: undo all (pulls by value, enqueue if missing)
     if stopped <= at_gate:
-        return _GATE_MISSED
+        return _RACED
     keys = [gate["_id"], *(spec.key for spec in narrow[:stopped - at_gate - 1])]
     undo = [UpdateOne(*counter_commands.pull(key, booking)) for key in keys]
     undo.append(UpdateOne(*ticket_commands.enqueue(gate["_id"], dict(ticket))))
     store.counters().bulk_write(undo, ordered=True)
-    return _PULLED_BACK
+    return UNDONE
 
 
 def complete(keys: Sequence[str], booking: str) -> bool:
