@@ -48,7 +48,7 @@ def cpu_seconds(pid: int) -> float | None:
 class CommandCounter(monitoring.CommandListener):
     """Names of the commands a client sends (pymongo command monitoring is exact).
 
-    With ``timed=True`` it also keeps ``(time.time(), name)`` of every command when it is
+    With ``timed=True`` it also keeps ``(time.time(), "name collection")`` of every command when it is
     started (any thread), so that a benchmark can count the commands inside an interval timed
     with the same clock, across processes.
     """
@@ -61,7 +61,11 @@ class CommandCounter(monitoring.CommandListener):
         if event.command_name != "endSessions":  # client clean-up, not work
             self.names.append(event.command_name)
             if self.timed is not None:
-                self.timed.append((time.time(), event.command_name))
+                # The collection too: an update of the counters and one of the holders are
+                # different steps of a grant.
+                target = event.command.get(event.command_name)
+                name = f"{event.command_name} {target}" if isinstance(target, str) else event.command_name
+                self.timed.append((time.time(), name))
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
         pass

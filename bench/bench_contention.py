@@ -223,6 +223,7 @@ def _run_window(index, acquire, release, ready_q, start_event, start_value, resu
     start = start_value.value
     end = start + seconds
     time.sleep(max(0.0, start - time.time()))
+    cpu_start = time.process_time()  # all the process's threads (the wake-up listener too)
     grants: list[float] = []
     releases: list[float] = []  # release() called
     released: list[float] = []  # release() returned
@@ -261,13 +262,14 @@ def _run_window(index, acquire, release, ready_q, start_event, start_value, resu
         release(handle)
         releases.append(releasing)
         released.append(time.time())
+    cpu = time.process_time() - cpu_start
     timed = None
     if counter is not None:
         # Commands started inside the window (after its end only the drain is left).
         timed = [(t, name) for t, name in list(counter.timed) if start <= t < end]
     result_q.put({"index": index, "grants": grants, "releases": releases, "released": released, "waits": waits,
                   "busy": busy, "errors": errors, "commands": None if timed is None else len(timed),
-                  "timed": timed, "start": start, "end": end, "estimates": estimates})
+                  "timed": timed, "start": start, "end": end, "estimates": estimates, "cpu": cpu})
 
 
 def _project_child(index, load_name, proc, hold, seconds, ready_q, start_event, start_value, result_q):
@@ -493,7 +495,9 @@ class Figures:
     critical_mean: float | None = None
     critical_wide_mean: float | None = None
     critical_names: str = ""
+    names_per_grant: str = ""  # every command started in the window, by name, per grant
     server_cpu: float | None = None  # CPU seconds the server used in the window
+    client_cpu: float | None = None  # CPU seconds all client processes used in the window
 
 
 def figures(load: Load, results: list[dict], cap: int, seconds: float, hold: float = HOLD_S,
@@ -518,7 +522,12 @@ def figures(load: Load, results: list[dict], cap: int, seconds: float, hold: flo
         commands_per_grant=(sum(commands) / total) if total and None not in commands else None,
         handoff_p50=percentile(gaps, 0.50), handoff_p99=percentile(gaps, 0.99), handoffs=len(pairs),
         server_cpu=server_cpu,
+        client_cpu=sum(r.get("cpu", 0.0) for r in results),
     )
+    if total and all(r.get("timed") is not None for r in results):
+        by_name = Counter(name for r in results for _, name in r["timed"])
+        result.names_per_grant = ", ".join(f"{name} {n / total:.2f}" for name, n in by_name.most_common()
+                                           if n / total >= 0.01)
     if pairs and all(r.get("timed") is not None for r in results):
         counts, wide, names = critical_path(pairs, results)
         result.critical_p50 = percentile([float(c) for c in counts], 0.50)
@@ -669,11 +678,12 @@ def _ratio(value: float | None, ideal: float) -> str:
     return "—" if value is None or ideal <= 0 else f"{value / ideal:.2f}×"
 
 
-def _cpu(f: Figures, seconds: float) -> str:
-    if f.server_cpu is None:
+def _cpu(f: Figures, seconds: float, used: float | None = None) -> str:
+    used = f.server_cpu if used is None else used
+    if used is None:
         return "—"
-    per_grant = f"{1000 * f.server_cpu / f.grants:.1f}" if f.grants else "—"
-    return f"{100 * f.server_cpu / seconds:.0f} %; {per_grant}"
+    per_grant = f"{1000 * used / f.grants:.1f}" if f.grants else "—"
+    return f"{100 * used / seconds:.0f} %; {per_grant}"
 
 
 def _ideal(load: Load, cap: int, hold: float) -> float:
@@ -747,6 +757,8 @@ def print_table(load: Load, cap: int, seconds: float, uncontended: int, ours: Fi
         lambda f: _s(f.critical_wide_mean, 2) if f is ours else "—", "(mean; not a target)")
     row("server CPU in the window: share of one core; per grant (ms)", lambda f: _cpu(f, seconds),
         "(not a target; embedded server or ZooKeeper, started by this bench)")
+    row("client processes' CPU in the window: share of one core; per grant (ms)",
+        lambda f: _cpu(f, seconds, f.client_cpu), "(not a target; all the processes' threads)")
     row("hand-offs paired", lambda f: str(f.handoffs), "")
     row("acquire timeouts (LeaseBusy / LockTimeout)", lambda f: str(f.busy), "0")
     if ours.errors or (zk is not None and zk.errors):
@@ -754,6 +766,8 @@ def print_table(load: Load, cap: int, seconds: float, uncontended: int, ours: Fi
     print()
     if ours.critical_names:
         print(f"Critical-path commands by name, mean per hand-off: {ours.critical_names}.\n")
+    if ours.names_per_grant:
+        print(f"All store commands in the window by name, per grant: {ours.names_per_grant}.\n")
 
 
 def print_summary(rows: list[tuple[float, Load, int, Figures, Figures | None]], seconds: float) -> None:
