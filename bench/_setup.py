@@ -45,6 +45,39 @@ def cpu_seconds(pid: int) -> float | None:
         return None
 
 
+def calibrate_server(uri: str, pid: int | None, cycles: int = 500) -> tuple[float, float | None]:
+    """How fast the MongoDB server is right now: one client runs ``cycles`` fixed cycles of
+    four writes by ``_id`` (insert, update, delete, upsert) on a scratch collection.
+
+    The same machine ran this twice as slow in one hour as in the hour before, so a table is
+    only comparable with another one printed beside the same figure.
+
+    Returns:
+        (wall ms a cycle, server CPU ms a cycle — None without ``pid`` or ``/proc``).
+    """
+    import pymongo
+
+    client = pymongo.MongoClient(uri)
+    try:
+        scratch = client["bench_calibration"]["cycles"]
+        scratch.drop()
+        scratch.insert_one({"_id": "warm"})
+        used = cpu_seconds(pid) if pid is not None else None
+        started = time.perf_counter()
+        for i in range(cycles):
+            scratch.insert_one({"_id": i, "n": 0})
+            scratch.update_one({"_id": i}, {"$inc": {"n": 1}})
+            scratch.delete_one({"_id": i})
+            scratch.update_one({"_id": f"t{i}"}, [{"$set": {"at": "$$NOW"}}], upsert=True)
+        wall = (time.perf_counter() - started) * 1000 / cycles
+        after = cpu_seconds(pid) if pid is not None else None
+        cpu = (after - used) * 1000 / cycles if used is not None and after is not None else None
+        client.drop_database("bench_calibration")
+        return wall, cpu
+    finally:
+        client.close()
+
+
 class CommandCounter(monitoring.CommandListener):
     """Names of the commands a client sends (pymongo command monitoring is exact).
 

@@ -34,7 +34,11 @@ The kazoo side needs ``pip install -e ".[bench]"`` (kazoo) and ``apt-get install
 named by ``ZK_CLASSPATH``) and java; without them the kazoo column says why it is missing.
 The CPU time each server process (the embedded server this bench started, ZooKeeper's JVM)
 used inside the window is read from ``/proc`` at its start and end: short holds are bound by
-the server, and this shows how busy it was and what a grant cost it ("—" with MONGODB_URI).
+the server, and this shows how busy it was and what a grant cost it ("—" with MONGODB_URI);
+the clients' CPU in the window is beside it. The header gives the server's speed at the start
+(a fixed cycle of four writes by one client, wall and server CPU): the same 2-core machine has
+run twice as slow in one hour as in the hour before, so compare tables only with the same
+speed beside them.
 
 Prints markdown tables, and with load A a summary across holds at the end. Run:
 ``python bench/bench_contention.py [--loads A,B,C | shares] [--holds 100,50,20,10]
@@ -691,6 +695,13 @@ def _ideal(load: Load, cap: int, hold: float) -> float:
     return (len(load.procs) - cap) / cap * hold
 
 
+def _calibration(uri: str) -> str:
+    """The server's speed as :func:`_setup.calibrate_server` finds it, for the header."""
+    wall, cpu = _setup.calibrate_server(uri, _setup.SERVER_PID)
+    return (f"{wall:.2f} ms a fixed cycle of 4 writes by one client"
+            + (f", {cpu:.2f} ms of the server's CPU" if cpu is not None else ""))
+
+
 def print_table(load: Load, cap: int, seconds: float, uncontended: int, ours: Figures,
                 zk: Figures | None, zk_note: str, hold: float = HOLD_S) -> None:
     waiters = len(load.procs)
@@ -932,7 +943,8 @@ def main() -> None:
     print(f"hold {hold_note}; window {args.seconds:g} s per load, "
           f"waitMs {WAIT_MS}; MongoDB: {'MONGODB_URI' if external else 'embedded server (own process)'}; "
           f"ZooKeeper: {zk.hosts if zk else 'none (' + zk_note + ')'}; "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start\n")
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start; "
+          f"server speed {_calibration(store.client_options()[0])}\n")
     baseline: dict[str, float] = {}
     summary: list[tuple[float, Load, int, Figures, Figures | None]] = []
     try:
