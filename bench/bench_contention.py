@@ -528,11 +528,12 @@ def figures(load: Load, results: list[dict], cap: int, seconds: float, hold: flo
         server_cpu=server_cpu,
         client_cpu=sum(r.get("cpu", 0.0) for r in results),
     )
-    if total and all(r.get("timed") is not None for r in results):
+    timed = all(r.get("timed") is not None for r in results)
+    if total and timed:
         by_name = Counter(name for r in results for _, name in r["timed"])
         result.names_per_grant = ", ".join(f"{name} {n / total:.2f}" for name, n in by_name.most_common()
                                            if n / total >= 0.01)
-    if pairs and all(r.get("timed") is not None for r in results):
+    if pairs and timed:
         counts, wide, names = critical_path(pairs, results)
         result.critical_p50 = percentile([float(c) for c in counts], 0.50)
         result.critical_mean = sum(counts) / len(counts)
@@ -682,11 +683,11 @@ def _ratio(value: float | None, ideal: float) -> str:
     return "—" if value is None or ideal <= 0 else f"{value / ideal:.2f}×"
 
 
-def _cpu(f: Figures, seconds: float, used: float | None = None) -> str:
-    used = f.server_cpu if used is None else used
+def _cpu(used: float | None, grants: int, seconds: float) -> str:
+    """CPU seconds ``used`` in the window as a share of one core and ms a grant."""
     if used is None:
         return "—"
-    per_grant = f"{1000 * used / f.grants:.1f}" if f.grants else "—"
+    per_grant = f"{1000 * used / grants:.1f}" if grants else "—"
     return f"{100 * used / seconds:.0f} %; {per_grant}"
 
 
@@ -766,10 +767,10 @@ def print_table(load: Load, cap: int, seconds: float, uncontended: int, ours: Fi
         f"≤ {T_CRITICAL_COMMANDS} (releaser's release call + the next holder's commands until it returns){approx}")
     row("… and all both processes started in [release call, grant] (with the releaser's next acquire)",
         lambda f: _s(f.critical_wide_mean, 2) if f is ours else "—", "(mean; not a target)")
-    row("server CPU in the window: share of one core; per grant (ms)", lambda f: _cpu(f, seconds),
+    row("server CPU in the window: share of one core; per grant (ms)", lambda f: _cpu(f.server_cpu, f.grants, seconds),
         "(not a target; embedded server or ZooKeeper, started by this bench)")
     row("client processes' CPU in the window: share of one core; per grant (ms)",
-        lambda f: _cpu(f, seconds, f.client_cpu), "(not a target; all the processes' threads)")
+        lambda f: _cpu(f.client_cpu, f.grants, seconds), "(not a target; all the processes' threads)")
     row("hand-offs paired", lambda f: str(f.handoffs), "")
     row("acquire timeouts (LeaseBusy / LockTimeout)", lambda f: str(f.busy), "0")
     if ours.errors or (zk is not None and zk.errors):
@@ -793,8 +794,8 @@ def print_summary(rows: list[tuple[float, Load, int, Figures, Figures | None]], 
         cells = ["—" if f is None else f"{_s(f.utilisation)} / {_ratio(f.p99, ideal)} / {_ms(f.handoff_p50)}"
                  for f in (ours, zk)]
         print(f"| {hold * 1000:g} ms | {cells[0]} | {_s(ours.critical_p50, 0)} / {_s(ours.critical_mean, 2)}; "
-              f"{_s(ours.commands_per_grant, 1)} | {cells[1]} | {_cpu(ours, seconds)} / "
-              f"{_cpu(zk, seconds) if zk is not None else '—'} |")
+              f"{_s(ours.commands_per_grant, 1)} | {cells[1]} | {_cpu(ours.server_cpu, ours.grants, seconds)} / "
+              f"{_cpu(zk.server_cpu, zk.grants, seconds) if zk is not None else '—'} |")
     print(f"\nTargets: utilisation ≥ {T_UTILISATION} at {HOLD_S * 1000:g} ms and ≥ kazoo's at every hold; "
           f"p99 ≤ {T_P99_RATIO}× ideal at {HOLD_S * 1000:g} ms; hand-off p50 ≤ {T_HANDOFF_P50_MS:g} ms; "
           f"critical-path commands ≤ {T_CRITICAL_COMMANDS}; commands per grant ≤ {T_COMMANDS_PER_GRANT_A}.\n")
