@@ -100,9 +100,12 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def _first_paragraph(doc: str | None) -> str:
+    """The first paragraph of a docstring, its reST roles and literals as Markdown code."""
     if not doc:
         return ""
-    return " ".join(inspect.cleandoc(doc).split("\n\n")[0].split())
+    text = " ".join(inspect.cleandoc(doc).split("\n\n")[0].split())
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", r"`\1`", text)
+    return text.replace("``", "`")
 
 
 def _type_name(value: Any) -> str:
@@ -660,7 +663,8 @@ def python_api_page() -> str:
                 for m, v in methods:
                     target = v.fget if isinstance(v, property) else v
                     sig = "" if isinstance(v, property) else _cell(_signature(target))
-                    rows.append([f"`{m}{sig}`", _cell(_first_paragraph(getattr(target, "__doc__", "")))])
+                    about = _first_paragraph(getattr(target, "__doc__", "")) if target is not None else ""
+                    rows.append([f"`{m}{sig}`", _cell(about) or ("(property)" if isinstance(v, property) else "")])
                 parts.append(_table(["Member", "Description"], rows) + "\n")
     return "".join(parts)
 
