@@ -467,6 +467,53 @@ def _then_beats_sweep_reaps_the_expired_holder_and_the_scrape_shows_every_proces
     assert samples[("vance_lease_acquire_total", (("outcome", "busy"), ("resource", "tex2pdf")))] == 2
 
 
+# Held by a Django shell, the process a script or a notebook is: it becomes a pod on its acquire.
+SHELL_HOLD = """\
+import time, leases
+lease = leases.acquire(leases.LeaseRequest(type="tex", lease="tex", tenant_id="acme", project_id="shell", user_id="ops"))
+for _ in range(int("{seconds}")):
+    time.sleep(1); lease.check()  # raises LeaseLost once a sweep reaped it
+lease.release(); print("held", lease.token)
+"""
+HOLD_SECONDS = 3 * REAP_INTERVAL + 1  # at least two of beat's sweeps fall inside every hold
+
+
+def _beat_sends(log: str) -> list[datetime]:
+    """When beat sent the sweep, from its log lines (``[YYYY-mm-dd HH:MM:SS,mmm: INFO/…] … lease-sweep``)."""
+    return [datetime.strptime(line[1:24], "%Y-%m-%d %H:%M:%S,%f") for line in log.splitlines()
+            if "Sending due task lease-sweep" in line and line.startswith("[")]
+
+
+def _when_leases_are_held_across_beats_sweeps(python: str, site: Path, port: int, env: dict[str, str],
+                                              mongo: pymongo.MongoClient) -> tuple[datetime, datetime]:
+    """An ASGI view under uvicorn, a ``@leased`` task in a worker pool child and ``manage.py
+    shell`` each hold a lease of their own process for HOLD_SECONDS, checking it every second,
+    while beat's sweep runs every REAP_INTERVAL seconds elsewhere: none is reaped (a reap would
+    end its next check in LeaseLost). Returns the window the holds covered (local wall time,
+    as beat's log writes it)."""
+    import concurrent.futures
+
+    started = datetime.now()
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        view = pool.submit(_get, f"http://127.0.0.1:{port}/work/?seconds={HOLD_SECONDS}")
+        task = pool.submit(_run, [python, "manage.py", "shell", "-c", (
+            "import json; from hostsite.tasks import long_compile\n"
+            f"print(json.dumps(long_compile.delay('acme', 'batch', 'dave', {HOLD_SECONDS}).get(timeout=120)))")],
+            cwd=site, env=env, timeout=180)
+        shell = pool.submit(_run, [python, "manage.py", "shell", "-c", SHELL_HOLD.format(seconds=HOLD_SECONDS)],
+                            cwd=site, env=env, timeout=180)
+        status, body, _ = view.result(timeout=180)
+        assert status == 200, body
+        assert json.loads(body)["checks"] == HOLD_SECONDS
+        assert len(json.loads(task.result().strip().splitlines()[-1])["token"]) == 32
+        assert shell.result().strip().splitlines()[-1].startswith("held ")
+    ended = datetime.now()
+    reaped = mongo[LEASE_DB]["lease_tombstones"].count_documents({"reason": "pod"})
+    assert reaped == 0, f"{reaped} lease(s) reaped as a dead pod's"
+    print(f"three leases held {HOLD_SECONDS} s each in uvicorn, a worker pool child and a shell: none reaped")
+    return started, ended
+
+
 @pytest.mark.parametrize(("series", "interpreter"), SERIES)
 def test_given_a_fresh_clone_when_a_new_postgresql_project_adopts_the_wheel_then_leases_and_insights_work(
         installs, workdir, series, interpreter):
@@ -498,8 +545,11 @@ def test_given_a_fresh_clone_when_a_new_postgresql_project_adopts_the_wheel_then
         _then_a_busy_resource_is_a_429_with_retry_after(tmp, site, port, env)
         _then_beats_sweep_reaps_the_expired_holder_and_the_scrape_shows_every_process(held, tmp, site, port, env,
                                                                                        mongo)
+        held_from, held_to = _when_leases_are_held_across_beats_sweeps(python, site, port, env, mongo)
     finally:
         logs = _stopped(processes)
+    during = [sent for sent in _beat_sends(logs["beat"]) if held_from <= sent <= held_to]
+    assert len(during) >= 2, f"beat sent the sweep {len(during)} times while the leases were held"
     sent = [line for line in logs["beat"].splitlines() if "Sending due task lease-sweep (leases.tasks.sweep)" in line]
     assert sent, logs["beat"][-3000:]
     print(f"beat sent lease-sweep {len(sent)} times; adoption steps took {time.monotonic() - started:.1f} s")
