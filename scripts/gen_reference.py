@@ -53,9 +53,9 @@ SETTING_NOTES: dict[str, str] = {
                       "holder marked HELD) within this long (ms), or it goes to the next ticket.",
     "GRANT_MARK_DELAY_MS": "A blocking acquire answered by a hand-off marks its holder HELD this long (ms) after "
                            "its answer, or never if it is released first; 0 marks at once.",
-    "POD_AUTOSTART": "A process that acquires with the default pod (`pod=None`) registers as a pod on its first "
-                     "acquire (web, worker, script, shell); off: only processes that start their pod themselves "
-                     "are pods.",
+    "POD_AUTOSTART": "Web processes become pods on their first request, worker processes when they start, any "
+                     "other process (a script, a shell) on its first acquire with the default pod (`pod=None`); "
+                     "off, the host starts its pods itself.",
     "HISTORY_FLUSH_SECONDS": "Each process writes its buffered per-minute history this often, in one bulk write "
                              "(0: only at exit).",
 }
@@ -189,6 +189,8 @@ def check_catalogue() -> list[dict[str, Any]]:
             if not isinstance(ident, ast.Constant):
                 continue
             message = _strings(call.args[0]) if call.args else ""
+            if not message:  # the message is another error's text: say what the check checks
+                message = "Checks: " + _first_paragraph(doc)
             hint = _strings(keywords["hint"]) if "hint" in keywords else ""
             settings = sorted(set(names.findall(message)))
             if not settings:  # the message names it through a variable: the docstring does
@@ -242,7 +244,7 @@ def settings_page() -> str:
                            entry["level"] + (" (`check --deploy` only)" if entry["deploy"] else ""),
                            ", ".join(f"`{s}`" if s.isupper() or s.startswith("LEASES") else s
                                      for s in entry["settings"]) or "—",
-                           _cell(entry["message"]) or "(the text of the error that stopped it)",
+                           _cell(entry["message"]),
                            _cell(entry["hint"]) or "—"])
     # One anchor per id: only the first row of an id keeps its span.
     seen: set[str] = set()
