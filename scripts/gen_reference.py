@@ -630,10 +630,31 @@ PUBLIC_EXTRA = (
 
 
 def _signature(obj: Any) -> str:
+    """``(name: type = default, …) -> type`` with the annotations as written (not quoted)."""
     try:
-        return str(inspect.signature(obj))
+        sig = inspect.signature(obj)
     except (TypeError, ValueError):
         return "(…)"
+
+    def note(annotation: Any) -> str:
+        return annotation if isinstance(annotation, str) else inspect.formatannotation(annotation)
+
+    params = [p.replace(annotation=inspect.Parameter.empty) for p in sig.parameters.values()]
+    parts = []
+    for original, bare in zip(sig.parameters.values(), params):
+        text = str(bare)
+        if original.annotation is not inspect.Parameter.empty:
+            name, _, default = text.partition("=")
+            text = f"{name}: {note(original.annotation)}" + (f" = {default}" if default else "")
+        parts.append(text)
+    # The bare "*" between positional and keyword-only parameters, as inspect would print it.
+    kinds = [p.kind for p in params]
+    if inspect.Parameter.KEYWORD_ONLY in kinds and inspect.Parameter.VAR_POSITIONAL not in kinds:
+        parts.insert(kinds.index(inspect.Parameter.KEYWORD_ONLY), "*")
+    result = f"({', '.join(parts)})"
+    if sig.return_annotation is not inspect.Signature.empty:
+        result += f" -> {note(sig.return_annotation)}"
+    return result
 
 
 def python_api_page() -> str:
@@ -651,7 +672,7 @@ def python_api_page() -> str:
         qual = f"{module_name}.{name}"
         if isinstance(obj, type):
             kind = "exception" if issubclass(obj, BaseException) else "class"
-            sig = "" if kind == "exception" else _signature(obj)
+            sig = "" if kind == "exception" else _signature(obj).removesuffix(" -> None")
         elif callable(obj):
             kind, sig = "function", _signature(obj)
         else:
