@@ -122,7 +122,7 @@ curl -s http://127.0.0.1:8002/metrics | grep -E '^vance_lease_(acquire|reap)_tot
 # vance_lease_reap_total{reason="idle"} 1.0
 """
 # Copied into the build directory: what a fresh clone holds (no venv, no build output, no git).
-_IGNORE = shutil.ignore_patterns(".git", ".venv", "var", "build", "*.egg-info", "__pycache__", "node_modules",
+_IGNORE = shutil.ignore_patterns(".git", ".venv", "var", "build", "site", "*.egg-info", "__pycache__", "node_modules",
                                  "staticfiles")
 
 
