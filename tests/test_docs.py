@@ -235,6 +235,53 @@ def test_every_python_block_parses_and_no_page_skips_one():
                 ast.parse(body)
 
 
+def _manage_py_lines() -> list[tuple[str, str, list[str]]]:
+    """Every ``manage.py <command> …`` typed in a shell block of the site or the README:
+    (page, line, argv after ``manage.py``); ``$VAR`` stands for a value, a pipe, redirect,
+    comment or closing parenthesis ends the command. The tutorial's host project's commands
+    (``/tmp/host/…``) are left to tests/test_adoption.py, which types them."""
+    import shlex
+
+    found = []
+    for path in _pages():
+        for language in ("bash", "console", "sh"):
+            for _attrs, body in _blocks(path, language):
+                for line in body.splitlines():
+                    if "manage.py " not in line or line.lstrip().startswith("#") or "/tmp/host/" in line:
+                        continue  # the tutorial's host project: tests/test_adoption.py types those
+                    rest = line.split("manage.py ", 1)[1]
+                    lexer = shlex.shlex(rest, posix=True, punctuation_chars="|&;()<>")
+                    lexer.whitespace_split = True
+                    lexer.commenters = "#"
+                    argv: list[str] = []
+                    try:
+                        for token in lexer:
+                            if token and set(token) <= set("|&;()<>"):
+                                break
+                            argv.append("x" if token.startswith("$") else token)
+                    except ValueError:  # an open quote: a shell -c string over several lines
+                        argv = ["shell", "-c", "pass"] if rest.startswith("shell -c") else argv
+                    found.append((str(path.relative_to(REPO)), line.strip(), argv))
+    return found
+
+
+def test_every_manage_py_command_on_the_site_parses():
+    """Each command typed on the site is one its command accepts (argparse of the real command)."""
+    from django.core.management import get_commands, load_command_class
+    from django.core.management.base import CommandError
+
+    commands = get_commands()
+    lines = _manage_py_lines()
+    assert len(lines) >= 20
+    for page, line, argv in lines:
+        assert argv and argv[0] in commands, (page, line)
+        parser = load_command_class(commands[argv[0]], argv[0]).create_parser("manage.py", argv[0])
+        try:
+            parser.parse_args(argv[1:])
+        except (CommandError, SystemExit) as exc:
+            raise AssertionError(f"{page}: {line}\n{exc}") from None
+
+
 # --- the README -----------------------------------------------------------------------------------
 
 def test_the_readme_is_short_and_shows_the_commands():
