@@ -355,8 +355,8 @@ def accept_remote(data: dict) -> RevokedHolder:
         InvalidLeaseRequest: malformed body, bad token, or a type without a handler here.
         LeaseStillHeld: the token is still a live holder (not revoked; nothing runs).
     """
-    from .. import validation
     from ..errors import InvalidLeaseRequest
+    from ..ids import validation
 
     if not isinstance(data, dict):
         raise InvalidLeaseRequest("revocation body must be a JSON object")
