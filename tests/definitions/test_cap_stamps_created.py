@@ -140,3 +140,66 @@ def test_given_two_first_uses_at_once_from_a_fresh_view_then_neither_is_refused(
     assert (stored(P1)["count"], stored(P1)["cap"]) == (2, 2)
     a.release()
     b.release()
+
+
+# --- the stamp pass against a concurrent creation (forced interleavings) ----------------------
+
+
+def acquire_with(view, request):
+    """Acquire as a process whose cache still serves ``view`` (loaded before a write)."""
+    original = definitions.resolve
+    definitions.resolve = lambda name, tenant, project: view
+    try:
+        return leases.acquire(request)
+    finally:
+        definitions.resolve = original
+
+
+def test_given_an_old_view_creating_the_counter_after_the_stamp_pass_looked_then_the_write_still_binds_it(monkeypatch):
+    from leases.definitions import caps
+
+    define("res", "levels: {global: 9, project: 2, user: 5}\nttlSeconds: 60")
+    leases.acquire(lease_request(project="p9", user="x")).release()  # the pass has a counter to look at: x's
+    old = definitions.load("res", "acme", "p1")
+    real, created, started = caps._cap, [], []
+
+    def in_the_pass(views, counter):
+        # The write's stamp pass has listed the counters (p1's is not among them): now an old
+        # view creates p1's, before the pass stamps anything and the write returns.
+        if not started:
+            started.append(True)  # once (the creator's settle calls it too)
+            created.append(acquire_with(old, lease_request(user="u1", wait_ms=0)))
+        return real(views, counter)
+
+    monkeypatch.setattr(caps, "_cap", in_the_pass)
+    define("res", "levels: {project: 1}", tenant="acme", project="p1")
+    monkeypatch.setattr(caps, "_cap", real)
+    assert created and (stored(P1)["count"], stored(P1)["cap"]) == (1, 1)
+    # then: after the write returned, another booking from the old view is refused
+    with pytest.raises(leases.LeaseBusy):
+        acquire_with(old, lease_request(user="u2", wait_ms=0))
+    created[0].release()
+
+
+def test_given_a_write_between_a_settles_read_and_its_stamp_then_the_settle_does_not_undo_the_writes_stamp(monkeypatch):
+    from leases.store import counter_commands
+
+    define("res", "levels: {global: 9, project: 2}\nttlSeconds: 60")
+    old = definitions.load("res", "acme", "p1")
+    real = counter_commands.settle_cap
+
+    def after_the_read(key, lease, cap):
+        # The creator read the definition (cap 2); a write lowers it and stamps the pending
+        # counter before the creator's stamp lands.
+        if key == P1:
+            define("res", "levels: {project: 1}", tenant="acme", project="p1")
+        return real(key, lease, cap)
+
+    monkeypatch.setattr(counter_commands, "settle_cap", after_the_read)
+    first = leases.acquire(lease_request(user="u1", wait_ms=0))
+    monkeypatch.setattr(counter_commands, "settle_cap", real)
+    # then: the write's cap stands, and binds the old view
+    assert (stored(P1)["count"], stored(P1)["cap"], stored(P1)["capStamps"]["res"]["cap"]) == (1, 1, 1)
+    with pytest.raises(leases.LeaseBusy):
+        acquire_with(old, lease_request(user="u2", wait_ms=0))
+    first.release()
