@@ -49,7 +49,13 @@ def lower_p1():
     assert not stored(P1), "the counter must not exist at the stamp"
 
 
-def test_given_waiters_queued_before_a_lowering_when_granted_then_the_new_narrow_counter_obeys_the_new_cap():
+@pytest.mark.parametrize("direct", [True, False], ids=["granted-from-lv", "booking-itself"])
+def test_given_waiters_queued_before_a_lowering_when_granted_then_the_new_narrow_counter_obeys_the_new_cap(
+        direct, monkeypatch):
+    if not direct:  # a pick the freeing process only wakes: the waiter books from its own view
+        from leases.queue import grants
+
+        monkeypatch.setattr(grants, "grantable", lambda ticket, now: False)
     define("res", "levels: {global: 2, project: 2}\nwaitMs: 60000\nttlSeconds: 60")
     holders = fill_the_gate()
     # given: two blocking acquires of p1 wait in the queue with the view of cap 2
