@@ -131,6 +131,26 @@ def settle(spec: LevelSpec, resource: str) -> bool:
     return bool(done.modified_count)
 
 
+def settle_left(counter: CounterDoc) -> int:
+    """Settle every lease ``counter`` (as read, with its level, scope, tenant, resource and
+    stamps) is still pending for: its creator stopped between the creation and its settle
+    and no booking it blocked has settled it (reconcile's net). Never raises.
+
+    Returns:
+        How many stamps this call settled.
+    """
+    stamps: Any = counter.get("capStamps")
+    settled = 0
+    for lease, stamp in (stamps.items() if isinstance(stamps, dict) else ()):
+        if isinstance(stamp, dict) and stamp.get("at") == counter_commands.PENDING_AT:
+            tenant = counter.get("tenantId")
+            spec = LevelSpec(level=str(counter.get("level")), scope=str(counter.get("scope", "")),
+                             cap=int(counter.get("cap") or 1), key=str(counter["_id"]),
+                             tenant_id=tenant if isinstance(tenant, str) else None, lease=str(lease))
+            settled += settle(spec, str(counter.get("resource") or ""))
+    return settled
+
+
 class _Views:
     """Fresh loads (never the cache) of one lease as seen from (tenant, project), memoised."""
 

@@ -293,7 +293,7 @@ def _in_one_bulk(gate: CounterDoc, ticket: TicketDoc, booking: str, grant: tuple
     narrow_from = at_gate + 1  # the index of the first narrower level's push in ``ops``
     try:
         done = store.counters().bulk_write(ops, ordered=True)
-        _settle_created(narrow, resource, [i - narrow_from for i in done.upserted_ids])
+        _settle_created(narrow, resource, [i - narrow_from for i in done.upserted_ids or {}])
         return True
     except pymongo.errors.BulkWriteError as exc:
         _settle_created(narrow, resource, [u["index"] - narrow_from for u in exc.details.get("upserted") or ()])

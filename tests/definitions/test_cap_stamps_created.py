@@ -209,3 +209,23 @@ def test_given_a_write_between_a_settles_read_and_its_stamp_then_the_settle_does
     with pytest.raises(leases.LeaseBusy):
         acquire_with(old, lease_request(user="u2", wait_ms=0))
     first.release()
+
+
+def test_given_a_creator_that_stopped_before_settling_then_its_counters_run_at_one_until_reconcile_settles_them(
+        monkeypatch):
+    from leases.definitions import caps
+
+    define("res", "levels: {global: 3, project: 2}\nttlSeconds: 60")
+    # given: the first booking created both counters and stopped before its settle
+    monkeypatch.setattr(caps, "settle", lambda spec, resource: False)
+    first = leases.acquire(lease_request(user="u1"))
+    assert (stored(P1)["cap"], stored(GATE)["cap"]) == (1, 1)
+    monkeypatch.undo()
+    # when: reconcile runs past the safety margin
+    sweeps.reconcile(now=store.server_now() + timedelta(milliseconds=50), safety_ms=0)
+    # then: both carry the caps of a fresh read (a plain stamp now), and a second booking fits
+    assert (stored(P1)["cap"], stored(GATE)["cap"]) == (2, 3)
+    assert stored(P1)["capStamps"]["res"]["at"].year < 9999
+    second = leases.acquire(lease_request(user="u2", wait_ms=0))
+    first.release()
+    second.release()
