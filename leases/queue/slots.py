@@ -57,8 +57,9 @@ def take(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_key: s
     taken at most once per entry and never past the cap. The push is an upsert: on a level
     that has no room the insert collides on ``_id`` and stops the bulk right there, so no
     wider level is touched after a full one; a missing counter is created by it (first
-    use). A collision can also mean a simultaneous first use: the caller reads that counter
-    and tries again when it has room.
+    use), born pending and settled here from a fresh read (:mod:`leases.definitions.caps`).
+    A collision can also mean a simultaneous first use: the caller reads that counter (and
+    settles it if still pending) and tries again when it has room.
 
     ``gate_key``: the lease's widest level; a newcomer (not ``privileged``) may only take it
     while nobody queues there. A ``privileged`` take needs ``ticket`` still queued there,

@@ -229,3 +229,17 @@ def test_given_a_creator_that_stopped_before_settling_then_its_counters_run_at_o
     second = leases.acquire(lease_request(user="u2", wait_ms=0))
     first.release()
     second.release()
+
+
+def test_given_a_first_use_async_then_its_creator_settles_the_counters_it_created():
+    from tests.engine.test_aio import run
+
+    define("res", "levels: {global: 3, project: 2}\nttlSeconds: 60")
+
+    async def first_use():
+        lease = await leases.aacquire(lease_request(user="u1"))
+        await lease.arelease()
+
+    run(first_use())
+    assert (stored(P1)["cap"], stored(GATE)["cap"]) == (2, 3)
+    assert stored(P1)["capStamps"]["res"]["at"].year < 9999
