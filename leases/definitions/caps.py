@@ -43,6 +43,7 @@ on the same resource books one it did not create on its own view's cap.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -107,28 +108,35 @@ def pending(spec: LevelSpec, counter: CounterDoc | None) -> bool:
     return isinstance(mine, dict) and mine.get("at") == counter_commands.PENDING_AT
 
 
-def settle(spec: LevelSpec, resource: str) -> bool:
-    """Stamp the counter of ``spec``, born pending, with the cap a fresh read of its lease
-    gives it (the stamp pass's rule, :func:`_cap`; ``spec``'s own when no view caps it there
-    any more). Call it after the counter was created — the read must follow the creation.
+def settle(specs: Sequence[LevelSpec], resource: str) -> int:
+    """Stamp the counters of ``specs``, born pending, each with the cap a fresh read of its
+    lease gives it (the stamp pass's rule, :func:`_cap`; the spec's own when no view caps it
+    there any more), one read of the layers for all. Call it after the counters were
+    created — the read must follow the creation.
 
     Never raises: a counter left pending is safe (cap 1 binds every view of the lease) and
-    whoever it blocks next settles it.
+    whoever it blocks next, or reconcile, settles it.
 
     Returns:
-        Whether this call settled it (False: settled already, or the read or the store failed).
+        How many this call settled (not those settled already, nor those whose read or
+        stamp failed).
     """
-    lease = born(spec, resource)
-    if lease is None:
-        return False
-    try:
-        cap = _cap(_Views(lease), {"level": spec.level, "tenantId": spec.tenant_id, "scope": spec.scope,
-                                   "resource": resource})
-        done = store.counters().update_one(*counter_commands.settle_cap(spec.key, lease, spec.cap if cap is None else cap))
-    except (LeaseUnavailable, pymongo.errors.PyMongoError) as exc:
-        log.warning("counter %s stays pending (cap 1): its cap could not be read fresh or stamped: %s", spec.key, exc)
-        return False
-    return bool(done.modified_count)
+    views: dict[str, _Views] = {}
+    settled = 0
+    for spec in specs:
+        lease = born(spec, resource)
+        if lease is None:
+            continue
+        try:
+            seen = views[lease] = views.get(lease) or _Views(lease)
+            cap = _cap(seen, {"level": spec.level, "tenantId": spec.tenant_id, "scope": spec.scope,
+                              "resource": resource})
+            command = counter_commands.settle_cap(spec.key, lease, spec.cap if cap is None else cap)
+            settled += store.counters().update_one(*command).modified_count
+        except (LeaseUnavailable, pymongo.errors.PyMongoError) as exc:
+            log.warning("counter %s stays pending (cap 1): its cap could not be read fresh or stamped: %s", spec.key,
+                        exc)
+    return settled
 
 
 def settle_left(counter: CounterDoc) -> int:
@@ -140,15 +148,13 @@ def settle_left(counter: CounterDoc) -> int:
         How many stamps this call settled.
     """
     stamps: Any = counter.get("capStamps")
-    settled = 0
-    for lease, stamp in (stamps.items() if isinstance(stamps, dict) else ()):
-        if isinstance(stamp, dict) and stamp.get("at") == counter_commands.PENDING_AT:
-            tenant = counter.get("tenantId")
-            spec = LevelSpec(level=str(counter.get("level")), scope=str(counter.get("scope", "")),
-                             cap=int(counter.get("cap") or 1), key=str(counter["_id"]),
-                             tenant_id=tenant if isinstance(tenant, str) else None, lease=str(lease))
-            settled += settle(spec, str(counter.get("resource") or ""))
-    return settled
+    tenant = counter.get("tenantId")
+    specs = [LevelSpec(level=str(counter.get("level")), scope=str(counter.get("scope", "")),
+                       cap=int(counter.get("cap") or 1), key=str(counter["_id"]),
+                       tenant_id=tenant if isinstance(tenant, str) else None, lease=str(lease))
+             for lease, stamp in (stamps.items() if isinstance(stamps, dict) else ())
+             if isinstance(stamp, dict) and stamp.get("at") == counter_commands.PENDING_AT]
+    return settle(specs, str(counter.get("resource") or "")) if specs else 0
 
 
 class _Views:

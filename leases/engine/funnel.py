@@ -148,7 +148,7 @@ class Attempt:
                     # Born pending (cap 1) and its creator has not settled it (yet, or ever):
                     # stamp it from a fresh read ourselves and try again.
                     settled.add(spec.key)
-                    caps.settle(spec, self.definition.resource)
+                    caps.settle([spec], self.definition.resource)
                     continue
                 if counter is not None and "holders" not in counter:  # written before entries
                     booked_by = slots.entries_by_key([spec.key])

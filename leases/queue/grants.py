@@ -315,9 +315,9 @@ def _in_one_bulk(gate: CounterDoc, ticket: TicketDoc, booking: str, grant: tuple
 def _settle_created(narrow: Sequence[LevelSpec], resource: str, indexes: Sequence[int]) -> None:
     """Settle the narrower counters a grant's bulk created (born pending, the ticket's ``lv``
     view may predate a write): :func:`leases.definitions.caps.settle`. Never raises."""
-    for index in indexes:
-        if 0 <= index < len(narrow):
-            caps.settle(narrow[index], resource)
+    created = [narrow[i] for i in indexes if 0 <= i < len(narrow)]
+    if created:
+        caps.settle(created, resource)
 
 
 def complete(keys: Sequence[str], booking: str) -> bool:

@@ -97,9 +97,9 @@ def settle_created(specs: Sequence[LevelSpec], resource: str, upserted: Any) -> 
         indexes = list(upserted)
     else:
         indexes = [u.get("index") for u in upserted or () if isinstance(u, dict)]
-    for index in indexes:
-        if isinstance(index, int) and index < len(specs):
-            caps.settle(specs[index], resource)
+    created = [specs[i] for i in indexes if isinstance(i, int) and 0 <= i < len(specs)]
+    if created:
+        caps.settle(created, resource)
 
 
 def take_ops(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_key: str,
@@ -157,7 +157,7 @@ def create(spec: LevelSpec, resource: str) -> None:
     except pymongo.errors.DuplicateKeyError:
         return  # created by another process a moment ago
     if done.upserted_id is not None:
-        caps.settle(spec, resource)
+        caps.settle([spec], resource)
 
 
 def give_back(keys: Sequence[str], booking: str, *, record: dict[str, Any] | None = None) -> CounterDoc | None:

@@ -217,7 +217,7 @@ def test_given_a_creator_that_stopped_before_settling_then_its_counters_run_at_o
 
     define("res", "levels: {global: 3, project: 2}\nttlSeconds: 60")
     # given: the first booking created both counters and stopped before its settle
-    monkeypatch.setattr(caps, "settle", lambda spec, resource: False)
+    monkeypatch.setattr(caps, "settle", lambda specs, resource: 0)
     first = leases.acquire(lease_request(user="u1"))
     assert (stored(P1)["cap"], stored(GATE)["cap"]) == (1, 1)
     monkeypatch.undo()
