@@ -128,9 +128,10 @@ def test_given_a_stamped_counter_dropped_idle_when_an_old_view_books_again_then_
     first.release()
 
 
-def test_given_two_first_uses_at_once_from_a_fresh_view_then_neither_is_refused():
+def test_given_a_counter_left_pending_when_bookings_find_it_at_one_then_they_settle_it_and_are_not_refused():
     """A counter is born bound to one slot until its creator stamps it from a fresh read: a
-    second booking that finds it so settles it itself (no Busy on a simultaneous first use)."""
+    booking that finds it so (a simultaneous first use, or a creator that stopped) settles it
+    itself and books, instead of answering Busy."""
     define("res", "levels: {global: 9, project: 2}\nttlSeconds: 60")
     from leases.store import counter_commands
 
