@@ -62,6 +62,7 @@ class Attempt:
         self.created_at = 0.0  # monotonic, when the holder document was (re)written
         self.interval_seconds: int | None = None
         self.written_at: datetime | None = None  # MongoDB's clock then: a (re)queued ticket is seen then
+        self.kept_until: datetime | None = None  # the waiting holder's deadline as its waiter last moved it
         # (rank, class): resolved once from the definition, carried in the ticket; a resumed
         # ticket brings the one it queued with (``priority``).
         self.priority: tuple[int, str | None] = (
@@ -97,7 +98,37 @@ class Attempt:
         self.acquired_at = self.acquired_at or doc["acquiredAt"]
         self.interval_seconds = interval  # the server-issued interval, as the holder has it
         self.written_at = doc["acquiredAt"]
+        self.kept_until = None  # a new holder: its deadline is its writing's
         self.created_at = time.monotonic()
+
+    def holder_until(self) -> datetime | None:
+        """The deadline of this attempt's ``PENDING`` holder on MongoDB's clock, as this
+        process last wrote it (its writing, or its waiter's refresh, :meth:`keep_holder`);
+        None when not known. The idle sweep cannot take it before then."""
+        if self.written_at is None:
+            return None
+        written = self.written_at + timedelta(seconds=self.definition.ttl_seconds)
+        return written if self.kept_until is None else max(written, self.kept_until)
+
+    def keep_holder(self) -> bool:
+        """Move the waiting holder's deadline to now + TTL (one command), so that a wait
+        longer than the TTL never has it reaped while its ticket queues.
+
+        Returns:
+            False when the holder as this attempt wrote it is gone (reaped: this process
+            stalled past its TTL); the caller queues again with a new one.
+
+        Raises:
+            pymongo.errors.PyMongoError: the store failed.
+        """
+        doc = store.holders().find_one_and_update(
+            *commands.keep_waiting(self.token, self.attempt_id, self.definition.ttl_seconds),
+            projection={"expiresAt": 1}, return_document=ReturnDocument.AFTER)
+        if doc is None:
+            return False
+        if isinstance(doc.get("expiresAt"), datetime):
+            self.kept_until = doc["expiresAt"]
+        return True
 
     def book(self, *, privileged: bool, allow_queue: bool, charge: dict[str, Any] | None = None) -> Lease:
         """Take every level narrow → wide, then mark the holder HELD.

@@ -18,7 +18,7 @@ import random
 import threading
 import time
 from collections.abc import Generator
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import pymongo.errors
 
@@ -41,6 +41,10 @@ log = logging.getLogger(__name__)
 # long: a newcomer of its tenant that booked that level on its way to the queue gives it
 # back with its next command.
 NARROW_RETRY_S = 0.02
+#: The longest sleep between two keep-alives, as a share of the lease's TTL: each keep-alive
+#: moves the waiting holder's deadline on once half its TTL is gone (a TTL of 1 s then
+#: keeps it with a quarter second to spare).
+HOLDER_POLL_SHARE = 0.25
 
 
 class Waiter:
@@ -143,6 +147,9 @@ class Waiter:
                     outcome = "timeout"
                     raise self._give_up(left=left)
                 period = waiting.poll_ms() / 1000.0 * random.uniform(1.0, 1.25)
+                # The keep-alive also keeps the waiting holder (:meth:`_touch_holder`): often
+                # enough that a TTL shorter than the poll does not lapse between two.
+                period = min(period, self.attempt.definition.ttl_seconds * HOLDER_POLL_SHARE)
                 if self.sat_out:
                     # Sitting out passes the turn only for a moment (the younger tickets of
                     # our tenant wait behind us meanwhile): look again as soon as it ends.
@@ -192,7 +199,38 @@ class Waiter:
             # document went with it): write both again, at the back of the queue.
             self.attempt.create_holder()
             gate = self._enqueue()
-        return gate
+        return self._touch_holder(gate)
+
+    def _touch_holder(self, gate: CounterDoc | None) -> CounterDoc | None:
+        """Keep the waiting holder alive while its ticket queues: once less than half its
+        TTL is left (on MongoDB's clock, as ``gate`` was read), move its deadline on. A wait
+        longer than the TTL is ordinary, and the idle sweep takes a holder past its
+        deadline: a grant to its ticket would then be a lease that is already dead.
+
+        A holder reaped anyway (this process stalled past the TTL) is written again and the
+        ticket queued again for it (its arrival kept); an entry a release granted it
+        meanwhile is given back — it names the reaped holder, which nobody can claim.
+
+        Returns:
+            The gate as last read.
+
+        Raises:
+            pymongo.errors.PyMongoError: the store failed.
+        """
+        attempt = self.attempt
+        until = attempt.holder_until()
+        if gate is None or until is None or ticket_in(gate, attempt.token) is None or (
+                gate["clock"] + timedelta(seconds=attempt.definition.ttl_seconds / 2) < until):
+            return gate
+        if attempt.keep_holder():
+            return gate
+        before = waiting.leave(self.gate_key, attempt.token)
+        if before is not None and ticket_in(before, attempt.token) is None:
+            granted = grants.granted_entry(before, attempt.token)
+            if granted is not None:
+                waiting.give_back(list(attempt.keys), granted)
+        attempt.create_holder()
+        return self._enqueue()
 
     def _claim(self, booking: str, fence: str | None, at: datetime | None = None) -> Lease | None:
         """Our ticket was granted (the entry ``booking`` is on the gate; ``at``: when, on

@@ -145,6 +145,19 @@ def mark_held(token: str, *, keys: list[str], ttl_seconds: int, attempt_id: str 
         "expiresAt": deadline, "fence": {"$literal": fence}}}]
 
 
+def keep_waiting(token: str, attempt_id: str | None, ttl_seconds: int) -> Command:
+    """A waiter's refresh of its waiting holder (``PENDING``) while its ticket queues.
+
+    Invariant: only the holder as written by ``attempt_id`` (the one its ticket's grant would
+    name) matches — a waiter that finds none was reaped (it stalled past its TTL) and must
+    queue again with a new holder. Only a ``PENDING`` holder's deadline moves (to
+    ``now + ttl``, never back); a granted (``HELD``) one is left as its claim set it.
+    """
+    pending = {"$eq": ["$state", "PENDING"]}
+    return {"_id": token, "attemptId": attempt_id}, [{"$set": {"expiresAt": {"$cond": [
+        pending, {"$max": ["$expiresAt", now_plus_ms(ttl_seconds * 1000)]}, "$expiresAt"]}}}]
+
+
 def unclaimed(token: str) -> dict[str, Any]:
     """The filter repair ends a granted ticket with whose waiter did not claim its slot in
     time (reason ``idle``; a ``PENDING`` holder runs no handler).
