@@ -203,7 +203,10 @@ class Attempt:
                 raise _Vanished()
         except _Blocked:
             if taken:
-                self.give_back(taken)
+                # The fence slot this booking recorded is freed with it: the same entry books
+                # again at its turn, maybe on another slot (else both would count as occupied).
+                recorded = fence if fence is not None and fence.key in taken else None
+                self.give_back(taken, fence=recorded)
             raise
         return self.lease_of(held)
 
@@ -279,8 +282,14 @@ class Attempt:
             ticket["ln"], ticket["la"] = self.gate.lease, self.gate.loaded_at
         return ticket
 
-    def give_back(self, keys: list[str]) -> None:
-        waiting.give_back(keys, self.booking)
+    def give_back(self, keys: list[str], *, fence: fences.Plan | None = None) -> None:
+        """Return this attempt's entries on ``keys``, and free the fence slot its booking
+        recorded (``fence``), which the same entry may book again.
+
+        Raises:
+            pymongo.errors.PyMongoError: the store failed part-way (repair returns the rest).
+        """
+        waiting.give_back(keys, self.booking, fence=None if fence is None else fence.slot_on())
 
     def discard(self) -> None:
         """Drop the holder document of an attempt that books nothing (it gave back what it

@@ -206,6 +206,10 @@ class Plan:
         """The booking update's part: record the slot's new holder and generation."""
         return counter_commands.fence_record(f"{FIELD}.{slot_field(self.slot)}", self.entry, self.generation)
 
+    def slot_on(self) -> tuple[str, str]:
+        """(counter key, the slot's field) — what a give-back of this booking clears."""
+        return self.key, f"{FIELD}.{slot_field(self.slot)}"
+
 
 def plan(spec: LevelSpec, entry: str, *, floor: int, counter: CounterDoc | None = None,
          rng: random.Random | None = None) -> Plan:

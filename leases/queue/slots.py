@@ -141,13 +141,16 @@ def create(spec: LevelSpec, resource: str) -> None:
         pass  # created by another process a moment ago
 
 
-def give_back(keys: Sequence[str], booking: str, *, record: dict[str, Any] | None = None) -> CounterDoc | None:
+def give_back(keys: Sequence[str], booking: str, *, record: dict[str, Any] | None = None,
+              fence: tuple[str, str] | None = None) -> CounterDoc | None:
     """Return ``booking``'s slot on each counter of ``keys`` (narrow first, the gate last).
 
     Only a counter that still lists the entry is decremented, so racing releasers, reapers
     and repairers return a slot at most once. The gate's update returns its document so the
     caller can hand the slot to the next waiting ticket. ``record``: more update operators
-    for the gate (the hold duration, for wait estimates), in the same command.
+    for the gate (the hold duration, for wait estimates), in the same command. ``fence``:
+    (counter key, ``fence.sN``) the booking recorded and will book again: cleared by that
+    counter's pull (:func:`leases.store.counter_commands.pull`).
 
     Returns:
         The gate counter after the update, or None when it did not list the entry.
@@ -160,8 +163,9 @@ def give_back(keys: Sequence[str], booking: str, *, record: dict[str, Any] | Non
         return None
     *narrow, gate = keys
     if narrow:
-        store.counters().bulk_write(pull_ops(narrow, booking), ordered=False)
-    return store.counters().find_one_and_update(*gate_pull(gate, booking, record), return_document=ReturnDocument.AFTER)
+        store.counters().bulk_write(pull_ops(narrow, booking, fence=fence), ordered=False)
+    return store.counters().find_one_and_update(*gate_pull(gate, booking, record, fence=fence),
+                                                return_document=ReturnDocument.AFTER)
 
 
 def pull_entry(key: str, booking: str) -> CounterDoc | None:
