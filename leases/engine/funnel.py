@@ -130,6 +130,16 @@ class Attempt:
             self.kept_until = doc["expiresAt"]
         return True
 
+    def keep_for_polls(self, keep_ms: int) -> None:
+        """The ticket is kept for a client that polls it: its waiting holder lives to the poll
+        deadline from now on (:func:`leases.store.holder_commands.poll_ticket`), granted
+        between two polls or not.
+
+        Raises:
+            pymongo.errors.PyMongoError: the store failed.
+        """
+        store.holders().update_one(*commands.poll_ticket({"_id": self.token}, keep_ms))
+
     def book(self, *, privileged: bool, allow_queue: bool, charge: dict[str, Any] | None = None) -> Lease:
         """Take every level narrow → wide, then mark the holder HELD.
 

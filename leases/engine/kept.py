@@ -18,7 +18,7 @@ from .. import validation
 from ..definitions import model as definitions
 from ..errors import LeaseExpired, LeaseUnavailable
 from ..queue import grants, shares, waiting
-from ..store import client as store, holder_commands
+from ..store import client as store, entries, holder_commands
 from ..store.documents import CounterDoc, TicketDoc
 from ..store.shapes import arrived_at, ticket_in
 from ..telemetry import history, metrics
@@ -37,8 +37,11 @@ def resume(ticket_id: str, *, scope: holders.Scope, keep_ms: int) -> "Lease | Ti
     ``scope`` is the caller's tenant binding (``{"tenantId": …}``, plus ``projectId`` for a
     project-bound key): it is part of every filter, so another tenant's ticket is unknown.
     A ticket already granted answers its lease again (a lost answer can be fetched twice).
-    Each poll also moves the waiting holder document's expiry past the ticket's own
-    deadline, so the idle reap never takes a ticket that is being polled. Two commands.
+    Each poll also moves the waiting holder document's expiry to the poll deadline, so the
+    idle reap never takes a ticket that is being polled, and a ticket granted between polls
+    whose client stopped polling gives its slot back at that deadline; a poll after it is
+    told EXPIRED (``ticket-expired``), granted meanwhile or not, and its slot goes back.
+    Two commands.
 
     Raises:
         StaleLease: no such ticket in the caller's scope.
@@ -59,6 +62,15 @@ def resume(ticket_id: str, *, scope: holders.Scope, keep_ms: int) -> "Lease | Ti
     if gone is not None:
         raise gone
     assert holder is not None  # no answer from the tombstone means the ticket's holder was found
+    if holder.get("state") == "PENDING" and holder_commands.poll_missed(holder):
+        # Polled after its deadline: the ticket is over, granted meanwhile or not (the poll
+        # deadline is its window; its slot, if a release booked one for it, goes back).
+        try:
+            with store_bound():
+                _end_kept(mine, "ticket-expired", known=holder)
+        except pymongo.errors.PyMongoError as exc:
+            raise LeaseUnavailable(store.unreachable("lease store", exc)) from None
+        raise LeaseExpired(f"ticket {ticket_id} was not polled in time", reason="ticket-expired")
     request = LeaseRequest(type=holder.get("type", ""), lease=holder.get("leaseName"), tenant_id=holder["tenantId"],
                            project_id=holder["projectId"], user_id=holder["userId"],
                            holder_ref=holder.get("holderRef", ""), pod=holder.get("pod", ""),
@@ -153,6 +165,26 @@ def observe_ticket_wait(attempt: Attempt, gate: CounterDoc, holder: dict[str, An
     shares.observe_wait(attempt.definition, attempt.priority[1], waited)
 
 
+def _end_kept(mine: dict[str, Any], reason: str, *, known: Any = None) -> Any:
+    """End the kept ticket ``mine`` (its holder still ``PENDING``): drop it (holder, queue
+    place, tombstone) and give back the slot a release may have booked for it between two
+    polls (by value: nothing when it was not granted).
+
+    Returns:
+        The deleted holder, or None when it was gone already.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed (an entry left behind has no holder:
+            repair returns it).
+    """
+    doc = holders.drop_ticket(mine, reason, known=known, dequeue=True)
+    if doc is not None:
+        keys = entries.holder_keys(doc)
+        if keys:
+            waiting.give_back(keys, entries.holder_entry(doc))
+    return doc
+
+
 def abandon(ticket_id: str, *, scope: holders.Scope) -> bool:
     """Give up a kept ticket (or release the lease it was granted as).
 
@@ -164,7 +196,7 @@ def abandon(ticket_id: str, *, scope: holders.Scope) -> bool:
     """
     try:
         with store_bound():
-            if holders.drop_ticket(holders.scoped(ticket_id, scope), "abandoned", dequeue=True) is not None:
+            if _end_kept(holders.scoped(ticket_id, scope), "abandoned") is not None:
                 return True
     except pymongo.errors.PyMongoError as exc:
         raise LeaseUnavailable(store.unreachable("lease store", exc)) from None

@@ -269,6 +269,10 @@ class Waiter:
         """Out of wait time, but the caller keeps its place: stretch the ticket's TTL to the
         poll bound and answer where it stands."""
         keep_ms = int(self.keep_ms or 0)
+        # The holder first: from now on its deadline is the poll deadline, also when a
+        # release grants the ticket before (or while) it is kept — a client that never polls
+        # gives the slot back then, not after the lease's TTL.
+        step(self.attempt, lambda: self.attempt.keep_for_polls(keep_ms))
         gate = step(self.attempt, lambda: waiting.keep_alive(self.gate_key, self.attempt.token, ttl_ms=keep_ms))
         if gate is None:
             # Its place is lost: the delay is a newcomer's, from the gate as last seen.

@@ -271,14 +271,27 @@ def rollback(token: str) -> tuple[dict[str, Any], dict[str, int]]:
 
 
 def poll_ticket(query: dict[str, Any], keep_ms: int) -> Command:
-    """A kept ticket's poll on its waiting holder ``query`` (:func:`scoped`).
+    """A kept ticket's poll on its waiting holder ``query`` (:func:`scoped`); also sent when
+    the ticket is kept (the acquire's 202), so its holder lives to the poll deadline.
 
-    Invariant: the idle reap never takes a ticket being polled — the deadline moves to
-    ``now + max(keep_ms, ttl)``; only a ``PENDING`` holder matches (a granted one is
-    answered as the lease).
+    Invariants: the poll deadline is the ticket's window, granted or not — a holder polled
+    in time gets the deadline ``now + keep_ms`` (so the idle reap never takes a ticket being
+    polled, and a ticket a release granted between polls gives its slot back at that
+    deadline if nobody polls it, not after the lease's TTL); a poll after the deadline does
+    not revive it: its deadline stays as it was (before ``polledAt``, which the caller
+    compares it with: the ticket is over). Only a ``PENDING`` holder matches (a granted one
+    is answered as the lease). Dates compare as epoch milliseconds, as in :func:`renewal`.
     """
-    return {**query, "state": "PENDING"}, [{"$set": {"polledAt": "$$NOW", "expiresAt": {"$add": ["$$NOW", {"$max": [
-        int(keep_ms), {"$multiply": [{"$ifNull": ["$ttlSeconds", 0]}, 1000]}]}]}}}]
+    live = {"$gte": [{"$toLong": {"$ifNull": ["$expiresAt", "$$NOW"]}}, {"$toLong": "$$NOW"}]}
+    return {**query, "state": "PENDING"}, [{"$set": {"polledAt": "$$NOW", "expiresAt": {
+        "$cond": [live, {"$add": ["$$NOW", int(keep_ms)]}, "$expiresAt"]}}}]
+
+
+def poll_missed(holder: dict[str, Any]) -> bool:
+    """Whether the holder a :func:`poll_ticket` answered was past its deadline at that poll
+    (both times are MongoDB's, as the command wrote them)."""
+    expires, polled = holder.get("expiresAt"), holder.get("polledAt")
+    return isinstance(expires, datetime) and isinstance(polled, datetime) and expires < polled
 
 
 def granted(query: dict[str, Any]) -> dict[str, Any]:
