@@ -142,8 +142,9 @@ class Waiter:
                         outcome = "granted"
                         return lease
                     if self.keep_ms is not None:
-                        outcome = "ticket"
-                        return self._keep_ticket()
+                        kept = self._keep_ticket()
+                        outcome = "granted" if isinstance(kept, Lease) else "ticket"
+                        return kept
                     outcome = "timeout"
                     raise self._give_up(left=left)
                 period = waiting.poll_ms() / 1000.0 * random.uniform(1.0, 1.25)
@@ -265,20 +266,39 @@ class Waiter:
                                                            (time.monotonic() - self.queued_at) * 1000)
         return lease
 
-    def _keep_ticket(self) -> "Ticket":
+    def _keep_ticket(self) -> "Lease | Ticket":
         """Out of wait time, but the caller keeps its place: stretch the ticket's TTL to the
-        poll bound and answer where it stands."""
+        poll bound and answer where it stands — or the lease, when a release granted the
+        ticket just before (a grant is never answered as Busy).
+
+        Raises:
+            LeaseBusy: the ticket is gone (pruned) and was not granted.
+            LeaseUnavailable: the store failed.
+        """
         keep_ms = int(self.keep_ms or 0)
-        # The holder first: from now on its deadline is the poll deadline, also when a
-        # release grants the ticket before (or while) it is kept — a client that never polls
-        # gives the slot back then, not after the lease's TTL.
-        step(self.attempt, lambda: self.attempt.keep_for_polls(keep_ms))
-        gate = step(self.attempt, lambda: waiting.keep_alive(self.gate_key, self.attempt.token, ttl_ms=keep_ms))
-        if gate is None:
-            # Its place is lost: the delay is a newcomer's, from the gate as last seen.
-            raise busy(self.attempt, self.blocked or _Blocked(self.attempt.gate, None), gate=self.gate,
-                        placed=False)
-        return Ticket.of(self.attempt.token, self.attempt.definition, gate, self.blocked)
+        for _ in range(2):  # a grant whose holder had been written again queues once more
+            # The holder first: from now on its deadline is the poll deadline, also when a
+            # release grants the ticket before (or while) it is kept — a client that never
+            # polls gives the slot back then, not after the lease's TTL; and a grant computed
+            # while the ticket still had its waker (a claim window of its own) that lands
+            # after the switch is not ended by repair as unclaimed (leases.queue.slots.orphans).
+            step(self.attempt, lambda: self.attempt.keep_for_polls(keep_ms))
+            gate = step(self.attempt, lambda: waiting.keep_alive(self.gate_key, self.attempt.token, ttl_ms=keep_ms))
+            if gate is not None:
+                return Ticket.of(self.attempt.token, self.attempt.definition, gate, self.blocked)
+            # Not queued any more: granted just now (then claim it, as a poll would), else pruned.
+            current = step(self.attempt, lambda: waiting.read_gate(self.gate_key))
+            grant = step(self.attempt, lambda: grants.grant_on(current, self.attempt.token, self.attempt.keys[:-1]))
+            if grant is None or current is None:
+                break
+            if not grant.complete:
+                # Its narrower levels are being booked (or undone): the poll looks again.
+                return Ticket.of(self.attempt.token, self.attempt.definition, current, self.blocked)
+            lease = self._claim(grant.booking, grant.fence)
+            if lease is not None:
+                return lease
+        # Its place is lost: the delay is a newcomer's, from the gate as last seen.
+        raise busy(self.attempt, self.blocked or _Blocked(self.attempt.gate, None), gate=self.gate, placed=False)
 
     def _decide(self, *, again: bool = True) -> Lease | None:
         """Act on the gate as last seen: prune stale tickets, take our turn, wake whoever's

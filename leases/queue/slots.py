@@ -178,7 +178,7 @@ def orphans(bookings: Iterable[str], now: datetime,
     """Split a counter's entries into those that book for nobody (:func:`superseded`), the
     tokens of holders that passed their TTL (on ``now``, MongoDB's clock), and those of
     ``unclaimed`` (granted long enough ago, :func:`leases.queue.grants.unclaimed`) whose
-    holder is still ``PENDING``; one query for all of them.
+    holder is still ``PENDING`` and not a kept ticket; one query for all of them.
 
     A holder document is always written before its first entry, so an entry without one
     is left by a delete (release, rollback, reap) whose pull has not come — yet, or ever,
@@ -194,10 +194,14 @@ def orphans(bookings: Iterable[str], now: datetime,
     if not tokens:
         return [], [], []
     found = {d["_id"]: d for d in store.holders().find({"_id": {"$in": tokens}},
-                                                       {"expiresAt": 1, "attemptId": 1, "state": 1})}
+                                                       {"expiresAt": 1, "attemptId": 1, "state": 1, "polledAt": 1})}
     missing = [b for b in bookings if superseded(b, found.get(token_of(b)))]
     expired = [t for t, d in found.items() if d.get("expiresAt") is not None and d["expiresAt"] < now]
-    late = [t for t in unclaimed if t in found and t not in expired and found[t].get("state") == "PENDING"]
+    # A kept ticket (polledAt: a client polls it) has its poll deadline as its window, not
+    # the claim window a grant computed while it still had a waiter may have recorded: it
+    # ends when that deadline passes (expired), not as unclaimed.
+    late = [t for t in unclaimed if t in found and t not in expired and found[t].get("state") == "PENDING"
+            and found[t].get("polledAt") is None]
     return missing, expired, late
 
 
