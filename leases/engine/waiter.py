@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Generator
 from datetime import datetime, timedelta
+from functools import partial
 
 import pymongo.errors
 
@@ -288,7 +289,7 @@ class Waiter:
                 return Ticket.of(self.attempt.token, self.attempt.definition, gate, self.blocked)
             # Not queued any more: granted just now (then claim it, as a poll would), else pruned.
             current = step(self.attempt, lambda: waiting.read_gate(self.gate_key))
-            grant = step(self.attempt, lambda: grants.grant_on(current, self.attempt.token, self.attempt.keys[:-1]))
+            grant = step(self.attempt, partial(grants.grant_on, current, self.attempt.token, self.attempt.keys[:-1]))
             if grant is None or current is None:
                 break
             if not grant.complete:
