@@ -8,17 +8,20 @@ waiter's own decision; a ticket not polled in time is dropped as the queue drops
 
 from __future__ import annotations
 
+import logging
 import time
+from datetime import datetime, timedelta
 from typing import Any
 
 import pymongo.errors
-from pymongo import ReturnDocument
+from pymongo import ReturnDocument, UpdateOne
 
 from .. import validation
+from ..conf import lease_settings
 from ..definitions import model as definitions
 from ..errors import LeaseExpired, LeaseUnavailable
 from ..queue import grants, shares, waiting
-from ..store import client as store, entries, holder_commands
+from ..store import client as store, counter_commands, entries, holder_commands, ticket_commands
 from ..store.documents import CounterDoc, TicketDoc
 from ..store.shapes import arrived_at, ticket_in
 from ..telemetry import history, metrics
@@ -29,6 +32,8 @@ from .request import LeaseRequest
 from .step import step, store_bound
 from .ticket import Ticket
 from .waiter import Waiter
+
+log = logging.getLogger(__name__)
 
 
 def resume(ticket_id: str, *, scope: holders.Scope, keep_ms: int) -> "Lease | Ticket":
@@ -99,8 +104,13 @@ def resume(ticket_id: str, *, scope: holders.Scope, keep_ms: int) -> "Lease | Ti
                                                      live_at=holder["polledAt"]))
     granted = None if gate is not None else step(attempt, lambda: _claim_granted(attempt))
     if granted is not None and not isinstance(granted, Lease):
-        # Granted, its narrower levels still being booked (or undone): answer where it stands.
-        return Ticket.of(ticket_id, definition, granted, None)
+        # Granted, its narrower levels still being booked (or undone) — or stranded so, its
+        # granter gone before the undo: then this poll undoes it and the ticket queues again.
+        half_done = granted
+        gate = step(attempt, lambda: _unstrand(attempt, holder, half_done, keep_ms))
+        if gate is None:
+            return Ticket.of(ticket_id, definition, granted, None)  # answer where it stands
+        granted = None
     lease = granted
     if lease is not None:
         # A release granted it between two polls (the direct hand-off): this poll claims it.
@@ -150,6 +160,51 @@ def _claim_granted(attempt: Attempt) -> Lease | CounterDoc | None:
         # Its holder was written again or ended since: the entry books for nobody.
         waiting.give_back(list(attempt.keys), grant.booking)
         return None
+
+
+def stranded_ms() -> int:
+    """How long a grant may stay half-done (the gate booked, a narrower level not) before a
+    poll of its kept ticket undoes it: twice the store bound, past which no granter's bulk
+    is still running (every command carries the bound to the server), so the undo never
+    races the bulk it repairs."""
+    return 2 * int(lease_settings.MONGO_TIMEOUT_MS)
+
+
+def _unstrand(attempt: Attempt, holder: dict[str, Any], gate: CounterDoc, keep_ms: int) -> CounterDoc | None:
+    """Undo a grant of the kept ticket that stays half-done: the ordered bulk booked the
+    gate (and dequeued the ticket) and stopped at a full narrower level, and its undo never
+    landed (the granter died, or the store failed it). An in-process waiter recovers through
+    the claim window; a kept ticket has none and would answer "waiting" on every poll.
+
+    The first poll that sees it half-done stamps the holder (``strandedAt``, MongoDB's
+    clock); a poll :func:`stranded_ms` later undoes it as the granter would: the entry
+    pulled by value from every level, the ticket queued again with its arrival, one ordered
+    bulk. Pulls by value and an enqueue that skips a queued ticket: a second undo (the
+    granter's, landing late after all, or a racing poll) changes nothing.
+
+    Returns:
+        The gate with the ticket queued again, or None when it is not undone (yet).
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed.
+    """
+    booking = grants.granted_entry(gate, attempt.token)
+    stranded, polled = holder.get("strandedAt"), holder.get("polledAt")
+    if booking is None or not isinstance(polled, datetime):
+        return None
+    if not isinstance(stranded, datetime):
+        store.holders().update_one(*holder_commands.stranded(attempt.token, attempt.attempt_id))
+        return None
+    if polled - stranded < timedelta(milliseconds=stranded_ms()):
+        return None
+    ticket = attempt.ticket(attempt.gate.level, attempt.acquired_at, seen=polled)
+    ticket["ttl"] = int(keep_ms)  # kept for its client, as the poll keeps it
+    undo = [UpdateOne(*counter_commands.pull(key, booking)) for key in attempt.keys]
+    undo.append(UpdateOne(*ticket_commands.enqueue(attempt.gate.key, dict(ticket))))
+    store.counters().bulk_write(undo, ordered=True)
+    store.holders().update_one(*holder_commands.unstranded(attempt.token))
+    log.info("kept ticket %s: its grant stayed half-done since %s; undone, queued again", attempt.token, stranded)
+    return waiting.keep_alive(attempt.gate.key, attempt.token, ttl_ms=keep_ms)
 
 
 def observe_ticket_wait(attempt: Attempt, gate: CounterDoc, holder: dict[str, Any], lease: Lease) -> None:

@@ -294,6 +294,22 @@ def poll_missed(holder: dict[str, Any]) -> bool:
     return isinstance(expires, datetime) and isinstance(polled, datetime) and expires < polled
 
 
+def stranded(token: str, attempt_id: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A kept ticket's poll found its grant half-done (the gate booked, a narrower level
+    not): remember when, on MongoDB's clock, the first time only.
+
+    Invariant: only the waiting holder as its entries name it, and the first sighting stays
+    (a later poll measures from it how long the grant has stayed half-done).
+    """
+    return ({"_id": token, "attemptId": attempt_id, "state": "PENDING", "strandedAt": {"$exists": False}},
+            {"$currentDate": {"strandedAt": True}})
+
+
+def unstranded(token: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The half-done grant was undone (the ticket queued again): a later one is measured anew."""
+    return {"_id": token}, {"$unset": {"strandedAt": ""}}
+
+
 def granted(query: dict[str, Any]) -> dict[str, Any]:
     """The filter of the holder ``query`` once granted (``HELD``)."""
     return {**query, "state": "HELD"}
