@@ -221,9 +221,9 @@ def observe_ticket_wait(attempt: Attempt, gate: CounterDoc, holder: dict[str, An
 
 
 def _end_kept(mine: dict[str, Any], reason: str, *, known: Any = None) -> Any:
-    """End the kept ticket ``mine`` (its holder still ``PENDING``): drop it (holder, queue
-    place, tombstone) and give back the slot a release may have booked for it between two
-    polls (by value: nothing when it was not granted).
+    """End the kept ticket ``mine`` (its holder still ``PENDING``): drop it (holder,
+    tombstone, queue place) and give back the slot a release may have booked for it
+    between two polls (the dequeue answers the gate as it was, which shows the grant).
 
     Returns:
         The deleted holder, or None when it was gone already.
@@ -232,11 +232,17 @@ def _end_kept(mine: dict[str, Any], reason: str, *, known: Any = None) -> Any:
         pymongo.errors.PyMongoError: the store failed (an entry left behind has no holder:
             repair returns it).
     """
-    doc = holders.drop_ticket(mine, reason, known=known, dequeue=True)
-    if doc is not None:
-        keys = entries.holder_keys(doc)
-        if keys:
-            waiting.give_back(keys, entries.holder_entry(doc))
+    doc = holders.drop_ticket(mine, reason, known=known)
+    keys = entries.holder_keys(doc) if doc is not None else []
+    if doc is None or not keys:
+        return doc
+    # Out of the queue, answering the gate as it was: a ticket no longer queued there may
+    # have been granted (before the delete, or between it and now): its entry goes back.
+    before = waiting.leave(keys[-1], doc["_id"])
+    if before is not None and ticket_in(before, doc["_id"]) is None:
+        booking = grants.granted_entry(before, doc["_id"])
+        if booking is not None:
+            waiting.give_back(keys, booking)
     return doc
 
 
