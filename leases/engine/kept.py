@@ -176,8 +176,9 @@ def _unstrand(attempt: Attempt, holder: dict[str, Any], gate: CounterDoc, keep_m
     landed (the granter died, or the store failed it). An in-process waiter recovers through
     the claim window; a kept ticket has none and would answer "waiting" on every poll.
 
-    The first poll that sees it half-done stamps the holder (``strandedAt``, MongoDB's
-    clock); a poll :func:`stranded_ms` later undoes it as the granter would: the entry
+    The first poll that sees it half-done stamps the holder (``stranded``: which grant — its
+    fence — and when, on MongoDB's clock); a poll :func:`stranded_ms` later that sees the
+    same grant still half-done undoes it as the granter would: the entry
     pulled by value from every level, the ticket queued again with its arrival, one ordered
     bulk. Pulls by value and an enqueue that skips a queued ticket: a second undo (the
     granter's, landing late after all, or a racing poll) changes nothing.
@@ -189,11 +190,14 @@ def _unstrand(attempt: Attempt, holder: dict[str, Any], gate: CounterDoc, keep_m
         pymongo.errors.PyMongoError: the store failed.
     """
     booking = grants.granted_entry(gate, attempt.token)
-    stranded, polled = holder.get("strandedAt"), holder.get("polledAt")
+    polled = holder.get("polledAt")
     if booking is None or not isinstance(polled, datetime):
         return None
-    if not isinstance(stranded, datetime):
-        store.holders().update_one(*holder_commands.stranded(attempt.token, attempt.attempt_id))
+    grant = grants.fence_of(gate, booking) or booking  # which grant: each issues its own fence
+    seen = holder.get("stranded") if isinstance(holder.get("stranded"), dict) else {}
+    stranded = seen.get("at")
+    if seen.get("grant") != grant or not isinstance(stranded, datetime):
+        store.holders().update_one(*holder_commands.stranded(attempt.token, attempt.attempt_id, grant))
         return None
     if polled - stranded < timedelta(milliseconds=stranded_ms()):
         return None

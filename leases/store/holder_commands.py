@@ -294,20 +294,23 @@ def poll_missed(holder: dict[str, Any]) -> bool:
     return isinstance(expires, datetime) and isinstance(polled, datetime) and expires < polled
 
 
-def stranded(token: str, attempt_id: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A kept ticket's poll found its grant half-done (the gate booked, a narrower level
-    not): remember when, on MongoDB's clock, the first time only.
+def stranded(token: str, attempt_id: str | None, grant: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A kept ticket's poll found its grant ``grant`` (the fence it issued: one per grant)
+    half-done (the gate booked, a narrower level not): remember when, on MongoDB's clock —
+    the first sighting of that grant only.
 
-    Invariant: only the waiting holder as its entries name it, and the first sighting stays
-    (a later poll measures from it how long the grant has stayed half-done).
+    Invariant: only the waiting holder as its entries name it; a sighting of this grant
+    stays (a later poll measures from it how long it has stayed half-done), one of an
+    earlier grant (undone and the ticket granted again since) is replaced, so a grant under
+    way is never taken for one that stayed half-done.
     """
-    return ({"_id": token, "attemptId": attempt_id, "state": "PENDING", "strandedAt": {"$exists": False}},
-            {"$currentDate": {"strandedAt": True}})
+    return ({"_id": token, "attemptId": attempt_id, "state": "PENDING", "stranded.grant": {"$ne": grant}},
+            {"$set": {"stranded.grant": grant}, "$currentDate": {"stranded.at": True}})
 
 
 def unstranded(token: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """The half-done grant was undone (the ticket queued again): a later one is measured anew."""
-    return {"_id": token}, {"$unset": {"strandedAt": ""}}
+    return {"_id": token}, {"$unset": {"stranded": ""}}
 
 
 def granted(query: dict[str, Any]) -> dict[str, Any]:
