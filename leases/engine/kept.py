@@ -194,7 +194,8 @@ def _unstrand(attempt: Attempt, holder: dict[str, Any], gate: CounterDoc, keep_m
     if booking is None or not isinstance(polled, datetime):
         return None
     grant = grants.fence_of(gate, booking) or booking  # which grant: each issues its own fence
-    seen = holder.get("stranded") if isinstance(holder.get("stranded"), dict) else {}
+    recorded = holder.get("stranded")
+    seen: dict[str, Any] = recorded if isinstance(recorded, dict) else {}
     stranded = seen.get("at")
     if seen.get("grant") != grant or not isinstance(stranded, datetime):
         store.holders().update_one(*holder_commands.stranded(attempt.token, attempt.attempt_id, grant))
