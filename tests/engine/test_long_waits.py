@@ -22,12 +22,12 @@ from tests.helpers import define, lease_request, quiet_handler_fixture
 handler = quiet_handler_fixture("test")
 req = partial(lease_request, pod="")
 GATE = "res|global|*"
-TTL_S = 1
+TTL_S = 2
 
 
 @pytest.fixture
 def short_ttl(settings):
-    """One slot whose TTL (1 s) is far shorter than the wait (20 s) and the keep-alive poll (1 s)."""
+    """One slot whose TTL (2 s) is far shorter than the wait (20 s): the keep-alive poll (1 s) is capped to a quarter of it."""
     define("res", f"levels: {{global: 1}}\nwaitMs: 20000\nttlSeconds: {TTL_S}")
 
 
