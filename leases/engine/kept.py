@@ -20,7 +20,7 @@ from .. import validation
 from ..conf import lease_settings
 from ..definitions import model as definitions
 from ..errors import LeaseExpired, LeaseUnavailable
-from ..queue import grants, shares, waiting
+from ..queue import fences, grants, shares, waiting
 from ..store import client as store, counter_commands, entries, holder_commands, ticket_commands
 from ..store.documents import CounterDoc, TicketDoc
 from ..store.shapes import arrived_at, ticket_in
@@ -204,7 +204,11 @@ def _unstrand(attempt: Attempt, holder: dict[str, Any], gate: CounterDoc, keep_m
         return None
     ticket = attempt.ticket(attempt.gate.level, attempt.acquired_at, seen=polled)
     ticket["ttl"] = int(keep_ms)  # kept for its client, as the poll keeps it
-    undo = [UpdateOne(*counter_commands.pull(key, booking)) for key in attempt.keys]
+    # The gate's fence slot the grant recorded is freed with its pull: the same entry is
+    # granted again later, maybe on another slot (else both would count as occupied).
+    slot = fences.slot_naming(gate, booking)
+    undo = [UpdateOne(*counter_commands.pull(key, booking, fence_slot=slot if key == attempt.gate.key else None))
+            for key in attempt.keys]
     undo.append(UpdateOne(*ticket_commands.enqueue(attempt.gate.key, dict(ticket))))
     store.counters().bulk_write(undo, ordered=True)
     store.holders().update_one(*holder_commands.unstranded(attempt.token))

@@ -211,6 +211,24 @@ class Plan:
         return self.key, f"{FIELD}.{slot_field(self.slot)}"
 
 
+def recorded_slot(update: dict[str, Any]) -> str | None:
+    """The fence slot (``fence.sN``) a booking ``update`` records (:meth:`Plan.update` in its
+    ``$set``), or None."""
+    for name in (update.get("$set") or {}):
+        if isinstance(name, str) and name.startswith(f"{FIELD}.") and name[len(FIELD) + 2:].isdigit():
+            return name
+    return None
+
+
+def slot_naming(counter: CounterDoc | None, entry: str) -> str | None:
+    """The fence slot (``fence.sN``) ``counter`` records for ``entry``, or None."""
+    recorded: Any = (counter or {}).get(FIELD)
+    for name, value in (recorded.items() if isinstance(recorded, dict) else ()):
+        if isinstance(value, dict) and value.get("e") == entry:
+            return f"{FIELD}.{name}"
+    return None
+
+
 def plan(spec: LevelSpec, entry: str, *, floor: int, counter: CounterDoc | None = None,
          rng: random.Random | None = None) -> Plan:
     """Propose a slot and generation for ``entry`` on ``spec``'s counter, from ``counter``

@@ -77,3 +77,29 @@ def test_given_a_fenced_narrower_level_when_a_newcomer_gives_it_back_and_books_a
     assert store.counters().find_one({"_id": PROJECT})["count"] == 2
     d.release()
     c.lease.release()
+
+
+def test_given_a_grant_undone_at_a_full_narrower_level_then_the_gate_slot_it_recorded_names_it_no_more(monkeypatch):
+    # Given: the gate fences (global 1, project 1); p1/h holds; p2/w is a kept ticket whose
+    # grant books the project level in the grant's bulk; a p2 newcomer holds that level on
+    # its way to the queue.
+    from leases import service
+    from tests.engine.test_kept_stranded import newcomer_on_its_way
+
+    define("res", "levels: {global: 1, project: 1}\nwaitMs: 10000\nttlSeconds: 60")
+    held = leases.acquire(lease_request(user="h", pod=""))
+    ticket = service.acquire_or_ticket(lease_request(project="p2", user="w", pod="", wait_ms=0), keep_ms=10000)
+    assert isinstance(ticket, service.Ticket)
+    go, newcomer, _ = newcomer_on_its_way(monkeypatch)
+    # When: h releases; the grant books the gate for w (recording slot 0), finds the project
+    # level full and is undone (w queued again, with the same entry).
+    held.release()
+    assert [t["id"] for t in store.counters().find_one({"_id": GATE}).get("queue") or ()] == [ticket.id]
+    # Then: no fence slot names w's entry any more (its next grant may take another slot).
+    assert slots_naming(GATE, ticket.id) == []
+    go.set()
+    newcomer.join(10)
+    lease = service.resume(ticket.id, scope={"tenantId": "acme"}, keep_ms=10000)
+    assert isinstance(lease, service.Lease)
+    assert slots_naming(GATE, ticket.id) == ["s0"]
+    lease.release()
