@@ -7,6 +7,21 @@ module writes the lease definition, starts a private redis-server, the clients
 faults of :mod:`tests.checker.faults` one after another with a pause between them, stops the
 clients and returns the merged history. Used by tests/test_checker_run.py (short) and
 bench/bench_pauses.py (minutes).
+
+Groups of clients, each on a lease definition of its own (a process's name starts with its
+group's prefix, and :meth:`tests.checker.history.History.only` judges one group):
+
+* ``t`` — ``pauses``: ``levels`` (``{global: 2, tenant: 1}``), ``tenants`` x ``per_tenant``;
+* ``f`` — ``pauses-fenced`` (``fenced_tenants`` > 0): ``{global: 2, project: 2}`` with
+  ``fence: project``, a narrower fence counter of cap 2 (each tenant one project), so a
+  booking that finds the gate full gives the project level back and books it again at its
+  turn — where one booking could be recorded on two fence slots.
+
+With ``reply-lost`` among the kinds the clients reach the store through
+:class:`tests.checker.proxy.ReplyDropper`; with ``sweep_s`` the run sweeps like the beat
+does (``lease sweep --force`` every ``sweep_s``), so an idle reap meets waiters that wait
+longer than the TTL; at the end (``audit_slots``) :mod:`tests.checker.slots` sweeps and
+judges "every slot comes back".
 """
 
 from __future__ import annotations
@@ -16,16 +31,25 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
-from tests.checker import faults as f
+from tests.checker import faults as f, slots
 from tests.checker.history import CLIENT_SUFFIX, History, load
+from tests.checker.proxy import DropStats, ReplyDropper
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LEASE = "pauses"
+FENCED_LEASE = "pauses-fenced"
+FENCED_LEVELS = {"global": 2, "project": 2}
 #: One of each, in this order, then again (the short run in the suite does each once).
 KINDS = ("holder-stop", "store-stop", "waiter-stop", "kill", "redis-restart", "stall")
+#: The faults of issue 34: a write applied and its answer lost, a holder keeping its slot
+#: long enough that others wait past the TTL, Redis stopped (SIGSTOP) for ``redis_stop_s``.
+NEW_KINDS = ("reply-lost", "long-hold", "redis-stop")
+ALL_KINDS = KINDS + NEW_KINDS
 # Clients finish their cycle after the stop file; the history ends at the stop file, so a
 # client still busy after this is killed (its call in flight stays indeterminate, harmless).
 STOP_TIMEOUT_S = 2.0
@@ -51,6 +75,13 @@ class RunConfig:
     kinds: tuple[str, ...] = KINDS
     seed: int = 19
     ready_timeout_s: float = 90.0
+    fenced_tenants: int = 0  # tenants of the fenced group (per_tenant clients each)
+    reply_lost_s: float = 2.0  # a reply-lost burst: each write's answer lost with reply_lost_rate
+    reply_lost_rate: float = 0.3
+    hold_ttls: float = 2.5  # a long hold: this many TTLs
+    redis_stop_s: float = 5.0  # SIGSTOP of Redis (runs beside the other faults)
+    sweep_s: float | None = None  # the operator's sweep this often during the run (None: never)
+    audit_slots: bool = True  # "every slot comes back" (a read per 0.5 s, a sweep at the end)
 
     def stop_seconds(self, rng: random.Random) -> float:
         """A holder, waiter or stall stop: longer than the TTL (the issue's 2.6–3.6 s for TTL 2 s)."""
@@ -65,6 +96,10 @@ class RunResult:
     seconds: float  # the faulted run, from ready to the stop file
     startup_s: float  # from the first spawn to every first client ready
     shutdown_s: float  # from the stop file to the last client gone
+    slot_problems: list[slots.SlotProblem] = field(default_factory=list)  # "every slot comes back"
+    audit: dict = field(default_factory=dict)  # the final sweep's tallies, the monitor's reads
+    drops: DropStats | None = None  # the proxy's figures (reply-lost)
+    sweeps: int = 0  # operator sweeps during the run
 
 
 class Clients:
@@ -76,11 +111,12 @@ class Clients:
         self.live: list[str] = []
         self.killed: set[str] = set()
 
-    def spawn(self, tenant: int, member: int, generation: int = 0) -> str:
-        name = f"t{tenant}-{'abcdefghij'[member]}.{generation}"
+    def spawn(self, tenant: int, member: int, generation: int = 0, group: str = "t") -> str:
+        name = f"{group}{tenant}-{'abcdefghij'[member]}.{generation}"
+        lease = FENCED_LEASE if group == "f" else LEASE
         with open(os.path.join(self.run_dir, name + ".err"), "w") as err:
             self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "tests.workers.history_client", name, self.run_dir, LEASE, f"t{tenant}",
+                [sys.executable, "-m", "tests.workers.history_client", name, self.run_dir, lease, f"{group}{tenant}",
                  "p1", f"u{tenant}{member}", str(self.config.wait_ms), str(self.config.seed * 1000 + len(self.procs))],
                 cwd=REPO, env=self.env, stdout=subprocess.DEVNULL, stderr=err)
         self.live.append(name)
@@ -99,7 +135,7 @@ class Clients:
         self.live.remove(name)
         self.killed.add(name)
         base, generation = name.rsplit(".", 1)
-        self.spawn(int(base[1:base.index("-")]), "abcdefghij".index(base[-1]), int(generation) + 1)
+        self.spawn(int(base[1:base.index("-")]), "abcdefghij".index(base[-1]), int(generation) + 1, base[0])
         return at
 
     def crashed(self) -> list[str]:
@@ -117,14 +153,37 @@ class Clients:
                 proc.wait(10)
 
 
+@dataclass
+class _Faulting:
+    """What the injector acts on besides the clients."""
+
+    store_pid: int
+    redis: f.RestartableRedis
+    proxy: ReplyDropper | None = None
+    freeze: f.RedisFreeze | None = None
+
+
 def _inject(kind: str, clients: Clients, log: f.FaultLog, rng: random.Random, config: RunConfig,
-            store_pid: int, redis_server: f.RestartableRedis) -> bool:
+            on: _Faulting) -> bool:
     """Inject one fault of ``kind``; False if no suitable target showed up in a few seconds."""
     if kind == "store-stop":
-        f.stop_store(log, store_pid, config.mongo_timeout_ms / 1000 + 0.3)
+        f.stop_store(log, on.store_pid, config.mongo_timeout_ms / 1000 + 0.3)
         return True
+    frozen = on.freeze is not None and on.freeze.active()
     if kind == "redis-restart":
-        f.restart_redis(log, redis_server, config.redis_down_s)
+        if frozen:
+            return False  # Redis is stopped right now: a restart would end that fault early
+        f.restart_redis(log, on.redis, config.redis_down_s)
+        return True
+    if kind == "redis-stop":
+        if frozen:
+            return False
+        on.freeze = f.RedisFreeze(log, on.redis, config.redis_stop_s)
+        return True
+    if kind == "reply-lost":
+        if on.proxy is None:
+            return False
+        f.lose_replies(log, on.proxy, config.reply_lost_s, config.reply_lost_rate)
         return True
     deadline = time.monotonic() + 5.0
     while time.monotonic() < deadline:
@@ -140,6 +199,9 @@ def _inject(kind: str, clients: Clients, log: f.FaultLog, rng: random.Random, co
             name = rng.choice(holding)
             if f.stall_client(log, clients.run_dir, name, clients.procs[name].pid, config.stop_seconds(rng)):
                 return True
+        if kind == "long-hold" and holding:
+            f.ask_long_hold(log, clients.run_dir, rng.choice(holding), config.hold_ttls * config.ttl_s)
+            return True
         if kind in ("holder-stop", "waiter-stop"):
             pool = holding if kind == "holder-stop" else waiting
             if pool:
@@ -152,6 +214,56 @@ def _inject(kind: str, clients: Clients, log: f.FaultLog, rng: random.Random, co
     return False
 
 
+class _Sweeper:
+    """The operator's sweep (``lease sweep --force``: idle reap, dead-pod reap, reconcile) every
+    ``period`` seconds in a thread, straight to the store (never through the proxy), as the
+    beat runs it; a round that meets a stopped store is skipped."""
+
+    def __init__(self, period: float) -> None:
+        self.period = period
+        self.rounds = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="sweeper", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        from leases.upkeep import rounds
+
+        while not self._stop.wait(self.period):
+            try:
+                rounds.sweep_without_handlers()
+                self.rounds += 1
+            except Exception:  # noqa: BLE001 - the store stopped: the next round tries again
+                pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
+def put_definitions(config: RunConfig) -> None:
+    """Write the run's lease definitions (the main one, and the fenced one when it has clients)."""
+    from leases.definitions import layers as lease_config
+    from leases.definitions.model import document_path
+
+    def put(name: str, levels: dict[str, int], extra: str = "") -> None:
+        caps = ", ".join(f"{level}: {cap}" for level, cap in levels.items())
+        lease_config.put_document("_vance", "_tenant", document_path(name),
+                                  f"levels: {{{caps}}}\nttlSeconds: {config.ttl_s}\nwaitMs: {config.wait_ms}{extra}")
+
+    put(LEASE, config.levels)
+    if config.fenced_tenants:
+        put(FENCED_LEASE, FENCED_LEVELS, "\nfence: project")
+
+
+def settle_seconds(config: RunConfig) -> float:
+    """How long a client gone leaves anything behind legitimately: a holder's TTL, a ticket's
+    TTL (``LEASES_TICKET_TTL_MS``), and a second of slack."""
+    from leases.conf import lease_settings
+
+    return max(config.ttl_s, int(lease_settings.TICKET_TTL_MS) / 1000) + 1.0
+
+
 def run(config: RunConfig, *, run_dir: str, store_pid: int, mongo_uri: str, db_name: str) -> RunResult:
     """Run the clients under faults for ``config.seconds``; the merged history of ``run_dir``.
 
@@ -160,30 +272,35 @@ def run(config: RunConfig, *, run_dir: str, store_pid: int, mongo_uri: str, db_n
     Raises:
         HarnessError: a client crashed or did not start in time.
     """
-    from leases.definitions import layers as lease_config
-    from leases.definitions.model import document_path
     from leases.store.embedded import free_port
 
-    levels = ", ".join(f"{level}: {cap}" for level, cap in config.levels.items())
-    lease_config.put_document("_vance", "_tenant", document_path(LEASE),
-                              f"levels: {{{levels}}}\nttlSeconds: {config.ttl_s}\nwaitMs: {config.wait_ms}")
+    put_definitions(config)
     rng = random.Random(config.seed)
     redis_server = f.RestartableRedis(free_port())
     redis_server.start()
+    proxy = None
+    if "reply-lost" in config.kinds:
+        parts = urlsplit(mongo_uri)
+        proxy = ReplyDropper((parts.hostname or "127.0.0.1", parts.port or 27017), seed=config.seed)
+    on = _Faulting(store_pid=store_pid, redis=redis_server, proxy=proxy)
     env = dict(os.environ)
     env.update({
-        "DJANGO_SETTINGS_MODULE": "config.settings", "MONGODB_URI": mongo_uri, "MONGODB_DB": db_name,
+        "DJANGO_SETTINGS_MODULE": "config.settings", "MONGODB_URI": proxy.uri if proxy else mongo_uri,
+        "MONGODB_DB": db_name,
         "PYTHONPATH": REPO + os.pathsep + env.get("PYTHONPATH", ""), "LEASES_REDIS_URL": redis_server.url,
         "LEASES_MONGO_TIMEOUT_MS": str(config.mongo_timeout_ms), "LEASES_POD_AUTOSTART": "0",
         "DJANGO_LOG_LEVEL": "ERROR", "PYTHONUNBUFFERED": "1",
     })
     clients = Clients(run_dir, env, config)
     log = f.FaultLog(run_dir)
+    monitor = slots.Monitor() if config.audit_slots else None
+    sweeper: _Sweeper | None = None
     spawned = time.monotonic()
     try:
-        for tenant in range(1, config.tenants + 1):
-            for member in range(config.per_tenant):
-                clients.spawn(tenant, member)
+        for group, tenants in (("t", config.tenants), ("f", config.fenced_tenants)):
+            for tenant in range(1, tenants + 1):
+                for member in range(config.per_tenant):
+                    clients.spawn(tenant, member, group=group)
         deadline = time.monotonic() + config.ready_timeout_s
         while not all(clients.ready(n) for n in clients.live):
             if clients.crashed() or time.monotonic() > deadline:
@@ -191,6 +308,10 @@ def run(config: RunConfig, *, run_dir: str, store_pid: int, mongo_uri: str, db_n
                 raise HarnessError(f"client {bad[0]} did not start: {clients.stderr(bad[0])}")
             time.sleep(0.05)
         started = time.monotonic()
+        if monitor is not None:
+            monitor.start()
+        if config.sweep_s:
+            sweeper = _Sweeper(config.sweep_s)
         end = started + config.seconds
         next_fault = started + rng.uniform(*config.fault_gap_s)
         index = 0
@@ -200,7 +321,7 @@ def run(config: RunConfig, *, run_dir: str, store_pid: int, mongo_uri: str, db_n
                 raise HarnessError(f"client {name} exited: {clients.stderr(name)}")
             # a fault starts only if it ends (longest: a stop) with a quiet second left in the run
             if config.kinds and time.monotonic() >= next_fault and time.monotonic() + config.ttl_s + 2.6 < end:
-                _inject(config.kinds[index % len(config.kinds)], clients, log, rng, config, store_pid, redis_server)
+                _inject(config.kinds[index % len(config.kinds)], clients, log, rng, config, on)
                 index += 1
                 next_fault = time.monotonic() + rng.uniform(*config.fault_gap_s)
             time.sleep(0.05)
@@ -212,9 +333,35 @@ def run(config: RunConfig, *, run_dir: str, store_pid: int, mongo_uri: str, db_n
                 clients.procs[name].wait(max(0.1, stop_deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass  # killed below; its last call stays indeterminate
-        return RunResult(history=load(run_dir, ended=ended), faults=dict(log.counts),
-                         clients=len(clients.procs), seconds=ended - started, startup_s=started - spawned,
-                         shutdown_s=time.monotonic() - ended)
+        clients.shutdown()
+        if on.freeze is not None:
+            on.freeze.end()
+        if sweeper is not None:
+            sweeper.stop()
+        history = load(run_dir, ended=ended)
+        shutdown_s = time.monotonic() - ended
+        problems: list[slots.SlotProblem] = []
+        audit: dict = {}
+        if monitor is not None:
+            monitor.stop()
+            problems.extend(monitor.problems)
+            # Every client is gone: once what they leave legitimately has expired, the sweep
+            # must bring every slot back.
+            time.sleep(settle_seconds(config))
+            audit = {"monitor_reads": monitor.reads, **slots.final_sweep()}
+            problems.extend(slots.final_audit(all_gone=True))
+        return RunResult(history=history, faults=dict(log.counts), clients=len(clients.procs),
+                         seconds=ended - started, startup_s=started - spawned, shutdown_s=shutdown_s,
+                         slot_problems=problems, audit=audit, drops=proxy.stats if proxy else None,
+                         sweeps=sweeper.rounds if sweeper else 0)
     finally:
         clients.shutdown()
+        if on.freeze is not None:
+            on.freeze.end()
+        if sweeper is not None:
+            sweeper.stop()
+        if monitor is not None:
+            monitor.stop()
+        if proxy is not None:
+            proxy.close()
         redis_server.stop()
