@@ -72,6 +72,9 @@ def main() -> int:
                                fenced_tenants=args.fenced, sweep_s=args.sweep or None, redis_stop_s=args.redis_stop)
     os.environ["LEASES_MONGO_TIMEOUT_MS"] = str(config.mongo_timeout_ms)
     setup("bench_pauses")
+    import logging
+
+    logging.getLogger("leases").setLevel(logging.WARNING)  # the sweeps of this process log every round
     from leases.store import client as store
 
     run_dir = tempfile.mkdtemp(prefix="lease-pauses-")
