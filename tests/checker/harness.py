@@ -15,7 +15,12 @@ group's prefix, and :meth:`tests.checker.history.History.only` judges one group)
 * ``f`` — ``pauses-fenced`` (``fenced_tenants`` > 0): ``{global: 2, project: 2}`` with
   ``fence: project``, a narrower fence counter of cap 2 (each tenant one project), so a
   booking that finds the gate full gives the project level back and books it again at its
-  turn — where one booking could be recorded on two fence slots.
+  turn — where one booking could be recorded on two fence slots;
+* ``h`` — with ``http-vanish`` among the kinds: HTTP clients (``tests.workers.http_ticket_client``
+  through a gunicorn of this run) on ``pauses-kept`` (``{global: 1}``, TTL ``KEPT_TTL_S``,
+  longer than a kept ticket's poll deadline) that take a ticket and vanish before or after
+  its grant; not judged by the history rules (they hold nothing they check), but by
+  :func:`tests.checker.slots.kept_past_deadline` (the slot comes back at the poll deadline).
 
 With ``reply-lost`` among the kinds the clients reach the store through
 :class:`tests.checker.proxy.ReplyDropper`; with ``sweep_s`` the run sweeps like the beat
@@ -33,6 +38,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -44,11 +50,17 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 LEASE = "pauses"
 FENCED_LEASE = "pauses-fenced"
 FENCED_LEVELS = {"global": 2, "project": 2}
+KEPT_LEASE = "pauses-kept"
+KEPT_TTL_S = 10  # > a kept ticket's poll deadline (3 x HTTP_POLL_SECONDS): the two are told apart
+HTTP_POLL_SECONDS = 1
+#: In turn: vanish once granted (a lease: its TTL), at position 1 (granted between polls that
+#: never come: its poll deadline), right after queueing (its poll deadline).
+HTTP_MODES = ("granted", "after", "before")
 #: One of each, in this order, then again (the short run in the suite does each once).
 KINDS = ("holder-stop", "store-stop", "waiter-stop", "kill", "redis-restart", "stall")
 #: The faults of issue 34: a write applied and its answer lost, a holder keeping its slot
 #: long enough that others wait past the TTL, Redis stopped (SIGSTOP) for ``redis_stop_s``.
-NEW_KINDS = ("reply-lost", "long-hold", "redis-stop")
+NEW_KINDS = ("reply-lost", "long-hold", "redis-stop", "http-vanish")
 ALL_KINDS = KINDS + NEW_KINDS
 # Clients finish their cycle after the stop file; the history ends at the stop file, so a
 # client still busy after this is killed (its call in flight stays indeterminate, harmless).
@@ -161,6 +173,8 @@ class _Faulting:
     redis: f.RestartableRedis
     proxy: ReplyDropper | None = None
     freeze: f.RedisFreeze | None = None
+    http: tuple[str, str] | None = None  # (base URL, API key) of this run's HTTP server
+    vanishers: list[subprocess.Popen] = field(default_factory=list)
 
 
 def _inject(kind: str, clients: Clients, log: f.FaultLog, rng: random.Random, config: RunConfig,
@@ -184,6 +198,18 @@ def _inject(kind: str, clients: Clients, log: f.FaultLog, rng: random.Random, co
         if on.proxy is None:
             return False
         f.lose_replies(log, on.proxy, config.reply_lost_s, config.reply_lost_rate)
+        return True
+    if kind == "http-vanish":
+        if on.http is None:
+            return False
+        n = len(on.vanishers)
+        mode = HTTP_MODES[n % len(HTTP_MODES)]
+        name = f"h{n}.{mode}"
+        on.vanishers.append(subprocess.Popen(
+            [sys.executable, "-m", "tests.workers.http_ticket_client", mode, os.path.join(clients.run_dir, name + ".log"),
+             *on.http, KEPT_LEASE, "p1", f"hu{n}"], cwd=REPO, env=clients.env,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        log.record("http-vanish", name, time.monotonic(), None)
         return True
     deadline = time.monotonic() + 5.0
     while time.monotonic() < deadline:
@@ -246,14 +272,38 @@ def put_definitions(config: RunConfig) -> None:
     from leases.definitions import layers as lease_config
     from leases.definitions.model import document_path
 
-    def put(name: str, levels: dict[str, int], extra: str = "") -> None:
+    def put(name: str, levels: dict[str, int], extra: str = "", ttl_s: int = config.ttl_s) -> None:
         caps = ", ".join(f"{level}: {cap}" for level, cap in levels.items())
         lease_config.put_document("_vance", "_tenant", document_path(name),
-                                  f"levels: {{{caps}}}\nttlSeconds: {config.ttl_s}\nwaitMs: {config.wait_ms}{extra}")
+                                  f"levels: {{{caps}}}\nttlSeconds: {ttl_s}\nwaitMs: {config.wait_ms}{extra}")
 
     put(LEASE, config.levels)
     if config.fenced_tenants:
         put(FENCED_LEASE, FENCED_LEVELS, "\nfence: project")
+    if "http-vanish" in config.kinds:
+        put(KEPT_LEASE, {"global": 1}, ttl_s=KEPT_TTL_S)
+
+
+def _start_http(stack: ExitStack, env: dict[str, str], direct_uri: str) -> tuple[str, str]:
+    """This run's gunicorn (one worker, four threads) and an API key of tenant ``h1`` on its store."""
+    from tests.http_server import running_server
+
+    made = subprocess.run([sys.executable, "-m", "tests.workers.http_ticket_client", "key", "h1", "p1"],
+                          cwd=REPO, env={**env, "MONGODB_URI": direct_uri}, capture_output=True, text=True,
+                          timeout=60)
+    if made.returncode != 0:
+        raise HarnessError(f"no API key: {made.stderr[-2000:]}")
+    keys = {k: env[k] for k in ("MONGODB_URI", "MONGODB_DB", "LEASES_REDIS_URL", "LEASES_MONGO_TIMEOUT_MS")}
+    base = stack.enter_context(running_server(workers=1, threads=4, env={
+        **keys, "LEASES_TICKET_POLL_SECONDS": str(HTTP_POLL_SECONDS)}))
+    return base, made.stdout.strip().splitlines()[-1]
+
+
+def _end_vanishers(on: _Faulting) -> None:
+    for proc in on.vanishers:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
 
 
 def settle_seconds(config: RunConfig) -> float:
@@ -261,7 +311,8 @@ def settle_seconds(config: RunConfig) -> float:
     TTL (``LEASES_TICKET_TTL_MS``), and a second of slack."""
     from leases.conf import lease_settings
 
-    return max(config.ttl_s, int(lease_settings.TICKET_TTL_MS) / 1000) + 1.0
+    kept = (3 * HTTP_POLL_SECONDS) if "http-vanish" in config.kinds else 0
+    return max(config.ttl_s, int(lease_settings.TICKET_TTL_MS) / 1000, kept) + 1.0
 
 
 def run(config: RunConfig, *, run_dir: str, store_pid: int, mongo_uri: str, db_name: str) -> RunResult:
@@ -295,8 +346,11 @@ def run(config: RunConfig, *, run_dir: str, store_pid: int, mongo_uri: str, db_n
     log = f.FaultLog(run_dir)
     monitor = slots.Monitor() if config.audit_slots else None
     sweeper: _Sweeper | None = None
+    stack = ExitStack()
     spawned = time.monotonic()
     try:
+        if "http-vanish" in config.kinds:
+            on.http = _start_http(stack, env, mongo_uri)
         for group, tenants in (("t", config.tenants), ("f", config.fenced_tenants)):
             for tenant in range(1, tenants + 1):
                 for member in range(config.per_tenant):
@@ -334,6 +388,7 @@ def run(config: RunConfig, *, run_dir: str, store_pid: int, mongo_uri: str, db_n
             except subprocess.TimeoutExpired:
                 pass  # killed below; its last call stays indeterminate
         clients.shutdown()
+        _end_vanishers(on)
         if on.freeze is not None:
             on.freeze.end()
         if sweeper is not None:
@@ -350,12 +405,16 @@ def run(config: RunConfig, *, run_dir: str, store_pid: int, mongo_uri: str, db_n
             time.sleep(settle_seconds(config))
             audit = {"monitor_reads": monitor.reads, **slots.final_sweep()}
             problems.extend(slots.final_audit(all_gone=True))
+            problems.extend(slots.kept_past_deadline(run_dir, monitor.last_booked, keep_s=3.0 * HTTP_POLL_SECONDS,
+                                                     ttl_s=KEPT_TTL_S))
         return RunResult(history=history, faults=dict(log.counts), clients=len(clients.procs),
                          seconds=ended - started, startup_s=started - spawned, shutdown_s=shutdown_s,
                          slot_problems=problems, audit=audit, drops=proxy.stats if proxy else None,
                          sweeps=sweeper.rounds if sweeper else 0)
     finally:
         clients.shutdown()
+        _end_vanishers(on)
+        stack.close()
         if on.freeze is not None:
             on.freeze.end()
         if sweeper is not None:

@@ -77,6 +77,7 @@ class Monitor:
     period: float = 0.5
     problems: list[SlotProblem] = field(default_factory=list)
     reads: int = 0
+    last_booked: dict[str, float] = field(default_factory=dict)  # holder token -> last read that saw it booked
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -90,7 +91,7 @@ class Monitor:
             self._thread.join(10)
 
     def _loop(self) -> None:
-        from leases.store import client as store
+        from leases.store import client as store, entries as entry_codec
 
         seen: set[tuple[str, str, str]] = set()
         while not self._stop.wait(self.period):
@@ -102,6 +103,8 @@ class Monitor:
             now = time.monotonic()
             current = set()
             for doc in docs:
+                for entry in doc.get("holders") or ():
+                    self.last_booked[entry_codec.token_of(entry)] = now
                 for problem in counter_problems(doc, now):
                     key = (problem.kind, problem.key, problem.detail)
                     current.add(key)
@@ -158,4 +161,42 @@ def final_audit(*, all_gone: bool = True) -> list[SlotProblem]:
         for token, holder in sorted(holders.items()):
             if token not in booked_tokens:
                 found.append(SlotProblem("left-holder", "holders", now, f"holder {token} left: {dict(holder)}"))
+    return found
+
+
+def kept_past_deadline(run_dir: str, last_booked: dict[str, float], *, keep_s: float, ttl_s: float,
+                       slack_s: float = 1.0) -> list[SlotProblem]:
+    """HTTP kept tickets left behind (``tests.workers.http_ticket_client`` logs ``h*.log``) whose
+    slot outlived what the client was told.
+
+    A ticket whose client vanished without hearing of a grant lives until its poll deadline
+    (its last answered poll + three poll intervals): the monitor must not see its token
+    booked after that (+ ``slack_s``: the monitor's period and the clocks' offsets). One
+    whose client heard its grant is a lease: booked at most a TTL after that answer.
+    """
+    import json
+    import os
+
+    found = []
+    for name in sorted(os.listdir(run_dir)):
+        if not (name.startswith("h") and name.endswith(".log")):
+            continue
+        with open(os.path.join(run_dir, name), encoding="utf-8") as handle:
+            lines = [json.loads(raw) for raw in handle if raw.endswith("\n")]
+        vanished = [line for line in lines if line["what"] == "vanish"]
+        if not vanished:
+            continue
+        ticket = vanished[-1]["ticket"]
+        answered = [line["at"] for line in lines
+                    if line.get("ticket") == ticket and line["what"] in ("post", "poll") and line.get("status") in (200, 201, 202)]
+        polls = [line for line in lines if line["what"] == "poll" and line.get("status") == 201]
+        if vanished[-1].get("token"):  # it heard its grant: a lease of TTL ttl_s from that answer
+            limit, what = (polls[-1]["at"] if polls else max(answered)) + ttl_s, "its lease's TTL"
+        else:
+            limit, what = max(answered) + keep_s, "its poll deadline"
+        seen = last_booked.get(ticket)
+        if seen is not None and seen > limit + slack_s:
+            found.append(SlotProblem("kept-past-deadline", name[:-4], seen,
+                                     f"ticket {ticket} booked {seen - limit:.1f}s past {what} "
+                                     f"(its client's last answer at t={max(answered):.3f}, keep {keep_s:.0f}s)"))
     return found
