@@ -51,7 +51,7 @@ LEASE = "pauses"
 FENCED_LEASE = "pauses-fenced"
 FENCED_LEVELS = {"global": 2, "project": 2}
 KEPT_LEASE = "pauses-kept"
-KEPT_TTL_S = 10  # > a kept ticket's poll deadline (3 x HTTP_POLL_SECONDS): the two are told apart
+KEPT_TTL_S = 6  # > a kept ticket's poll deadline (3 x HTTP_POLL_SECONDS) + 2 s: the two are told apart
 HTTP_POLL_SECONDS = 1
 #: In turn: vanish once granted (a lease: its TTL), at position 1 (granted between polls that
 #: never come: its poll deadline), right after queueing (its poll deadline).
@@ -307,11 +307,12 @@ def _end_vanishers(on: _Faulting) -> None:
 
 
 def settle_seconds(config: RunConfig) -> float:
-    """How long a client gone leaves anything behind legitimately: a holder's TTL, a ticket's
+    """How long a client gone leaves anything behind legitimately: a holder's TTL (an HTTP
+    client that vanished after hearing its grant holds a lease of ``KEPT_TTL_S``), a ticket's
     TTL (``LEASES_TICKET_TTL_MS``), and a second of slack."""
     from leases.conf import lease_settings
 
-    kept = (3 * HTTP_POLL_SECONDS) if "http-vanish" in config.kinds else 0
+    kept = KEPT_TTL_S if "http-vanish" in config.kinds else 0
     return max(config.ttl_s, int(lease_settings.TICKET_TTL_MS) / 1000, kept) + 1.0
 
 

@@ -187,11 +187,12 @@ def kept_past_deadline(run_dir: str, last_booked: dict[str, float], *, keep_s: f
         if not vanished:
             continue
         ticket = vanished[-1]["ticket"]
-        answered = [line["at"] for line in lines
-                    if line.get("ticket") == ticket and line["what"] in ("post", "poll") and line.get("status") in (200, 201, 202)]
-        polls = [line for line in lines if line["what"] == "poll" and line.get("status") == 201]
+        answered = [line["at"] for line in lines if ticket in (line.get("ticket"), line.get("token"))
+                    and line["what"] in ("post", "poll") and line.get("status") in (200, 201, 202)]
+        if not answered:
+            continue
         if vanished[-1].get("token"):  # it heard its grant: a lease of TTL ttl_s from that answer
-            limit, what = (polls[-1]["at"] if polls else max(answered)) + ttl_s, "its lease's TTL"
+            limit, what = max(answered) + ttl_s, "its lease's TTL"
         else:
             limit, what = max(answered) + keep_s, "its poll deadline"
         seen = last_booked.get(ticket)

@@ -8,15 +8,17 @@ Usage:
 
 Modes, each ending with the process gone and its ticket never abandoned (no DELETE):
 
-* ``before`` — ``POST /api/v1/leases`` with a short ``waitMs``; on ``202`` poll once, then
+* ``before`` — ``POST /api/v1/leases`` (type ``tex``: a handler every server registers) with a
+  short ``waitMs``; on ``202`` poll once, then
   vanish while the ticket still waits (its grant, if it comes, finds nobody);
 * ``after`` — poll until the ticket is next (position 1), then vanish: it is likely granted
   between polls that never come;
-* ``granted`` — poll until the poll answers the lease (``201``), then vanish without
-  releasing it (a client that crashed right after its grant).
+* ``granted`` — vanish with the lease once an answer grants it (the POST's or a poll's
+  ``201``) without releasing it (a client that crashed right after its grant): it keeps
+  the slot for the lease's TTL, so the next clients get tickets.
 
-A ``201`` on the POST itself (a slot was free) is released at once and the client tries
-again (it is here to leave a *ticket* behind), a bounded number of times. Every answer is
+In the other modes a ``201`` on the POST itself (a slot was free) is released at once and
+the client tries again (it is here to leave a *ticket* behind), a bounded number of times. Every answer is
 appended to ``<log-file>`` as a JSON line (``{"at", "what", "status", ...}``) for the report.
 """
 
@@ -58,7 +60,7 @@ def vanish(mode: str, log_file: str, base: str, secret: str, lease: str, project
             log.flush()
 
         for _ in range(MAX_TRIES):
-            body = {"type": "history", "projectId": project, "userId": user, "lease": lease, "waitMs": 200}
+            body = {"type": "tex", "projectId": project, "userId": user, "lease": lease, "waitMs": 200}
             try:
                 answer = session.post(f"{base}/api/v1/leases", json=body, timeout=10)
             except requests.RequestException as exc:
@@ -67,8 +69,12 @@ def vanish(mode: str, log_file: str, base: str, secret: str, lease: str, project
                 continue
             note("post", answer)
             if answer.status_code == 201:
-                session.delete(f"{base}/api/v1/leases/{answer.json()['token']}", timeout=10)
-                time.sleep(0.1)
+                token = answer.json()["token"]
+                if mode == "granted":
+                    note("vanish", ticket=token, token=token)
+                    return  # a lease granted at once and gone: its TTL brings it back
+                session.delete(f"{base}/api/v1/leases/{token}", timeout=10)
+                time.sleep(0.5)
                 continue
             if answer.status_code != 202:
                 time.sleep(0.3)
