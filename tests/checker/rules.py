@@ -37,7 +37,8 @@ when it was invoked less than ``ttl_s`` after the invocation of the previous suc
 check of its token (or less than ``ttl_s - GRANT_MARGIN_S`` after the acquire's
 completion: a direct grant is stamped when it is made, up to a claim window before the
 waiter hears of it), and no store fault (``store-stop``, ``reply-lost``) and no stop or
-kill of that process overlaps the interval. A slot handed over as a lease that is already
+kill of that process overlaps the interval (for a first check, from the acquire's
+invocation: a waiter stopped while it waited may be granted while it cannot claim). A slot handed over as a lease that is already
 dead (a waiter whose holder was reaped while it waited past the TTL) is one.
 """
 
@@ -232,20 +233,22 @@ def losses(history: History, *, ttl_s: float) -> list[Loss]:
     for process in sorted({c.process for c in history.calls}):
         excused = stopped(history, process) + [
             (f.start, f.end if f.end is not None else float("inf")) for f in history.faults if f.kind in STORE_FAULTS]
-        since: dict[str, tuple[float, float]] = {}  # token -> (last success, its validity in s)
+        # token -> (last success, its validity in s, where an excusing fault may start)
+        since: dict[str, tuple[float, float, float]] = {}
         done: set[str] = set()
         for call in history.of(process):
             token = call.token or ""
             if not token or token in done:
                 continue
             if call.op == "acquire" and call.outcome == "ok" and call.completed is not None:
-                since[token] = (call.completed, ttl_s - GRANT_MARGIN_S)
+                # A waiter stopped during its wait may have been granted while it could not claim.
+                since[token] = (call.completed, ttl_s - GRANT_MARGIN_S, call.invoked)
             elif call.op == "check" and call.outcome == "ok" and token in since:
-                since[token] = (call.invoked, ttl_s)
+                since[token] = (call.invoked, ttl_s, call.invoked)
             elif call.op == "check" and call.outcome == "lost" and call.completed is not None and token in since:
                 done.add(token)
-                at, valid = since[token]
-                if call.invoked - at < valid and _stopped_within(excused, at, call.completed) == 0:
+                at, valid, from_ = since[token]
+                if call.invoked - at < valid and _stopped_within(excused, from_, call.completed) == 0:
                     found.append(Loss(process, token, at, call))
     return found
 
