@@ -51,7 +51,7 @@ LEASE = "pauses"
 FENCED_LEASE = "pauses-fenced"
 FENCED_LEVELS = {"global": 2, "project": 2}
 KEPT_LEASE = "pauses-kept"
-KEPT_TTL_S = 6  # > a kept ticket's poll deadline (3 x HTTP_POLL_SECONDS) + 2 s: the two are told apart
+KEPT_TTL_S = 5  # >= a kept ticket's poll deadline (3 x HTTP_POLL_SECONDS) + 2 s: the two are told apart
 HTTP_POLL_SECONDS = 1
 #: In turn: vanish once granted (a lease: its TTL), at position 1 (granted between polls that
 #: never come: its poll deadline), right after queueing (its poll deadline).
@@ -93,6 +93,8 @@ class RunConfig:
     hold_ttls: float = 2.5  # a long hold: this many TTLs
     redis_stop_s: float = 5.0  # SIGSTOP of Redis (runs beside the other faults)
     sweep_s: float | None = None  # the operator's sweep this often during the run (None: never)
+    http_modes: tuple[str, ...] = HTTP_MODES  # http-vanish: the HTTP clients' modes, in turn
+    fault_margin_s: float | None = None  # a fault starts only this long before the end (None: TTL + 2.6 s)
     audit_slots: bool = True  # "every slot comes back": the counters read every 0.5 s ...
     final_audit: bool = True  # ... and, once what the clients left has expired, a sweep and the audit
 
@@ -204,7 +206,7 @@ def _inject(kind: str, clients: Clients, log: f.FaultLog, rng: random.Random, co
         if on.http is None:
             return False
         n = len(on.vanishers)
-        mode = HTTP_MODES[n % len(HTTP_MODES)]
+        mode = config.http_modes[n % len(config.http_modes)]
         name = f"h{n}.{mode}"
         on.vanishers.append(subprocess.Popen(
             [sys.executable, "-m", "tests.workers.http_ticket_client", mode, os.path.join(clients.run_dir, name + ".log"),
@@ -376,7 +378,8 @@ def run(config: RunConfig, *, run_dir: str, store_pid: int, mongo_uri: str, db_n
                 name = clients.crashed()[0]
                 raise HarnessError(f"client {name} exited: {clients.stderr(name)}")
             # a fault starts only if it ends (longest: a stop) with a quiet second left in the run
-            if config.kinds and time.monotonic() >= next_fault and time.monotonic() + config.ttl_s + 2.6 < end:
+            margin = config.ttl_s + 2.6 if config.fault_margin_s is None else config.fault_margin_s
+            if config.kinds and time.monotonic() >= next_fault and time.monotonic() + margin < end:
                 _inject(config.kinds[index % len(config.kinds)], clients, log, rng, config, on)
                 index += 1
                 next_fault = time.monotonic() + rng.uniform(*config.fault_gap_s)
