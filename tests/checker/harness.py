@@ -251,6 +251,7 @@ class _Sweeper:
     def __init__(self, period: float) -> None:
         self.period = period
         self.rounds = 0
+        self.errors: list[str] = []  # the rounds that failed (a stopped store), for the report
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="sweeper", daemon=True)
         self._thread.start()
@@ -262,8 +263,8 @@ class _Sweeper:
             try:
                 rounds.sweep_without_handlers()
                 self.rounds += 1
-            except Exception:  # noqa: BLE001 - the store stopped: the next round tries again
-                pass
+            except Exception as exc:  # noqa: BLE001 - the store stopped: the next round tries again
+                self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
 
     def stop(self) -> None:
         self._stop.set()
@@ -397,6 +398,10 @@ def run(config: RunConfig, *, run_dir: str, store_pid: int, mongo_uri: str, db_n
         gone = time.monotonic()  # what a client left behind is dated from here
         if on.freeze is not None:
             on.freeze.end()
+        if monitor is not None and on.http is not None:
+            # A ticket left at its poll deadline must not be seen booked past it (+ slack); the
+            # beat's sweep goes on meanwhile (it does not stop because the clients did).
+            time.sleep(max(0.0, 3.0 * HTTP_POLL_SECONDS + 1.5 - (time.monotonic() - gone)))
         if sweeper is not None:
             sweeper.stop()
         history = load(run_dir, ended=ended)
@@ -404,9 +409,6 @@ def run(config: RunConfig, *, run_dir: str, store_pid: int, mongo_uri: str, db_n
         problems: list[slots.SlotProblem] = []
         audit: dict = {}
         if monitor is not None:
-            if on.http is not None:
-                # A ticket left at its poll deadline must not be seen booked past it (+ slack).
-                time.sleep(max(0.0, 3.0 * HTTP_POLL_SECONDS + 1.5 - (time.monotonic() - gone)))
             monitor.stop()
             problems.extend(monitor.problems)
             audit = {"monitor_reads": monitor.reads}

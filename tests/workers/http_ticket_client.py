@@ -54,7 +54,8 @@ def vanish(mode: str, log_file: str, base: str, secret: str, lease: str, project
             if response is not None:
                 line["status"] = response.status_code
                 body = response.json() if response.content else {}
-                line.update({k: body.get(k) for k in ("ticket", "token", "position", "level", "code") if k in body})
+                line.update({k: body.get(k) for k in ("ticket", "token", "position", "level", "code", "ttlSeconds", "expiresAt", "serverTime",
+                                                           "deadline") if k in body})
             line.update(fields)
             log.write(json.dumps(line) + "\n")
             log.flush()
