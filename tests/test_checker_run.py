@@ -110,13 +110,13 @@ def test_given_holders_that_keep_their_slot_past_the_ttl_under_the_sweep_then_no
 def test_given_http_tickets_left_before_and_after_their_grant_then_each_slot_comes_back_at_the_poll_deadline(
         own_store, tmp_path):
     # No client of the history: HTTP clients only (a gunicorn of this run, tickets polled
-    # every 1 s, so a ticket lives 3 s unpolled) on {global: 1} with TTL 5 s. At ~2.7 s one
-    # takes the slot and vanishes with its lease (5 s); at ~5.4 s one queues, polls once and
-    # vanishes: the slot frees at ~7.7-8.2 s (the sweep every 0.5 s reaps the lease), within
-    # that ticket's poll deadline (~8.9 s), so it is granted between polls that never come,
-    # and must be back by then (+ 1.5 s: the monitor's period, the clocks) - not 5 s later.
-    config = harness.RunConfig(seconds=7.0, tenants=0, fault_gap_s=(2.5, 2.8), kinds=("http-vanish",),
-                               http_modes=("granted", "before"), fault_margin_s=0.5, sweep_s=0.5,
+    # every 1 s, so a ticket lives 3 s unpolled) on {global: 1} with TTL 8 s. At ~1.1 s one
+    # takes the slot, holds it 3 s and releases it; at ~2.2 s one queues, polls once and
+    # vanishes (poll deadline ~5.7 s): the release at ~4.1 s grants it between polls that
+    # never come, and its slot must be back by its poll deadline (+ 1.5 s: the monitor's
+    # period, the clocks), not a TTL later. The sweep runs every 0.5 s.
+    config = harness.RunConfig(seconds=5.0, tenants=0, fault_gap_s=(1.0, 1.2), kinds=("http-vanish",),
+                               http_modes=("hold", "before"), fault_margin_s=1.5, sweep_s=0.5,
                                final_audit=False)
     result = harness.run(config, run_dir=str(tmp_path), store_pid=own_store.pid, mongo_uri=own_store.uri,
                          db_name=store.database_name())

@@ -51,11 +51,13 @@ LEASE = "pauses"
 FENCED_LEASE = "pauses-fenced"
 FENCED_LEVELS = {"global": 2, "project": 2}
 KEPT_LEASE = "pauses-kept"
-KEPT_TTL_S = 5  # >= a kept ticket's poll deadline (3 x HTTP_POLL_SECONDS) + 2 s: the two are told apart
+KEPT_TTL_S = 8  # well past a kept ticket's poll deadline (3 x HTTP_POLL_SECONDS): the two are told apart
 HTTP_POLL_SECONDS = 1
-#: In turn: vanish once granted (a lease: its TTL), at position 1 (granted between polls that
-#: never come: its poll deadline), right after queueing (its poll deadline).
-HTTP_MODES = ("granted", "after", "before")
+#: In turn (tests.workers.http_ticket_client): hold 3 s and release (the release grants the
+#: next ticket in its own command), vanish right after queueing (a grant between polls that
+#: never come: back by the poll deadline), vanish once granted (a lease: back after its TTL),
+#: vanish at position 1.
+HTTP_MODES = ("hold", "before", "granted", "after")
 #: One of each, in this order, then again (the short run in the suite does each once).
 KINDS = ("holder-stop", "store-stop", "waiter-stop", "kill", "redis-restart", "stall")
 #: The faults of issue 34: a write applied and its answer lost, a holder keeping its slot

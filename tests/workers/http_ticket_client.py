@@ -13,6 +13,9 @@ Modes, each ending with the process gone and its ticket never abandoned (no DELE
   vanish while the ticket still waits (its grant, if it comes, finds nobody);
 * ``after`` — poll until the ticket is next (position 1), then vanish: it is likely granted
   between polls that never come;
+* ``hold`` — not a vanisher: keep the lease granted (the POST's or a poll's ``201``) for
+  ``HOLD_S`` and release it (``DELETE``): the release hands the slot to the next ticket in
+  the same command, between that ticket's polls;
 * ``granted`` — vanish with the lease once an answer grants it (the POST's or a poll's
   ``201``) without releasing it (a client that crashed right after its grant): it keeps
   the slot for the lease's TTL, so the next clients get tickets.
@@ -28,6 +31,7 @@ import time
 
 MAX_TRIES = 5
 POLL_BOUND_S = 20.0  # a poll loop never outlasts this (the injector does not wait for it)
+HOLD_S = 3.0
 
 
 def make_key(tenant: str, projects: list[str]) -> None:
@@ -60,6 +64,11 @@ def vanish(mode: str, log_file: str, base: str, secret: str, lease: str, project
             log.write(json.dumps(line) + "\n")
             log.flush()
 
+        def hold(token: str) -> None:
+            time.sleep(HOLD_S)
+            released = session.delete(f"{base}/api/v1/leases/{token}", timeout=10)
+            note("release", released, token=token)
+
         for _ in range(MAX_TRIES):
             body = {"type": "tex", "projectId": project, "userId": user, "lease": lease, "waitMs": 200}
             try:
@@ -71,6 +80,9 @@ def vanish(mode: str, log_file: str, base: str, secret: str, lease: str, project
             note("post", answer)
             if answer.status_code == 201:
                 token = answer.json()["token"]
+                if mode == "hold":
+                    hold(token)
+                    return
                 if mode == "granted":
                     note("vanish", ticket=token, token=token)
                     return  # a lease granted at once and gone: its TTL brings it back
@@ -101,6 +113,9 @@ def vanish(mode: str, log_file: str, base: str, secret: str, lease: str, project
                 polls += 1
                 note("poll", polled, ticket=ticket["ticket"])
                 if polled.status_code == 201:
+                    if mode == "hold":
+                        hold(polled.json()["token"])
+                        return
                     if mode == "granted" or mode == "after":
                         note("vanish", ticket=ticket["ticket"], token=polled.json().get("token"))
                         return  # granted and gone: nobody renews or releases it
