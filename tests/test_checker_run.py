@@ -84,14 +84,23 @@ def test_given_six_clients_under_every_fault_kind_then_no_overlap_no_revival_and
     assert result.slot_problems == [], "\n".join(map(str, result.slot_problems))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 34 defect 2: a waiter that waits longer than the TTL is granted a "
+class VacuousRun(RuntimeError):
+    """The run did not set up what the case is about: not the expected failure (``xfail(raises=...)``)."""
+
+
+def require(condition: bool, what: object) -> None:
+    if not condition:
+        raise VacuousRun(str(what))
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="issue 34 defect 2: a waiter that waits longer than the TTL is granted a "
                                        "lease that is already dead (its PENDING holder was reaped meanwhile)")
 def test_given_holders_that_keep_their_slot_past_the_ttl_under_the_sweep_then_no_waiter_loses_its_grant(
         own_store, tmp_path):
-    # Four clients (two tenants, tenant cap 1): a holder keeps its lease 5 s (2.5 TTLs),
-    # renewing it, so the other of its tenant waits past the TTL while the operator's sweep
-    # runs every second; from ~0.5 s on, every 0.5-1 s, for 9 s.
-    config = harness.RunConfig(seconds=9.0, tenants=2, fault_gap_s=(0.5, 1.0), kinds=("long-hold",),
+    # Two clients of one tenant (tenant cap 1): the holder keeps its lease 5 s (2.5 TTLs),
+    # renewing it, so the other waits past the TTL while the operator's sweep runs every
+    # second; from ~0.5 s on, every 0.5-1 s, in a run of 7 s.
+    config = harness.RunConfig(seconds=7.0, tenants=1, fault_gap_s=(0.5, 1.0), kinds=("long-hold",),
                                sweep_s=1.0, final_audit=False, fault_margin_s=3.0)
     result = harness.run(config, run_dir=str(tmp_path), store_pid=own_store.pid, mongo_uri=own_store.uri,
                          db_name=store.database_name())
@@ -100,12 +109,12 @@ def test_given_holders_that_keep_their_slot_past_the_ttl_under_the_sweep_then_no
              if c.op == "acquire" and c.outcome == "ok" and c.completed is not None]
     print(f"\nlong holds: faults {result.faults}, sweeps {result.sweeps}, longest wait {max(waits, default=0):.2f}s, "
           f"losses {[str(v) for v in verdict.losses]}")
-    assert result.faults.get("long-hold", 0) >= 3 and max(waits, default=0) > config.ttl_s, (result.faults, waits)
+    require(result.faults.get("long-hold", 0) >= 2 and max(waits, default=0) > config.ttl_s, (result.faults, waits))
     assert verdict.losses == [], "\n".join(map(str, verdict.losses))
     assert verdict.overlaps == [] and verdict.revivals == []
 
 
-@pytest.mark.xfail(strict=True, reason="issue 34 defect 5: an HTTP ticket granted between polls keeps its slot for "
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="issue 34 defect 5: an HTTP ticket granted between polls keeps its slot for "
                                        "the lease's TTL, not its poll deadline")
 def test_given_http_tickets_left_before_and_after_their_grant_then_each_slot_comes_back_at_the_poll_deadline(
         own_store, tmp_path):
@@ -121,5 +130,6 @@ def test_given_http_tickets_left_before_and_after_their_grant_then_each_slot_com
     result = harness.run(config, run_dir=str(tmp_path), store_pid=own_store.pid, mongo_uri=own_store.uri,
                          db_name=store.database_name())
     print(f"\nHTTP tickets left: faults {result.faults}, slot problems {[str(p) for p in result.slot_problems]}")
-    assert result.faults.get("http-vanish", 0) >= 2, result.faults
+    require(result.faults.get("http-vanish", 0) >= 2 and result.audit.get("monitor_reads", 0) >= 10,
+            (result.faults, result.audit))
     assert result.slot_problems == [], "\n".join(map(str, result.slot_problems))

@@ -179,6 +179,7 @@ class _Faulting:
     proxy: ReplyDropper | None = None
     freeze: f.RedisFreeze | None = None
     http: tuple[str, str] | None = None  # (base URL, API key) of this run's HTTP server
+    long_holds: dict[str, float] = field(default_factory=dict)  # client -> when its long hold ends
     vanishers: list[subprocess.Popen] = field(default_factory=list)
 
 
@@ -230,8 +231,13 @@ def _inject(kind: str, clients: Clients, log: f.FaultLog, rng: random.Random, co
             name = rng.choice(holding)
             if f.stall_client(log, clients.run_dir, name, clients.procs[name].pid, config.stop_seconds(rng)):
                 return True
-        if kind == "long-hold" and holding:
-            f.ask_long_hold(log, clients.run_dir, rng.choice(holding), config.hold_ttls * config.ttl_s)
+        # A holder in its long hold is not asked again: the hold must end for a waiter to be granted.
+        free = [n for n in holding if on.long_holds.get(n, 0.0) < time.monotonic()]
+        if kind == "long-hold" and free:
+            name = rng.choice(free)
+            seconds = config.hold_ttls * config.ttl_s
+            f.ask_long_hold(log, clients.run_dir, name, seconds)
+            on.long_holds[name] = time.monotonic() + seconds + 1.0
             return True
         if kind in ("holder-stop", "waiter-stop"):
             pool = holding if kind == "holder-stop" else waiting
@@ -291,18 +297,21 @@ def put_definitions(config: RunConfig) -> None:
 
 
 def _start_http(stack: ExitStack, env: dict[str, str], direct_uri: str) -> tuple[str, str]:
-    """This run's gunicorn (one worker, four threads) and an API key of tenant ``h1`` on its store."""
+    """This run's gunicorn (one worker, four threads) and an API key of tenant ``h1`` on its store
+    (made by a child process while the server starts: both set Django up)."""
     from tests.http_server import running_server
 
-    made = subprocess.run([sys.executable, "-m", "tests.workers.http_ticket_client", "key", "h1", "p1"],
-                          cwd=REPO, env={**env, "MONGODB_URI": direct_uri}, capture_output=True, text=True,
-                          timeout=60)
-    if made.returncode != 0:
-        raise HarnessError(f"no API key: {made.stderr[-2000:]}")
+    maker = subprocess.Popen([sys.executable, "-m", "tests.workers.http_ticket_client", "key", "h1", "p1"],
+                             cwd=REPO, env={**env, "MONGODB_URI": direct_uri}, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    stack.callback(lambda: maker.poll() is None and maker.kill())
     keys = {k: env[k] for k in ("MONGODB_URI", "MONGODB_DB", "LEASES_REDIS_URL", "LEASES_MONGO_TIMEOUT_MS")}
     base = stack.enter_context(running_server(workers=1, threads=4, env={
         **keys, "LEASES_TICKET_POLL_SECONDS": str(HTTP_POLL_SECONDS)}))
-    return base, made.stdout.strip().splitlines()[-1]
+    out, err = maker.communicate(timeout=60)
+    if maker.returncode != 0:
+        raise HarnessError(f"no API key: {err[-2000:]}")
+    return base, out.strip().splitlines()[-1]
 
 
 def _end_vanishers(on: _Faulting) -> None:
