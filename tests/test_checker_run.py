@@ -99,7 +99,7 @@ def test_given_holders_that_keep_their_slot_past_the_ttl_under_the_sweep_then_no
         own_store, tmp_path):
     # Two clients of one tenant (tenant cap 1): the holder keeps its lease 5 s (2.5 TTLs),
     # renewing it, so the other waits past the TTL while the operator's sweep runs every
-    # second; from ~0.5 s on, every 0.5-1 s, in a run of 7 s.
+    # second (a holder is asked again only once its hold is over); in a run of 7 s.
     config = harness.RunConfig(seconds=7.0, tenants=1, fault_gap_s=(0.5, 1.0), kinds=("long-hold",),
                                sweep_s=1.0, final_audit=False, fault_margin_s=3.0)
     result = harness.run(config, run_dir=str(tmp_path), store_pid=own_store.pid, mongo_uri=own_store.uri,
@@ -109,7 +109,7 @@ def test_given_holders_that_keep_their_slot_past_the_ttl_under_the_sweep_then_no
              if c.op == "acquire" and c.outcome == "ok" and c.completed is not None]
     print(f"\nlong holds: faults {result.faults}, sweeps {result.sweeps}, longest wait {max(waits, default=0):.2f}s, "
           f"losses {[str(v) for v in verdict.losses]}")
-    require(result.faults.get("long-hold", 0) >= 2 and max(waits, default=0) > config.ttl_s, (result.faults, waits))
+    require(result.faults.get("long-hold", 0) >= 1 and max(waits, default=0) > config.ttl_s, (result.faults, waits))
     assert verdict.losses == [], "\n".join(map(str, verdict.losses))
     assert verdict.overlaps == [] and verdict.revivals == []
 
