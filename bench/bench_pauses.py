@@ -66,7 +66,7 @@ def main() -> int:
     from tests.checker import harness, rules  # noqa: E402 - REPO is on sys.path now
 
     named = {"all": harness.ALL_KINDS, "old": harness.KINDS, "new": harness.NEW_KINDS, "none": ()}
-    config = harness.RunConfig(seconds=args.seconds, tenants=max(1, args.processes // args.per_tenant),
+    config = harness.RunConfig(seconds=args.seconds, tenants=args.processes // args.per_tenant,
                                per_tenant=args.per_tenant, seed=args.seed,
                                kinds=named[args.kinds] if args.kinds in named else tuple(args.kinds.split(",")),
                                fenced_tenants=args.fenced, sweep_s=args.sweep or None, redis_stop_s=args.redis_stop)
@@ -84,7 +84,7 @@ def main() -> int:
                              db_name=store.database_name())
     finally:
         server.stop()
-    groups = [("t", harness.LEASE, config.levels)]
+    groups = [("t", harness.LEASE, config.levels)] if config.tenants else []
     if config.fenced_tenants:
         groups.append(("f", harness.FENCED_LEASE, harness.FENCED_LEVELS))
     outcomes: dict[str, int] = {}
