@@ -8,7 +8,9 @@ with a ``LeaseRequest`` on the named definition ``<lease>``, detached: idle reap
 (:class:`tests.checker.history.Recorder`) in ``<run-dir>/<name>.history.jsonl``.
 
 After a ``LeaseLost`` it checks the token once more (the no-revival rule needs a later check
-to judge) and releases. A stall is requested by the test creating ``<run-dir>/<name>.stall``:
+to judge) and releases. After a release that failed (``LeaseUnavailable``: nothing was
+released, says its contract) it checks the lease before it tries again: a lease that passes
+that check is held, so a slot the failed release handed on shows as an overlap. A stall is requested by the test creating ``<run-dir>/<name>.stall``:
 after the next successful check the process stops itself with SIGSTOP — a stop-the-world
 pause between the check and the use — and the test's injector continues it. A long hold
 is requested by ``<run-dir>/<name>.hold`` (its text: seconds): after its next successful
@@ -78,6 +80,10 @@ def _release(recorder: Recorder, lease) -> None:
             outcome, fields = _outcome(exc)
             recorder.complete(call, outcome, **fields)
             time.sleep(UNAVAILABLE_BACKOFF_S)
+            # A failed release says nothing was released: the lease is still the client's to
+            # use, so it checks it (a slot that went on meanwhile shows as an overlap).
+            if _check(recorder, lease) == "lost":
+                return
             continue
         recorder.complete(call, "ok", detail=f"released={released}")
         return
