@@ -97,6 +97,7 @@ class RunConfig:
     sweep_s: float | None = None  # the operator's sweep this often during the run (None: never)
     http_modes: tuple[str, ...] = HTTP_MODES  # http-vanish: the HTTP clients' modes, in turn
     fault_margin_s: float | None = None  # a fault starts only this long before the end (None: TTL + 2.6 s)
+    check_after_failed_release: bool = True  # a client checks its lease after a release that failed
     audit_slots: bool = True  # "every slot comes back": the counters read every 0.5 s ...
     final_audit: bool = True  # ... and, once what the clients left has expired, a sweep and the audit
 
@@ -357,6 +358,7 @@ def run(config: RunConfig, *, run_dir: str, store_pid: int, mongo_uri: str, db_n
         "PYTHONPATH": REPO + os.pathsep + env.get("PYTHONPATH", ""), "LEASES_REDIS_URL": redis_server.url,
         "LEASES_MONGO_TIMEOUT_MS": str(config.mongo_timeout_ms), "LEASES_POD_AUTOSTART": "0",
         "DJANGO_LOG_LEVEL": "ERROR", "PYTHONUNBUFFERED": "1",
+        "HISTORY_CHECK_AFTER_FAILED_RELEASE": "1" if config.check_after_failed_release else "0",
     })
     clients = Clients(run_dir, env, config)
     log = f.FaultLog(run_dir)
