@@ -297,6 +297,12 @@ def put_definitions(config: RunConfig) -> None:
         put(KEPT_LEASE, {"global": 1}, ttl_s=KEPT_TTL_S)
 
 
+def _kill_if_running(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(10)
+
+
 def _start_http(stack: ExitStack, env: dict[str, str], direct_uri: str) -> tuple[str, str]:
     """This run's gunicorn (one worker, four threads) and an API key of tenant ``h1`` on its store
     (made by a child process while the server starts: both set Django up)."""
@@ -305,7 +311,7 @@ def _start_http(stack: ExitStack, env: dict[str, str], direct_uri: str) -> tuple
     maker = subprocess.Popen([sys.executable, "-m", "tests.workers.http_ticket_client", "key", "h1", "p1"],
                              cwd=REPO, env={**env, "MONGODB_URI": direct_uri}, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
-    stack.callback(lambda: maker.poll() is None and maker.kill())
+    stack.callback(_kill_if_running, maker)
     keys = {k: env[k] for k in ("MONGODB_URI", "MONGODB_DB", "LEASES_REDIS_URL", "LEASES_MONGO_TIMEOUT_MS")}
     base = stack.enter_context(running_server(workers=1, threads=4, env={
         **keys, "LEASES_TICKET_POLL_SECONDS": str(HTTP_POLL_SECONDS)}))
@@ -317,9 +323,7 @@ def _start_http(stack: ExitStack, env: dict[str, str], direct_uri: str) -> tuple
 
 def _end_vanishers(on: _Faulting) -> None:
     for proc in on.vanishers:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        _kill_if_running(proc)
 
 
 def settle_seconds(config: RunConfig) -> float:
