@@ -21,6 +21,9 @@ would discover the server's own address and bypass the proxy), so no dropped wri
 retried by the driver: the engine gets the error (``AutoReconnect``) at once. The proxy
 counts dropped commands that carried a ``txnNumber`` and requests that repeat a dropped
 one's ``(lsid, txnNumber)``, so a run says which happened (:attr:`ReplyDropper.stats`).
+SecantusDB as a single-node replica set does get ``txnNumber`` from pymongo, and answers an
+``insert`` repeated under one ``(lsid, txnNumber)`` as applied once (``n: 1`` both times,
+one document), so the retry a replica set gets is safe.
 """
 
 from __future__ import annotations
