@@ -19,6 +19,7 @@ from typing import Any
 from pymongo import ReturnDocument
 
 from .. import ids
+from ..definitions import caps
 from ..definitions.model import LeaseDefinition, LevelSpec
 from ..queue import fences, shares, slots, waiting
 from ..store import client as store, entries, holder_commands as commands
@@ -116,6 +117,7 @@ class Attempt:
             raise _Blocked(self.gate, None)
         try:
             retried: set[str] = set()
+            settled: set[str] = set()
             fence: fences.Plan | None = None
             read: CounterDoc | None = None
             proposals = 0  # fence proposals a fresh read showed room for, beyond the one retry
@@ -142,6 +144,12 @@ class Attempt:
                 # document; a counter with room was created or freed meanwhile: try again.
                 counter = read = waiting.read_gate(spec.key)
                 fences.note(counter)
+                if caps.pending(spec, counter) and spec.key not in settled:
+                    # Born pending (cap 1) and its creator has not settled it (yet, or ever):
+                    # stamp it from a fresh read ourselves and try again.
+                    settled.add(spec.key)
+                    caps.settle([spec], self.definition.resource)
+                    continue
                 if counter is not None and "holders" not in counter:  # written before entries
                     booked_by = slots.entries_by_key([spec.key])
                     slots.convert_legacy(counter, booked_by, safety=timedelta(0),

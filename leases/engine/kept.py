@@ -14,9 +14,9 @@ from typing import Any
 import pymongo.errors
 from pymongo import ReturnDocument
 
-from .. import validation
 from ..definitions import model as definitions
 from ..errors import LeaseExpired, LeaseUnavailable
+from ..ids import validation
 from ..queue import grants, shares, waiting
 from ..store import client as store, holder_commands
 from ..store.documents import CounterDoc, TicketDoc

@@ -143,6 +143,11 @@ class Waiter:
                     outcome = "timeout"
                     raise self._give_up(left=left)
                 period = waiting.poll_ms() / 1000.0 * random.uniform(1.0, 1.25)
+                if not wakeups.listening():
+                    # No wake-up can reach us (Redis down): a slot handed to our ticket is ours
+                    # only for the claim window, so look within it, or another waiter's repair
+                    # ends the grant as unclaimed and the slot idles until the next poll.
+                    period = min(period, grants.claim_ms() / 1000.0 * random.uniform(0.4, 0.5))
                 if self.sat_out:
                     # Sitting out passes the turn only for a moment (the younger tickets of
                     # our tenant wait behind us meanwhile): look again as soon as it ends.

@@ -286,14 +286,17 @@ def _in_one_bulk(gate: CounterDoc, ticket: TicketDoc, booking: str, grant: tuple
     at_gate = len(before)
     for spec in narrow:
         seeded = counter_commands.seed(resource=resource, level=spec.level, scope=spec.scope,
-                                       tenant_id=spec.tenant_id, cap=spec.cap)
+                                       tenant_id=spec.tenant_id, cap=spec.cap, lease=caps.born(spec, resource))
         clauses = [c for c in (caps.obeyed(spec),) if c]
         ops.append(UpdateOne(*counter_commands.take_slot(spec.key, booking, cap=spec.cap, seeded=seeded,
                                                          clauses=clauses), upsert=True))
+    narrow_from = at_gate + 1  # the index of the first narrower level's push in ``ops``
     try:
-        store.counters().bulk_write(ops, ordered=True)
+        done = store.counters().bulk_write(ops, ordered=True)
+        _settle_created(narrow, resource, [i - narrow_from for i in done.upserted_ids or {}])
         return True
     except pymongo.errors.BulkWriteError as exc:
+        _settle_created(narrow, resource, [u["index"] - narrow_from for u in exc.details.get("upserted") or ()])
         errors = exc.details.get("writeErrors") or []
         # The bulk stops at its first error, whatever it is; without one (a write concern
         # error) every op may have landed: undo them all.
@@ -307,6 +310,14 @@ def _in_one_bulk(gate: CounterDoc, ticket: TicketDoc, booking: str, grant: tuple
     undo.append(UpdateOne(*ticket_commands.enqueue(gate["_id"], dict(ticket))))
     store.counters().bulk_write(undo, ordered=True)
     return UNDONE
+
+
+def _settle_created(narrow: Sequence[LevelSpec], resource: str, indexes: Sequence[int]) -> None:
+    """Settle the narrower counters a grant's bulk created (born pending, the ticket's ``lv``
+    view may predate a write): :func:`leases.definitions.caps.settle`. Never raises."""
+    created = [narrow[i] for i in indexes if 0 <= i < len(narrow)]
+    if created:
+        caps.settle(created, resource)
 
 
 def complete(keys: Sequence[str], booking: str) -> bool:

@@ -57,8 +57,9 @@ def take(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_key: s
     taken at most once per entry and never past the cap. The push is an upsert: on a level
     that has no room the insert collides on ``_id`` and stops the bulk right there, so no
     wider level is touched after a full one; a missing counter is created by it (first
-    use). A collision can also mean a simultaneous first use: the caller reads that counter
-    and tries again when it has room.
+    use), born pending and settled here from a fresh read (:mod:`leases.definitions.caps`).
+    A collision can also mean a simultaneous first use: the caller reads that counter (and
+    settles it if still pending) and tries again when it has room.
 
     ``gate_key``: the lease's widest level; a newcomer (not ``privileged``) may only take it
     while nobody queues there. A ``privileged`` take needs ``ticket`` still queued there,
@@ -80,10 +81,25 @@ def take(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_key: s
     if not ops:
         return 0
     try:
-        store.counters().bulk_write(ops, ordered=True)
+        done = store.counters().bulk_write(ops, ordered=True)
     except pymongo.errors.BulkWriteError as exc:
+        settle_created(specs, resource, exc.details.get("upserted"))
         return booked_before(exc)
+    settle_created(specs, resource, done.upserted_ids)
     return len(specs)
+
+
+def settle_created(specs: Sequence[LevelSpec], resource: str, upserted: Any) -> None:
+    """Settle each counter of ``specs`` that a take's ordered bulk created (``upserted``: the
+    result's ``upserted_ids``, or its error's ``upserted`` list): born pending, it gets the
+    cap of a fresh read (:func:`leases.definitions.caps.settle`). Never raises."""
+    if isinstance(upserted, dict):
+        indexes = list(upserted)
+    else:
+        indexes = [u.get("index") for u in upserted or () if isinstance(u, dict)]
+    created = [specs[i] for i in indexes if isinstance(i, int) and 0 <= i < len(specs)]
+    if created:
+        caps.settle(created, resource)
 
 
 def take_ops(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_key: str,
@@ -109,8 +125,9 @@ def take_ops(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_ke
 
 
 def _seed(spec: LevelSpec, resource: str) -> dict[str, Any]:
+    # Born pending: the booking's view may be older than a write that could not stamp it.
     return counter_commands.seed(resource=resource, level=spec.level, scope=spec.scope, tenant_id=spec.tenant_id,
-                                 cap=spec.cap)
+                                 cap=spec.cap, lease=caps.born(spec, resource))
 
 
 def booked_before(exc: pymongo.errors.BulkWriteError) -> int:
@@ -136,9 +153,11 @@ def create(spec: LevelSpec, resource: str) -> None:
         pymongo.errors.PyMongoError: the store failed.
     """
     try:
-        store.counters().update_one(*counter_commands.create(spec.key, _seed(spec, resource)), upsert=True)
+        done = store.counters().update_one(*counter_commands.create(spec.key, _seed(spec, resource)), upsert=True)
     except pymongo.errors.DuplicateKeyError:
-        pass  # created by another process a moment ago
+        return  # created by another process a moment ago
+    if done.upserted_id is not None:
+        caps.settle([spec], resource)
 
 
 def give_back(keys: Sequence[str], booking: str, *, record: dict[str, Any] | None = None) -> CounterDoc | None:

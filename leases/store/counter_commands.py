@@ -13,6 +13,7 @@ queue's commands on the gate are in :mod:`leases.store.ticket_commands`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from pymongo import UpdateOne
@@ -20,9 +21,26 @@ from pymongo import UpdateOne
 Command = tuple[dict[str, Any], dict[str, Any]]
 
 
-def seed(*, resource: str, level: str, scope: str, tenant_id: str | None, cap: int) -> dict[str, Any]:
-    """What a counter created by its first booking is written with (``$setOnInsert``)."""
-    return {"resource": resource, "level": level, "scope": scope, "tenantId": tenant_id, "cap": cap}
+#: The ``at`` of the cap stamp a counter is born with until it is settled (:func:`settle_cap`):
+#: later than any view, so every view of the lease obeys the stamp's cap of 1.
+PENDING_AT = datetime(9999, 1, 1)
+
+
+def seed(*, resource: str, level: str, scope: str, tenant_id: str | None, cap: int,
+         lease: str | None = None) -> dict[str, Any]:
+    """What a counter created by its first booking is written with (``$setOnInsert``).
+
+    Invariant: *a lowered cap binds a counter created after its write* — with ``lease`` (the
+    booking's lease, whose view may predate a write that could not stamp a counter that did
+    not exist) the counter is born *pending*: ``cap`` 1 and the lease's stamp ``{cap: 1, at:
+    PENDING_AT}``, which binds every view of the lease (``count < 1``: its creator's entry
+    alone) until :func:`settle_cap` puts the cap of a fresh read in their place. Every cap
+    is at least 1, so the pending counter is never above any.
+    """
+    if lease is None:
+        return {"resource": resource, "level": level, "scope": scope, "tenantId": tenant_id, "cap": cap}
+    return {"resource": resource, "level": level, "scope": scope, "tenantId": tenant_id, "cap": 1,
+            "capStamps": {lease: {"cap": 1, "at": PENDING_AT}}}
 
 
 def take_slot(key: str, booking: str, *, cap: int, seeded: dict[str, Any], gate: bool = False,
@@ -90,6 +108,17 @@ def stamp_cap(key: str, lease: str, cap: int) -> Command:
     """
     return {"_id": key}, {"$set": {"cap": cap, f"capStamps.{lease}.cap": cap},
                           "$currentDate": {f"capStamps.{lease}.at": True}}
+
+
+def settle_cap(key: str, lease: str, cap: int) -> Command:
+    """Settle counter ``key`` born pending (:func:`seed`): :func:`stamp_cap` with ``cap``, read
+    fresh after the counter was created, only while the lease's stamp is still the pending one.
+
+    Invariant: *a settle never undoes a write's stamp* — a definition write whose stamp pass
+    found the counter stamped it already (with a read as fresh), and the settle matches nothing.
+    """
+    query, update = stamp_cap(key, lease, cap)
+    return {**query, f"capStamps.{lease}.at": PENDING_AT}, update
 
 
 def pull(key: str, booking: str, more: dict[str, Any] | None = None) -> Command:
