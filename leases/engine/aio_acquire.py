@@ -121,7 +121,10 @@ async def _uncontended(attempt: Any, *, queues: bool) -> Lease | None:
                     await asyncio.to_thread(slots.settle_created, attempt.specs, attempt.definition.resource, created)
                 if booked < len(attempt.specs):
                     if booked:
-                        await give_back(attempt.keys[:booked], attempt.booking)
+                        # Freed with its fence slot: the entry books again at its turn.
+                        landed = plan.key in attempt.keys[:booked]
+                        await give_back(attempt.keys[:booked], attempt.booking,
+                                        fence=plan.slot_on() if landed else None)
                     return None
                 held = await db[store.HOLDERS].find_one_and_update(
                     *commands.mark_held(attempt.token, keys=attempt.keys, ttl_seconds=attempt.definition.ttl_seconds,

@@ -306,7 +306,11 @@ def _in_one_bulk(gate: CounterDoc, ticket: TicketDoc, booking: str, grant: tuple
     if stopped <= at_gate:
         return _RACED
     keys = [gate["_id"], *(spec.key for spec in narrow[:stopped - at_gate - 1])]
-    undo = [UpdateOne(*counter_commands.pull(key, booking)) for key in keys]
+    # The gate's fence slot the grant recorded is freed with its pull: the ticket queues
+    # again with the same entry, which a later grant may record on another slot.
+    recorded = fences.recorded_slot(grant[1])
+    undo = [UpdateOne(*counter_commands.pull(key, booking, fence_slot=recorded if key == gate["_id"] else None))
+            for key in keys]
     undo.append(UpdateOne(*ticket_commands.enqueue(gate["_id"], dict(ticket))))
     store.counters().bulk_write(undo, ordered=True)
     return UNDONE

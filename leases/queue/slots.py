@@ -160,13 +160,16 @@ def create(spec: LevelSpec, resource: str) -> None:
         caps.settle([spec], resource)
 
 
-def give_back(keys: Sequence[str], booking: str, *, record: dict[str, Any] | None = None) -> CounterDoc | None:
+def give_back(keys: Sequence[str], booking: str, *, record: dict[str, Any] | None = None,
+              fence: tuple[str, str] | None = None) -> CounterDoc | None:
     """Return ``booking``'s slot on each counter of ``keys`` (narrow first, the gate last).
 
     Only a counter that still lists the entry is decremented, so racing releasers, reapers
     and repairers return a slot at most once. The gate's update returns its document so the
     caller can hand the slot to the next waiting ticket. ``record``: more update operators
-    for the gate (the hold duration, for wait estimates), in the same command.
+    for the gate (the hold duration, for wait estimates), in the same command. ``fence``:
+    (counter key, ``fence.sN``) the booking recorded and will book again: cleared by that
+    counter's pull (:func:`leases.store.counter_commands.pull`).
 
     Returns:
         The gate counter after the update, or None when it did not list the entry.
@@ -179,8 +182,9 @@ def give_back(keys: Sequence[str], booking: str, *, record: dict[str, Any] | Non
         return None
     *narrow, gate = keys
     if narrow:
-        store.counters().bulk_write(pull_ops(narrow, booking), ordered=False)
-    return store.counters().find_one_and_update(*gate_pull(gate, booking, record), return_document=ReturnDocument.AFTER)
+        store.counters().bulk_write(pull_ops(narrow, booking, fence=fence), ordered=False)
+    return store.counters().find_one_and_update(*gate_pull(gate, booking, record, fence=fence),
+                                                return_document=ReturnDocument.AFTER)
 
 
 def pull_entry(key: str, booking: str) -> CounterDoc | None:
@@ -193,7 +197,7 @@ def orphans(bookings: Iterable[str], now: datetime,
     """Split a counter's entries into those that book for nobody (:func:`superseded`), the
     tokens of holders that passed their TTL (on ``now``, MongoDB's clock), and those of
     ``unclaimed`` (granted long enough ago, :func:`leases.queue.grants.unclaimed`) whose
-    holder is still ``PENDING``; one query for all of them.
+    holder is still ``PENDING`` and not a kept ticket; one query for all of them.
 
     A holder document is always written before its first entry, so an entry without one
     is left by a delete (release, rollback, reap) whose pull has not come — yet, or ever,
@@ -209,10 +213,14 @@ def orphans(bookings: Iterable[str], now: datetime,
     if not tokens:
         return [], [], []
     found = {d["_id"]: d for d in store.holders().find({"_id": {"$in": tokens}},
-                                                       {"expiresAt": 1, "attemptId": 1, "state": 1})}
+                                                       {"expiresAt": 1, "attemptId": 1, "state": 1, "polledAt": 1})}
     missing = [b for b in bookings if superseded(b, found.get(token_of(b)))]
     expired = [t for t, d in found.items() if d.get("expiresAt") is not None and d["expiresAt"] < now]
-    late = [t for t in unclaimed if t in found and t not in expired and found[t].get("state") == "PENDING"]
+    # A kept ticket (polledAt: a client polls it) has its poll deadline as its window, not
+    # the claim window a grant computed while it still had a waiter may have recorded: it
+    # ends when that deadline passes (expired), not as unclaimed.
+    late = [t for t in unclaimed if t in found and t not in expired and found[t].get("state") == "PENDING"
+            and found[t].get("polledAt") is None]
     return missing, expired, late
 
 
