@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 
-from tests.checker import faults, rules
+from tests.checker import faults, proxy, rules, slots
 from tests.checker.history import Call, Fault, History, Recorder, load
 
 CAPS = {"global": 2, "tenant": 1}
@@ -187,3 +187,76 @@ def test_given_a_client_file_the_injector_reads_whether_it_holds_or_waits(tmp_pa
     recorder.complete(lost, "lost", detail="LeaseExpired")
     assert not faults.refresh(str(tmp_path), "c", state).holding
     recorder.close()
+
+
+# --- no loss without a cause -----------------------------------------------------------------
+
+
+def test_given_a_lease_lost_right_after_its_grant_with_nothing_to_explain_it_then_it_is_a_loss():
+    h = history(acquire("a", 1, 0.0, 1.0, "tokA"), check("a", 2, 1.1, 1.2, "tokA", outcome="lost"),
+                acquire("b", 1, 0.0, 0.5, "tokB"), check("b", 2, 0.6, 0.7, "tokB"),
+                check("b", 3, 1.0, 1.1, "tokB", outcome="lost"))
+    found = verdict(h).losses
+    assert [(v.process, v.token, v.since) for v in found] == [("a", "tokA", 1.0), ("b", "tokB", 0.6)]
+    assert "loss of a:tokA without a cause" in str(found[0])
+    assert str(found[0]) in verdict(h).violations
+
+
+def test_given_a_loss_after_a_ttl_without_renewal_a_store_fault_or_the_holder_stopped_then_it_is_explained():
+    h = history(acquire("a", 1, 0.0, 1.0, "tokA"), check("a", 2, 3.5, 3.6, "tokA", outcome="lost"),  # TTL passed
+                acquire("b", 1, 0.0, 1.0, "tokB"), check("b", 2, 1.2, 1.3, "tokB", outcome="lost"),  # store stopped
+                acquire("c", 1, 0.0, 1.0, "tokC"), check("c", 2, 1.1, 1.2, "tokC", outcome="lost"),  # stopped waiting
+                acquire("d", 1, 0.0, 1.0, "tokD"), check("d", 2, 1.1, 1.2, "tokD", outcome="lost"),  # replies lost
+                faults=[Fault("store-stop", "store", 1.1, 1.25), Fault("waiter-stop", "c", 0.2, 0.9),
+                        Fault("reply-lost", "store", 0.9, 1.05)])
+    assert [v.process for v in verdict(h).losses] == []
+
+
+def test_given_a_redis_stopped_for_minutes_then_it_is_not_in_the_busy_bound():
+    faults = [Fault("redis-stop", "redis", 0.0, 120.0), Fault("holder-stop", "b", 1.0, 4.0)]
+    assert rules.longest_fault(faults) == 3.0
+    assert rules.longest_fault([Fault("redis-restart", "redis", 0.0, 1.5)]) == 1.5
+
+
+# --- every slot comes back (the store's side) -------------------------------------------------
+
+
+def test_given_counter_documents_then_over_cap_drift_and_one_entry_on_two_fence_slots_are_problems():
+    good = {"_id": "r|project|t/p", "cap": 2, "count": 1, "holders": ["e1"],
+            "fence": {"s0": {"e": "e0", "g": 5}, "s1": {"e": "e1", "g": 7}}}  # s0's entry ended: free
+    assert slots.counter_problems(good, 1.0) == []
+    doubled = {**good, "fence": {"s0": {"e": "e1", "g": 5}, "s1": {"e": "e1", "g": 7}}}
+    (problem,) = slots.counter_problems(doubled, 1.0)
+    assert problem.kind == "double-slot" and "['s0', 's1']" in str(problem)
+    over = {"_id": "r|global|*", "cap": 1, "count": 1, "holders": ["e1", "e2"]}
+    assert [p.kind for p in slots.counter_problems(over, 1.0)] == ["over-cap", "count"]
+
+
+def test_given_http_clients_that_vanished_then_a_slot_booked_past_their_deadline_is_a_problem(tmp_path):
+    def log(name, *lines):
+        (tmp_path / f"{name}.log").write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+    log("h0.before", {"at": 10.0, "what": "post", "status": 202, "ticket": "T0"},
+        {"at": 10.5, "what": "poll", "status": 200, "ticket": "T0"}, {"at": 10.5, "what": "vanish", "ticket": "T0"})
+    log("h1.granted", {"at": 11.0, "what": "post", "status": 201, "token": "T1"},
+        {"at": 11.0, "what": "vanish", "ticket": "T1", "token": "T1"})
+    log("h2.hold", {"at": 12.0, "what": "post", "status": 201, "token": "T2"})  # no vanish: not judged
+    booked = {"T0": 15.5, "T1": 19.0, "T2": 99.0}  # T0: 2 s past 10.5 + 3 (slack 1 s); T1 within its TTL 8 s
+    found = slots.kept_past_deadline(str(tmp_path), booked, keep_s=3.0, ttl_s=8.0)
+    assert [(p.kind, p.key) for p in found] == [("kept-past-deadline", "h0.before")]
+    assert "past its poll deadline" in str(found[0])
+    assert slots.kept_past_deadline(str(tmp_path), {"T0": 14.4}, keep_s=3.0, ttl_s=8.0) == []
+
+
+# --- the reply-dropping proxy ----------------------------------------------------------------
+
+
+def test_given_op_msg_bytes_then_the_proxy_reads_the_command_name_and_body():
+    import bson
+
+    body = bson.encode({"findAndModify": "c", "query": {}, "$db": "d"})
+    message = proxy.HEADER.pack(16 + 4 + 1 + len(body), 7, 0, proxy.OP_MSG) + b"\x00\x00\x00\x00" + b"\x00" + body
+    assert proxy.command_of(message) == "findAndModify" and proxy.command_of(message) in proxy.WRITE_COMMANDS
+    assert proxy.body_of(message)["$db"] == "d"
+    legacy = proxy.HEADER.pack(16 + 5, 7, 0, 2004) + b"\x00" * 5  # OP_QUERY: not parsed
+    assert proxy.command_of(legacy) is None

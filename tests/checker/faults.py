@@ -15,6 +15,13 @@ Kinds (the ``kind`` of a :class:`tests.checker.history.Fault`):
   harness starts a replacement under a new name.
 * ``redis-restart`` — ``kill -9`` of this run's private redis-server, restarted on the same
   port; the window ends when it answers again.
+* ``reply-lost`` — for a burst, each write command's reply is lost with a probability (the
+  server applied it; the client's connection drops): :mod:`tests.checker.proxy`.
+* ``long-hold`` — a holder keeps its lease for a few TTLs, renewing it, so the others wait
+  longer than the TTL (with the run's sweeps reaping what is idle meanwhile). The holder
+  stays live: nothing is excused by it.
+* ``redis-stop`` — SIGSTOP of the private redis-server for ``redis_stop_s`` (minutes in the
+  bench), beside the other faults; its connections hang rather than being refused.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -202,3 +210,60 @@ def restart_redis(log: FaultLog, server: RestartableRedis, down_s: float) -> Non
     time.sleep(down_s)
     server.start()
     log.record("redis-restart", "redis", start, time.monotonic())
+
+
+def lose_replies(log: FaultLog, proxy, seconds: float, rate: float) -> None:
+    """For ``seconds``, lose each write's reply with probability ``rate`` (the write is applied:
+    :class:`tests.checker.proxy.ReplyDropper`); the window is recorded when it ends."""
+    start = time.monotonic()
+    proxy.arm(seconds, rate)
+    time.sleep(seconds)
+    log.record("reply-lost", "store", start, time.monotonic())
+
+
+def ask_long_hold(log: FaultLog, run_dir: str, name: str, seconds: float) -> None:
+    """Ask holder ``name`` to keep its lease for ``seconds``, renewing it (``<name>.hold``).
+
+    Not a stop: the holder stays live and renews, so the others' waits are the engine's to
+    bear; the window is recorded as asked (the client takes it at its next check, within a
+    hold step).
+    """
+    with open(os.path.join(run_dir, name + ".hold"), "w") as handle:
+        handle.write(f"{seconds:.3f}")
+    start = time.monotonic()
+    log.record("long-hold", name, start, start + seconds)
+
+
+class RedisFreeze:
+    """SIGSTOP of the private Redis for ``seconds``, beside the other faults (a thread continues it).
+
+    Its connections stay open and unanswered, as for a Redis host that hangs: every Redis
+    command of the clients runs into its socket timeout instead of being refused.
+    """
+
+    def __init__(self, log: FaultLog, server: RestartableRedis, seconds: float) -> None:
+        self.log, self.server, self.seconds = log, server, seconds
+        self._cancel = threading.Event()
+        self.start = time.monotonic()
+        self.pid = server.process.pid if server.process is not None else None
+        if self.pid is not None:
+            os.kill(self.pid, signal.SIGSTOP)
+        self._thread = threading.Thread(target=self._run, name="redis-freeze", daemon=True)
+        self._thread.start()
+
+    def active(self) -> bool:
+        return self._thread.is_alive()
+
+    def _run(self) -> None:
+        self._cancel.wait(self.seconds)
+        try:
+            if self.pid is not None:
+                os.kill(self.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        self.log.record("redis-stop", "redis", self.start, time.monotonic())
+
+    def end(self) -> None:
+        """Continue Redis now (the run is over); the window is recorded as it was."""
+        self._cancel.set()
+        self._thread.join(10)

@@ -8,7 +8,7 @@ and a call whose completion is missing is *indeterminate* (``completed is None``
 
 Line shapes::
 
-    {"p": "t1-a.0", "n": 3, "ev": "invoke", "op": "acquire", "at": 812.51,
+    {"p": "t1-a.0", "n": 3, "ev": "invoke", "op": "acquire", "at": 812.51, "lease": "pauses",
      "tenant": "t1", "project": "p1", "user": "u1", "waitMs": 15000}
     {"p": "t1-a.0", "n": 3, "ev": "complete", "at": 813.02, "outcome": "ok", "token": "..."}
     {"p": "t1-a.0", "n": 4, "ev": "invoke", "op": "check", "at": 813.10, "token": "..."}
@@ -111,6 +111,13 @@ class History:
     def of(self, process: str) -> list[Call]:
         """The calls of ``process`` in the order it made them."""
         return sorted((c for c in self.calls if c.process == process), key=lambda c: c.seq)
+
+    def only(self, prefix: str) -> History:
+        """The processes whose names start with ``prefix`` (one group: one lease definition),
+        with every fault window (a global fault concerns every group)."""
+        return History(calls=[c for c in self.calls if c.process.startswith(prefix)],
+                       starts={p: at for p, at in self.starts.items() if p.startswith(prefix)},
+                       faults=list(self.faults), ended=self.ended)
 
 
 def calls_from_lines(lines: list[dict[str, Any]]) -> tuple[list[Call], dict[str, float]]:

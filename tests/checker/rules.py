@@ -1,4 +1,4 @@
-"""The three promises, decided from the clients' history alone (pure functions, no store reads).
+"""The promises, decided from the clients' history alone (pure functions, no store reads).
 
 **Proven overlap ≤ cap.** A grant is *proven held* from its acquire's completion to the
 invocation of the last successful check of its token: the server granted it before the
@@ -26,6 +26,20 @@ Redis down) do not excuse anything, the bounds cover them:
 * every live process is granted at least once per window of ``W`` seconds of its live
   time: from its start line to its first grant, between two grants, and from its last
   grant to its kill or the end of the run, the time minus its own stopped time is ≤ ``W``.
+
+A Redis stopped for long (``redis-stop``, minutes in the bench) is not in the bound's
+longest fault: waiters poll the store without it, so it makes the engine slower, never
+stuck; counting it would make the bound longer than any wait and the busy rule vacuous.
+
+**No loss without a cause.** A lease that its live holder renewed less than a TTL ago is
+not lost unless something could end it: a check that raises ``LeaseLost`` is a violation
+when it was invoked less than ``ttl_s`` after the invocation of the previous successful
+check of its token (or less than ``ttl_s - GRANT_MARGIN_S`` after the acquire's
+completion: a direct grant is stamped when it is made, up to a claim window before the
+waiter hears of it), and no store fault (``store-stop``, ``reply-lost``) and no stop or
+kill of that process overlaps the interval (for a first check, from the acquire's
+invocation: a waiter stopped while it waited may be granted while it cannot claim). A slot handed over as a lease that is already
+dead (a waiter whose holder was reaped while it waited past the TTL) is one.
 """
 
 from __future__ import annotations
@@ -36,7 +50,13 @@ from dataclasses import dataclass, field
 from tests.checker.history import Call, Fault, History
 
 #: Faults during which the *target* process is not live (a kill is for good).
-STOPPING_FAULTS = frozenset({"holder-stop", "waiter-stop", "client-stop", "stall", "kill"})
+STOPPING_FAULTS = frozenset({"holder-stop", "waiter-stop", "client-stop", "stall", "kill", "http-vanish"})
+#: Global faults that may end a lease a live holder renews (its renewals cannot land).
+STORE_FAULTS = frozenset({"store-stop", "reply-lost"})
+#: Outages the engine works through without waiting for their end (see the module docstring).
+UNBOUNDED_FAULTS = frozenset({"redis-stop"})
+#: How long before its acquire's completion a grant may have been stamped (the claim window, and slack).
+GRANT_MARGIN_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -187,8 +207,50 @@ def _stopped_within(windows: list[tuple[float, float]], start: float, end: float
 
 
 def longest_fault(faults: list[Fault]) -> float:
-    """The longest window of an injected fault that ends (a kill's replacement starts anew)."""
-    return max((f.duration() or 0.0 for f in faults), default=0.0)
+    """The longest window of an injected fault that ends (a kill's replacement starts anew),
+    but for :data:`UNBOUNDED_FAULTS`."""
+    return max((f.duration() or 0.0 for f in faults if f.kind not in UNBOUNDED_FAULTS), default=0.0)
+
+
+@dataclass(frozen=True)
+class Loss:
+    """A ``LeaseLost`` of ``token`` that nothing explains (see the module docstring)."""
+
+    process: str
+    token: str
+    since: float  # the last successful call of the token (invocation of a check, completion of the grant)
+    lost: Call
+
+    def __str__(self) -> str:
+        return (f"loss of {self.process}:{self.token[:10]} without a cause: check #{self.lost.seq} invoked at "
+                f"t={self.lost.invoked:.3f}, {self.lost.invoked - self.since:.2f}s after its last success "
+                f"at t={self.since:.3f} ({self.lost.detail})")
+
+
+def losses(history: History, *, ttl_s: float) -> list[Loss]:
+    """Every first ``LeaseLost`` of a token that a recent renewal and no fault leave unexplained."""
+    found = []
+    for process in sorted({c.process for c in history.calls}):
+        excused = stopped(history, process) + [
+            (f.start, f.end if f.end is not None else float("inf")) for f in history.faults if f.kind in STORE_FAULTS]
+        # token -> (last success, its validity in s, where an excusing fault may start)
+        since: dict[str, tuple[float, float, float]] = {}
+        done: set[str] = set()
+        for call in history.of(process):
+            token = call.token or ""
+            if not token or token in done:
+                continue
+            if call.op == "acquire" and call.outcome == "ok" and call.completed is not None:
+                # A waiter stopped during its wait may have been granted while it could not claim.
+                since[token] = (call.completed, ttl_s - GRANT_MARGIN_S, call.invoked)
+            elif call.op == "check" and call.outcome == "ok" and token in since:
+                since[token] = (call.invoked, ttl_s, call.invoked)
+            elif call.op == "check" and call.outcome == "lost" and call.completed is not None and token in since:
+                done.add(token)
+                at, valid, from_ = since[token]
+                if call.invoked - at < valid and _stopped_within(excused, from_, call.completed) == 0:
+                    found.append(Loss(process, token, at, call))
+    return found
 
 
 def process_end(history: History, process: str) -> float:
@@ -274,15 +336,16 @@ class Verdict:
     revivals: list[Revival]
     liveness: Liveness
     max_overlap: dict[str, tuple[int, str]]
+    losses: list[Loss] = field(default_factory=list)
 
     @property
     def violations(self) -> list[str]:
-        return [str(v) for v in (*self.overlaps, *self.revivals, *self.liveness.violations)]
+        return [str(v) for v in (*self.overlaps, *self.revivals, *self.liveness.violations, *self.losses)]
 
 
 def check(history: History, caps: dict[str, int], *, ttl_s: float, slack_s: float, window_s: float) -> Verdict:
-    """All three promises over ``history`` with the definition's ``caps`` (level -> cap)."""
+    """Every promise over ``history`` with the definition's ``caps`` (level -> cap)."""
     grants = proven_grants(history)
     return Verdict(grants=grants, overlaps=overlaps(grants, caps), revivals=revivals(history),
                    liveness=liveness(history, ttl_s=ttl_s, slack_s=slack_s, window_s=window_s),
-                   max_overlap=max_overlap(grants, caps))
+                   max_overlap=max_overlap(grants, caps), losses=losses(history, ttl_s=ttl_s))

@@ -8,9 +8,15 @@ with a ``LeaseRequest`` on the named definition ``<lease>``, detached: idle reap
 (:class:`tests.checker.history.Recorder`) in ``<run-dir>/<name>.history.jsonl``.
 
 After a ``LeaseLost`` it checks the token once more (the no-revival rule needs a later check
-to judge) and releases. A stall is requested by the test creating ``<run-dir>/<name>.stall``:
+to judge) and releases. After a release that failed (``LeaseUnavailable``: nothing was
+released, says its contract) it checks the lease before it tries again (unless
+``HISTORY_CHECK_AFTER_FAILED_RELEASE=0``): a lease that passes that check is held, so a slot
+the failed release handed on shows as an overlap. A stall is requested by the test creating ``<run-dir>/<name>.stall``:
 after the next successful check the process stops itself with SIGSTOP — a stop-the-world
-pause between the check and the use — and the test's injector continues it.
+pause between the check and the use — and the test's injector continues it. A long hold
+is requested by ``<run-dir>/<name>.hold`` (its text: seconds): after its next successful
+check the process keeps the lease that long, checking it every ``LONG_HOLD_CHECK_S`` (each
+check renews it), so the others wait longer than the TTL.
 """
 
 import os
@@ -32,6 +38,9 @@ CHECKS = 3
 HOLD_S = (0.03, 0.12)
 BUSY_BACKOFF_S = (0.05, 0.15)  # a busy storm only loads the server
 UNAVAILABLE_BACKOFF_S = 0.2
+# HISTORY_CHECK_AFTER_FAILED_RELEASE=0: retry a failed release without checking the lease first.
+CHECK_AFTER_FAILED_RELEASE = os.environ.get("HISTORY_CHECK_AFTER_FAILED_RELEASE", "1") != "0"
+LONG_HOLD_CHECK_S = 0.4  # well inside the TTL: the lease is renewed long before its deadline
 
 
 class QuietHandler(handlers.LeaseHandler):
@@ -74,6 +83,10 @@ def _release(recorder: Recorder, lease) -> None:
             outcome, fields = _outcome(exc)
             recorder.complete(call, outcome, **fields)
             time.sleep(UNAVAILABLE_BACKOFF_S)
+            # A failed release says nothing was released: the lease is still the client's to
+            # use, so it checks it (a slot that went on meanwhile shows as an overlap).
+            if CHECK_AFTER_FAILED_RELEASE and _check(recorder, lease) == "lost":
+                return
             continue
         recorder.complete(call, "ok", detail=f"released={released}")
         return
@@ -87,6 +100,23 @@ def _stall_if_asked(recorder: Recorder, stall_file: str) -> None:
         recorder.complete(call, "ok")
 
 
+def _hold_if_asked(recorder: Recorder, lease, hold_file: str) -> str:
+    """Keep the lease for the seconds ``hold_file`` asks, checking it; the last check's outcome."""
+    try:
+        with open(hold_file) as handle:
+            seconds = float(handle.read() or 0)
+        os.remove(hold_file)
+    except (FileNotFoundError, ValueError):
+        return "ok"
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(LONG_HOLD_CHECK_S)
+        outcome = _check(recorder, lease)
+        if outcome != "ok":
+            return outcome
+    return "ok"
+
+
 def main() -> None:
     name, run_dir, lease_name, tenant, project, user = sys.argv[1:7]
     wait_ms, seed = int(sys.argv[7]), int(sys.argv[8])
@@ -94,11 +124,13 @@ def main() -> None:
     invalidation.wait_listening()  # a long-running process: definitions come from its cache
     rng = random.Random(seed)
     stop_file, stall_file = os.path.join(run_dir, "stop"), os.path.join(run_dir, name + ".stall")
+    hold_file = os.path.join(run_dir, name + ".hold")
     request = leases.LeaseRequest(type="history", lease=lease_name, tenant_id=tenant, project_id=project,
                                   user_id=user, pod="", wait_ms=wait_ms)
     recorder = Recorder(run_dir, name)
     while not os.path.exists(stop_file):
-        call = recorder.invoke("acquire", tenant=tenant, project=project, user=user, waitMs=wait_ms)
+        call = recorder.invoke("acquire", lease=lease_name, tenant=tenant, project=project, user=user,
+                               waitMs=wait_ms)
         try:
             lease = leases.acquire(request)
         except Exception as exc:  # noqa: BLE001
@@ -112,6 +144,11 @@ def main() -> None:
             outcome = _check(recorder, lease)
             if outcome == "lost":
                 _check(recorder, lease)  # stays lost? (the no-revival rule)
+                break
+            if outcome == "ok":
+                outcome = _hold_if_asked(recorder, lease, hold_file)
+            if outcome == "lost":
+                _check(recorder, lease)
                 break
             if outcome != "ok":
                 break
