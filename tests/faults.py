@@ -17,7 +17,8 @@ from pymongo.collection import Collection
 
 
 def answer_lost(monkeypatch: Any, method: str, collection: str, *, applied: bool = True, times: int = 1,
-                when: Callable[..., bool] | None = None, any_thread: bool = False) -> list[tuple[Any, ...]]:
+                when: Callable[..., bool] | None = None, any_thread: bool = False,
+                then: Callable[[], Any] | None = None) -> list[tuple[Any, ...]]:
     """Make the next ``times`` calls of ``Collection.<method>`` on ``collection`` (its name)
     for which ``when(*args, **kwargs)`` holds raise ``NetworkTimeout`` — after the server
     applied them (``applied``), or without sending them.
@@ -25,7 +26,8 @@ def answer_lost(monkeypatch: Any, method: str, collection: str, *, applied: bool
     Only calls from the calling thread lose their answer unless ``any_thread``: a waiter's
     or a timer's thread sending the same kind of command at about the same time must not
     take the fault meant for the command under test (whichever comes first would, on a
-    loaded machine).
+    loaded machine). ``then``: run after the server applied the command and before its
+    caller hears of the timeout (what another process does in between).
 
     Returns:
         The arguments of each call that lost its answer (filled in as they happen).
@@ -40,8 +42,29 @@ def answer_lost(monkeypatch: Any, method: str, collection: str, *, applied: bool
             hits.append(args)
             if applied:
                 real(self, *args, **kwargs)
+            if then is not None:
+                then()
             raise pymongo.errors.NetworkTimeout(f"{method} on {collection}: the answer was lost (test fault)")
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(Collection, method, lossy)
     return hits
+
+
+def quiet_waiter(settings: Any, request: Any, gate_key: str) -> Any:
+    """A waiter queued for ``request`` (:func:`tests.helpers.queue_up`) that sends nothing
+    more until it is woken, so a fault meets the command under test and no waiter command,
+    however the machine schedules threads: its keep-alive poll is set far out (ticket TTL
+    60 s, poll 30 s) and its first decision after queueing — a repair check of the full
+    gate, which stamps ``checkedAt`` — is done before this returns.
+    """
+    from leases.store import client as store
+    from tests import helpers
+
+    settings.LEASES_TICKET_TTL_MS = 60_000
+    settings.LEASES_WAIT_POLL_MS = 30_000
+    waiter = helpers.queue_up(request, gate_key)
+    settled = helpers.wait_for(lambda: (store.counters().find_one({"_id": gate_key}) or {}).get("checkedAt"),
+                               10, step=0.01)
+    assert settled, "the waiter never made its first decision"
+    return waiter
