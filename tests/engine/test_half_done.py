@@ -17,7 +17,6 @@ from leases.queue import waiting, wakeups
 from leases.revocation import handlers
 from leases.store import client as store, entries
 from leases.upkeep import reaper
-from tests import helpers
 from tests.faults import answer_lost, quiet_waiter
 from tests.helpers import define, lease_request
 
