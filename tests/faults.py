@@ -52,19 +52,25 @@ def answer_lost(monkeypatch: Any, method: str, collection: str, *, applied: bool
 
 
 def quiet_waiter(settings: Any, request: Any, gate_key: str) -> Any:
-    """A waiter queued for ``request`` (:func:`tests.helpers.queue_up`) that sends nothing
-    more until it is woken, so a fault meets the command under test and no waiter command,
-    however the machine schedules threads: its keep-alive poll is set far out (ticket TTL
-    60 s, poll 30 s) and its first decision after queueing — a repair check of the full
-    gate, which stamps ``checkedAt`` — is done before this returns.
+    """A waiter queued for ``request`` at the full gate ``gate_key`` (which exists) that
+    sends nothing until it is woken (:func:`quiet`), so a fault meets the command under test
+    and no waiter command, however the machine schedules threads."""
+    from tests import helpers
+
+    quiet(settings, gate_key)
+    return helpers.queue_up(request, gate_key)
+
+
+def quiet(settings: Any, gate_key: str) -> None:
+    """Make waiters at the existing gate ``gate_key`` send nothing until woken: no keep-alive
+    poll within the test (ticket TTL 60 s, poll 30 s) and no repair check of the gate (its
+    ``checkedAt`` stamped now, the interval 60 s). Otherwise a waiter's thread, scheduled
+    late on a loaded machine, may poll, or read the holders and pull an entry whose holder a
+    release has just deleted, at any moment of the test.
     """
     from leases.store import client as store
-    from tests import helpers
 
     settings.LEASES_TICKET_TTL_MS = 60_000
     settings.LEASES_WAIT_POLL_MS = 30_000
-    waiter = helpers.queue_up(request, gate_key)
-    settled = helpers.wait_for(lambda: (store.counters().find_one({"_id": gate_key}) or {}).get("checkedAt"),
-                               10, step=0.01)
-    assert settled, "the waiter never made its first decision"
-    return waiter
+    settings.LEASES_REPAIR_INTERVAL_MS = 60_000
+    assert store.counters().update_one({"_id": gate_key}, {"$currentDate": {"checkedAt": True}}).matched_count
