@@ -142,6 +142,49 @@ def test_given_a_release_in_its_first_try_then_its_check_refuses_even_before_the
     assert tokens() == []
 
 
+@pytest.mark.parametrize("applied", [False, True], ids=["delete-not-applied", "delete-applied-answer-lost"])
+def test_given_an_async_release_whose_delete_failed_then_acheck_refuses_and_a_retry_finishes_it(monkeypatch, applied):
+    # The same on the async client: a failed arelease() ends the lease for its owner, and a
+    # retry finishes the release (True once, tombstoned, the slot back).
+    import asyncio
+
+    import pymongo.errors
+    from pymongo.asynchronous.collection import AsyncCollection
+
+    from leases import aio
+
+    define("res", "levels: {global: 1}\nwaitMs: 0")
+    real, lost = AsyncCollection.find_one_and_delete, []
+
+    async def lossy(self, *args, **kwargs):
+        if self.name == store.HOLDERS and not lost:
+            lost.append(args)
+            if applied:
+                await real(self, *args, **kwargs)
+            raise pymongo.errors.NetworkTimeout("find_one_and_delete on holders: the answer was lost (test fault)")
+        return await real(self, *args, **kwargs)
+
+    monkeypatch.setattr(AsyncCollection, "find_one_and_delete", lossy)
+
+    async def scenario():
+        try:
+            lease = await leases.aacquire(req(user="h"))
+            with pytest.raises(LeaseUnavailable):
+                await lease.arelease()
+            with pytest.raises(LeaseLost):
+                await lease.acheck()
+            released = await lease.arelease()
+            return lease, released, await lease.arelease()
+        finally:
+            await aio.aclose()
+
+    lease, released, again = asyncio.run(scenario())
+    assert lost and (released, again) == (True, False)
+    assert store.holders().find_one({"_id": lease.token}) is None
+    assert store.tombstones().find_one({"_id": lease.token})["reason"] == "release"
+    assert tokens() == []
+
+
 # --- item 8: a reap is never read as its owner's release -----------------------------------
 
 
