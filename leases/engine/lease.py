@@ -147,7 +147,8 @@ class Lease:
         self._renew(payload)
 
     def release(self) -> bool:
-        """Give the slots back. Idempotent; True only for the call that actually released.
+        """Give the slots back. Idempotent; True once, for the call that completed the release
+        (a retry after a try that failed part-way included), False for any later one.
 
         A regular release never calls the type's handler: the holder cleans up itself. A
         grant whose claim came too late (:meth:`wait_claimed`) was never held for sure: its
