@@ -21,8 +21,8 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.views.defaults import permission_denied
 
+from leases.ids.validation import ID_RE
 from leases.tenancy import TenantAccess, TenantGrant, tenant_access
-from leases.validation import ID_RE
 
 
 class ModelTenantAccess(TenantAccess):

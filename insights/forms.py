@@ -1,6 +1,6 @@
 """Forms of Insights → Leases: they parse and validate; the services decide.
 
-Every id a user types is checked with :mod:`leases.validation` here, so a malformed filter
+Every id a user types is checked with :mod:`leases.ids.validation` here, so a malformed filter
 becomes a form error instead of reaching a query.
 """
 
@@ -11,9 +11,9 @@ from typing import Any
 
 from django import forms
 
-from leases import validation
 from leases.definitions.model import TENANT_PROJECT
 from leases.errors import InvalidLeaseRequest
+from leases.ids import validation
 
 
 def _engine_validator(check: Callable[..., str], *args: Any, max_length: int | None = None) -> Callable[[str], None]:

@@ -1,7 +1,7 @@
 """Tenants, their projects, and who may see them (memberships with a role).
 
 A tenant's ``slug`` is the ``tenantId`` the lease engine stores on holders and counters,
-so it follows the engine's id rules (``leases.validation.ID_RE``); a leading underscore is
+so it follows the engine's id rules (``leases.ids.validation.ID_RE``); a leading underscore is
 refused because ``_vance`` / ``_tenant`` are the reserved ids of the config layers.
 """
 
@@ -11,7 +11,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 
-from leases.validation import ID_RE
+from leases.ids.validation import ID_RE
 
 
 def validate_slug_id(value: str) -> None:

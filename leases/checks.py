@@ -298,3 +298,19 @@ def check_undefined_lease(app_configs: Any = None, **kwargs: Any) -> list:
     return [Error(f"LEASES_UNDEFINED_LEASE must be one of {list(UNDEFINED_LEASE_MODES)}, got {value!r}",
                   hint='"noop": an undefined lease name acquires NOOP (unlimited); "error": it raises '
                        "UnknownLease. Until fixed, undefined names raise.", id="leases.E020")]
+
+
+@register(TAG)
+def check_metrics_namespace(app_configs: Any = None, **kwargs: Any) -> list:
+    """``LEASES_METRICS_NAMESPACE`` can start a Prometheus metric name (it prefixes every
+    series); with a bad value the process records its metrics under the default namespace,
+    which no dashboard of the host's own name would find."""
+    from leases.errors import InvalidSetting
+    from leases.telemetry.metrics import DEFAULT_NAMESPACE, configured_namespace
+
+    try:
+        configured_namespace()
+    except InvalidSetting as exc:
+        return [Error(str(exc), hint=f"e.g. \"my_app\"; until fixed, the series are named {DEFAULT_NAMESPACE}_lease_….",
+                      id="leases.E014")]
+    return []

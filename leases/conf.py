@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-# name (without the LEASES_ prefix) -> default. Keep the README's settings table in step.
+# name (without the LEASES_ prefix) -> default. The docs' settings reference (docs/reference/settings.md)
+# is written from this table and the comments beside each entry at every docs build.
 DEFAULTS: dict[str, Any] = {
     # Store
     "MONGO_TIMEOUT_MS": 2000,

@@ -30,9 +30,9 @@ import pymongo.errors
 from pymongo import ReturnDocument
 
 from .errors import InvalidFence, StaleFence
+from .ids.validation import RESOURCE_RE
 from .store.fence_codec import Fence, decode
 from .telemetry import metrics
-from .validation import RESOURCE_RE
 
 __all__ = ["FenceGuard", "RedisFenceGuard", "StaleFence", "InvalidFence"]
 

@@ -50,7 +50,7 @@ class TenantAccess:
     """The hook's interface; subclass it for your own tenant model.
 
     Every ``tenant_id`` / ``project_id`` passed in has already been checked against the
-    engine's id rules (``leases.validation.ID_RE``), so it is a plain string, safe to use as a
+    engine's id rules (``leases.ids.validation.ID_RE``), so it is a plain string, safe to use as a
     lookup value.
     """
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install everything the project needs on a fresh machine: a venv with the project and its
-# test/serve/embedded extras, Redis running on 127.0.0.1:6379, Debian's Chromium and faketime.
+# test/serve/embedded/docs extras, Redis running on 127.0.0.1:6379, Debian's Chromium and faketime.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -8,7 +8,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[embedded,test,serve]"
+.venv/bin/python -m pip install -q -e ".[embedded,test,serve,docs]"
 
 apt_install() {
   if command -v apt-get >/dev/null 2>&1; then

@@ -1,6 +1,7 @@
 """Adoption: a fresh clone, the wheel installed into a new virtualenv, a new PostgreSQL-backed project.
 
-These are the README's "Add it to an existing project" steps, run as typed under
+These are the tutorial's steps (docs/tutorial.md, the site's "From a fresh Django project to a
+first lease"), run as typed under
 ``bash -euo pipefail``: a venv made with the interpreter a newcomer has, the wheel built from
 the checkout by that venv's pip and installed with its ``embedded`` extra, ``django-admin
 startproject`` with PostgreSQL as the host's own default database, the lease settings appended
@@ -8,10 +9,10 @@ beside the host's (``examples/hostsite/settings_block.py``), the example project
 views, URLs, tasks and Celery app copied in (``examples/hostsite/``), ``migrate`` both aliases,
 then real HTTP requests to the project served by uvicorn (ASGI): acquire/check/release from a
 view and from an async view, a ``@leased`` Celery task run by a real prefork worker of the
-project, the README's Insights step (users of the host's tenant model, then curl as the tenant
+project, the tutorial's Insights step (users of the host's tenant model, then curl as the tenant
 admin, a stranger and anonymous; the shipped login page), a busy resource answered 429 with
 ``Retry-After``, the project's Celery beat sending the sweep that reaps an expired holder, and
-the README's ``/metrics`` scrape (one ``PROMETHEUS_MULTIPROC_DIR`` for worker, beat and uvicorn)
+the tutorial's ``/metrics`` scrape (one ``PROMETHEUS_MULTIPROC_DIR`` for worker, beat and uvicorn)
 showing the ``@leased`` task's grant, counted in a worker pool child, and the sweep's reap.
 Before ``migrate``, ``manage.py check`` without ``MONGODB_URI`` must reach the app's own check
 (``leases.E002``), not fail in the settings.
@@ -20,9 +21,9 @@ It runs once per supported Django series: 5.2 LTS on this interpreter (3.11) and
 3.12 (``LEASES_PY312``, else ``python3.12`` on the PATH, else pyenv's 3.12.1); the venv's pip picks
 the series the interpreter allows, and the test checks it got the one it names.
 
-The README's commands are constants here, run as written (``/tmp/host`` becomes this run's
+The tutorial's commands are constants here, run as written (``/tmp/host`` becomes this run's
 directory, port 8002 a free one, ``python3`` the series' interpreter, ``$REPO`` a clean copy of
-the checkout); the last test fails when the README's copy drifts. The README's embedded-server
+the checkout); the last test fails when the tutorial's copy drifts. The tutorial's embedded-server
 line is not run (the test run's server stands in for it), but the binary it names must be in the
 venv.
 
@@ -62,7 +63,7 @@ STEP_TIMEOUT = 300
 # Beat's sweep interval in this run, so a sweep comes within seconds (the project's default is 30).
 REAP_INTERVAL = 2
 
-# The README's commands, as typed there; _host() maps them onto this run.
+# The tutorial's commands (docs/tutorial.md), as typed there; _host() maps them onto this run.
 INSTALL = """\
 python3 -m venv /tmp/host/venv
 /tmp/host/venv/bin/python -m pip wheel --no-deps -q -w /tmp/host/wheels "$REPO"
@@ -121,7 +122,7 @@ curl -s http://127.0.0.1:8002/metrics | grep -E '^vance_lease_(acquire|reap)_tot
 # vance_lease_reap_total{reason="idle"} 1.0
 """
 # Copied into the build directory: what a fresh clone holds (no venv, no build output, no git).
-_IGNORE = shutil.ignore_patterns(".git", ".venv", "var", "build", "*.egg-info", "__pycache__", "node_modules",
+_IGNORE = shutil.ignore_patterns(".git", ".venv", "var", "build", "site", "*.egg-info", "__pycache__", "node_modules",
                                  "staticfiles")
 
 
@@ -161,19 +162,19 @@ def _run(cmd: list[str], *, cwd: Path, env: dict[str, str], timeout: float = STE
 
 
 def _host(command: str, tmp: Path, port: int = 8002, python: str = "python3") -> str:
-    """A README command as this run types it: its directory for /tmp/host, a free port for 8002,
+    """A tutorial command as this run types it: its directory for /tmp/host, a free port for 8002,
     the series' interpreter for the venv's ``python3``."""
     return (command.replace("/tmp/host/", f"{tmp}/").replace("8002", str(port))
             .replace("python3 -m venv", f"{python} -m venv"))
 
 
 def _bash(script: str, *, cwd: Path, env: dict[str, str], timeout: float = STEP_TIMEOUT) -> str:
-    """README lines as typed, under ``bash -euo pipefail`` (a failing command or grep fails the step)."""
+    """Tutorial lines as typed, under ``bash -euo pipefail`` (a failing command or grep fails the step)."""
     return _run(["bash", "-euo", "pipefail", "-c", script], cwd=cwd, env=env, timeout=timeout)
 
 
 def _scrape(tmp: Path, port: int, *, cwd: Path, env: dict[str, str]) -> dict[tuple[str, tuple], float]:
-    """The README's scrape line, as typed: every sample it greps, by (name, sorted labels)."""
+    """The tutorial's scrape line, as typed: every sample it greps, by (name, sorted labels)."""
     text = _bash(_host(SCRAPE_STEP, tmp, port), cwd=cwd, env=env)
     print(text.strip())
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
@@ -228,7 +229,7 @@ def _wait_http(url: str, process: subprocess.Popen, timeout: float = 30.0) -> No
 
 
 class _Install:
-    """One series' README install lines, started in the background."""
+    """One series' tutorial install lines, started in the background."""
 
     def __init__(self, tmp: Path, interpreter: str) -> None:
         self.tmp = tmp
@@ -236,7 +237,7 @@ class _Install:
         shutil.copytree(REPO, self.source, ignore=_IGNORE)  # what a fresh clone holds
         self.script = _host(INSTALL, tmp, python=interpreter)
         self.started = time.monotonic()
-        env = {**_host_env("public"), "REPO": str(self.source)}  # the README's REPO=$PWD, typed in the clone
+        env = {**_host_env("public"), "REPO": str(self.source)}  # the tutorial's REPO=$PWD, typed in the clone
         self.process = subprocess.Popen(["bash", "-euo", "pipefail", "-c", self.script], cwd=tmp, env=env,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -276,7 +277,7 @@ def workdir(installs, series):
             f".execute('DROP SCHEMA IF EXISTS {schema} CASCADE')")], timeout=60, check=False)
 
 
-# The README's scrape: the grants of tex2pdf (views in uvicorn, the @leased task in a worker pool child).
+# The tutorial's scrape: the grants of tex2pdf (views in uvicorn, the @leased task in a worker pool child).
 GRANTED = ("vance_lease_acquire_total", (("outcome", "success"), ("resource", "tex2pdf")))
 
 
@@ -314,14 +315,14 @@ def _then_the_venv_runs_the_installed_wheel_on_the_series(tmp: Path, env: dict[s
     assert str(venv) in located[0]  # the installed wheel, not this checkout
     print(f"Django {located[1]} on {interpreter}")
     assert located[1].startswith(series + "."), f"Django {located[1]} installed for the {series} run"
-    # The README starts the embedded server from the installed package (the test's server stands in).
+    # The tutorial starts the embedded server from the installed package (the test's server stands in).
     assert os.access(_host(EMBEDDED_SERVER, tmp).split()[0], os.X_OK)
     return python
 
 
 def _when_a_new_postgresql_project_adopts_the_apps(tmp: Path, schema: str, env: dict[str, str],
                                                    python: str) -> Path:
-    """The README's site and migrate steps; the project's directory."""
+    """The tutorial's site and migrate steps; the project's directory."""
     _run([python, "-c", (
         "import psycopg; psycopg.connect('host=127.0.0.1 port=5432 dbname=test user=postgres', autocommit=True)"
         f".execute('CREATE SCHEMA {schema}')")], cwd=tmp, env=env)
@@ -357,7 +358,7 @@ def _then_the_router_kept_each_side_to_its_own(python: str, site: Path, schema: 
 def _when_uvicorn_a_worker_and_beat_start(tmp: Path, site: Path, env: dict[str, str],
                                           port: int) -> tuple[dict[str, str], dict[str, subprocess.Popen]]:
     """The project under uvicorn, a Celery worker and beat of the project, all started with the
-    README's multiprocess directory (its line exports it to them); (their env, the processes)."""
+    tutorial's multiprocess directory (its line exports it to them); (their env, the processes)."""
     metrics_dir = Path(_bash(_host(METRICS_DIR, tmp) + '\nprintf %s "$PROMETHEUS_MULTIPROC_DIR"', cwd=site, env=env))
     assert metrics_dir.is_dir() and not any(metrics_dir.iterdir()) and metrics_dir.is_relative_to(tmp), metrics_dir
     env = {**env, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
@@ -392,7 +393,7 @@ def _then_the_views_and_the_leased_task_are_granted_and_scraped(python: str, tmp
         assert compiled["released"] is True and len(compiled["token"]) == 32
         assert holders.find_one({"_id": compiled["token"]}) is None  # released
 
-    # The README's scrape, before and after the @leased task: uvicorn serves /metrics and
+    # The tutorial's scrape, before and after the @leased task: uvicorn serves /metrics and
     # acquires nothing in between, so the grant added comes from the worker's pool child.
     assert _scrape(tmp, port, cwd=site, env=env).get(GRANTED) == 2  # /compile/ and /acompile/
 
@@ -407,7 +408,7 @@ def _then_the_views_and_the_leased_task_are_granted_and_scraped(python: str, tmp
 
 def _then_the_insights_step_answers_as_the_readme_says(tmp: Path, site: Path, port: int, env: dict[str, str],
                                                        holders) -> str:
-    """The README's Insights step as typed, under bash (a failing grep fails the step); the
+    """The tutorial's Insights step as typed, under bash (a failing grep fails the step); the
     token of the lease its ``/hold/`` keeps."""
     base = f"http://127.0.0.1:{port}"
     lines = _bash(_host(INSIGHTS_STEP, tmp, port), cwd=site, env=env).strip().splitlines()
@@ -427,7 +428,7 @@ def _then_the_insights_step_answers_as_the_readme_says(tmp: Path, site: Path, po
 
 
 def _then_a_busy_resource_is_a_429_with_retry_after(tmp: Path, site: Path, port: int, env: dict[str, str]) -> None:
-    """The README's busy step: the example's /hold/ does not wait, and a busy resource is a
+    """The tutorial's busy step: the example's /hold/ does not wait, and a busy resource is a
     429 with Retry-After (whole seconds, at least 1), not a server error."""
     (busy,) = _bash(_host(BUSY_STEP, tmp, port), cwd=site, env=env).strip().splitlines()
     print(busy)
@@ -456,7 +457,7 @@ def _then_beats_sweep_reaps_the_expired_holder_and_the_scrape_shows_every_proces
         time.sleep(0.1)
     assert tombstone["reason"] == "idle"
 
-    # The README's scrape line as typed: the sweep's reap (the worker's pool child counts it
+    # The tutorial's scrape line as typed: the sweep's reap (the worker's pool child counts it
     # just after the delete, so it may take a moment), and every grant of both processes.
     reaped = ("vance_lease_reap_total", (("reason", "idle"),))
     while (samples := _scrape(tmp, port, cwd=site, env=env)).get(reaped, 0) < 1:
@@ -466,16 +467,63 @@ def _then_beats_sweep_reaps_the_expired_holder_and_the_scrape_shows_every_proces
     assert samples[("vance_lease_acquire_total", (("outcome", "busy"), ("resource", "tex2pdf")))] == 2
 
 
+# Held by a Django shell, the process a script or a notebook is: it becomes a pod on its acquire.
+SHELL_HOLD = """\
+import time, leases
+lease = leases.acquire(leases.LeaseRequest(type="tex", lease="tex", tenant_id="acme", project_id="shell", user_id="ops"))
+for _ in range(int("{seconds}")):
+    time.sleep(1); lease.check()  # raises LeaseLost once a sweep reaped it
+lease.release(); print("held", lease.token)
+"""
+HOLD_SECONDS = 3 * REAP_INTERVAL + 1  # at least two of beat's sweeps fall inside every hold
+
+
+def _beat_sends(log: str) -> list[datetime]:
+    """When beat sent the sweep, from its log lines (``[YYYY-mm-dd HH:MM:SS,mmm: INFO/…] … lease-sweep``)."""
+    return [datetime.strptime(line[1:24], "%Y-%m-%d %H:%M:%S,%f") for line in log.splitlines()
+            if "Sending due task lease-sweep" in line and line.startswith("[")]
+
+
+def _when_leases_are_held_across_beats_sweeps(python: str, site: Path, port: int, env: dict[str, str],
+                                              mongo: pymongo.MongoClient) -> tuple[datetime, datetime]:
+    """An ASGI view under uvicorn, a ``@leased`` task in a worker pool child and ``manage.py
+    shell`` each hold a lease of their own process for HOLD_SECONDS, checking it every second,
+    while beat's sweep runs every REAP_INTERVAL seconds elsewhere: none is reaped (a reap would
+    end its next check in LeaseLost). Returns the window the holds covered (local wall time,
+    as beat's log writes it)."""
+    import concurrent.futures
+
+    started = datetime.now()
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        view = pool.submit(_get, f"http://127.0.0.1:{port}/work/?seconds={HOLD_SECONDS}")
+        task = pool.submit(_run, [python, "manage.py", "shell", "-c", (
+            "import json; from hostsite.tasks import long_compile\n"
+            f"print(json.dumps(long_compile.delay('acme', 'batch', 'dave', {HOLD_SECONDS}).get(timeout=120)))")],
+            cwd=site, env=env, timeout=180)
+        shell = pool.submit(_run, [python, "manage.py", "shell", "-c", SHELL_HOLD.format(seconds=HOLD_SECONDS)],
+                            cwd=site, env=env, timeout=180)
+        status, body, _ = view.result(timeout=180)
+        assert status == 200, body
+        assert json.loads(body)["checks"] == HOLD_SECONDS
+        assert len(json.loads(task.result().strip().splitlines()[-1])["token"]) == 32
+        assert shell.result().strip().splitlines()[-1].startswith("held ")
+    ended = datetime.now()
+    reaped = mongo[LEASE_DB]["lease_tombstones"].count_documents({"reason": "pod"})
+    assert reaped == 0, f"{reaped} lease(s) reaped as a dead pod's"
+    print(f"three leases held {HOLD_SECONDS} s each in uvicorn, a worker pool child and a shell: none reaped")
+    return started, ended
+
+
 @pytest.mark.parametrize(("series", "interpreter"), SERIES)
 def test_given_a_fresh_clone_when_a_new_postgresql_project_adopts_the_wheel_then_leases_and_insights_work(
         installs, workdir, series, interpreter):
     tmp, schema, mongo = workdir
     install = installs[series]
     source = install.source
-    env = {**_host_env(schema), "REPO": str(source)}  # the README's REPO=$PWD, typed in the clone
+    env = {**_host_env(schema), "REPO": str(source)}  # the tutorial's REPO=$PWD, typed in the clone
     started = install.started
 
-    # 1. The README's install lines: a venv of the newcomer's interpreter, the wheel built by its
+    # 1. The tutorial's install lines: a venv of the newcomer's interpreter, the wheel built by its
     #    pip from the clone, installed with the embedded server and the PostgreSQL driver.
     install.wait()
     (wheel,) = (tmp / "wheels").glob("django_leases-*.whl")
@@ -497,19 +545,28 @@ def test_given_a_fresh_clone_when_a_new_postgresql_project_adopts_the_wheel_then
         _then_a_busy_resource_is_a_429_with_retry_after(tmp, site, port, env)
         _then_beats_sweep_reaps_the_expired_holder_and_the_scrape_shows_every_process(held, tmp, site, port, env,
                                                                                        mongo)
+        held_from, held_to = _when_leases_are_held_across_beats_sweeps(python, site, port, env, mongo)
     finally:
         logs = _stopped(processes)
+    during = [sent for sent in _beat_sends(logs["beat"]) if held_from <= sent <= held_to]
+    assert len(during) >= 2, f"beat sent the sweep {len(during)} times while the leases were held"
     sent = [line for line in logs["beat"].splitlines() if "Sending due task lease-sweep (leases.tasks.sweep)" in line]
     assert sent, logs["beat"][-3000:]
     print(f"beat sent lease-sweep {len(sent)} times; adoption steps took {time.monotonic() - started:.1f} s")
 
 
-def test_given_the_readme_then_it_shows_the_adoption_files_and_commands_as_the_test_uses_them():
-    readme = (REPO / "README.md").read_text()
-    for name in ("settings_block.py", "tenancy.py", "tasks.py"):
-        assert (EXAMPLE / name).read_text().rstrip("\n") in readme, f"README's copy of examples/hostsite/{name} drifted"
+def test_given_the_tutorial_then_it_shows_the_adoption_files_and_commands_as_the_test_uses_them():
+    # The steps live in the documentation site's tutorial (docs/tutorial.md); the example files
+    # are shown by the site's snippet include (the file itself, so it cannot drift) on the
+    # tutorial or the how-to page that explains them.
+    tutorial = (REPO / "docs" / "tutorial.md").read_text()
+    shown = tutorial + "".join(page.read_text() for page in sorted((REPO / "docs" / "how-to").glob("*.md")))
+    for name in ("settings_block.py", "tenancy.py", "tasks.py", "urls.py", "views.py"):
+        include = f'--8<-- "examples/hostsite/{name}"'
+        assert include in shown or (EXAMPLE / name).read_text().rstrip("\n") in shown, (
+            f"the docs no longer show examples/hostsite/{name}")
     for command in (INSTALL, EMBEDDED_SERVER, SITE, MIGRATE, METRICS_DIR + "\n" + WORKER + " &", BEAT + " &",
                     UVICORN + " &", INSIGHTS_STEP, BUSY_STEP + "\n" + SCRAPE_STEP + "kill "):
-        assert command in readme, f"README's adoption steps no longer say:\n{command}"
+        assert command in tutorial, f"the tutorial's adoption steps no longer say:\n{command}"
     # The cp list is every host module of examples/hostsite/ (the settings block is appended, not copied).
     assert sorted(HOST_FILES) == sorted(p.stem for p in EXAMPLE.glob("*.py") if p.name != "settings_block.py")

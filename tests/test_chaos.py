@@ -77,7 +77,7 @@ def remote():
 def cluster_env(remote, settings):
     try:
         redis.Redis.from_url(f"redis://127.0.0.1:6379/{REDIS_TEST_DB}").ping()
-    except redis.RedisError as exc:  # pragma: no cover - the suite needs Redis (README)
+    except redis.RedisError as exc:  # pragma: no cover - the suite needs Redis (scripts/bootstrap.sh)
         pytest.fail(f"Redis at 127.0.0.1:6379 is required: {exc}")
     beat_dir = tempfile.mkdtemp(prefix="lease-beat-")
 

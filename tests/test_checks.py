@@ -191,3 +191,22 @@ def test_given_a_metrics_directory_that_does_not_exist_when_checked_then_e013(mo
     assert "leases.E013" not in ids()
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR")
     assert "leases.E013" not in ids()
+
+
+@pytest.mark.parametrize("namespace", ["my-app", "9lives", "", 7])
+def test_given_a_metrics_namespace_that_cannot_name_a_series_when_checked_then_e014(namespace):
+    with override_settings(LEASES_METRICS_NAMESPACE=namespace):
+        assert "leases.E014" in ids()
+    with override_settings(LEASES_METRICS_NAMESPACE="my_app"):
+        assert "leases.E014" not in ids()
+
+
+def test_given_a_bad_metrics_namespace_at_start_up_then_check_names_it_instead_of_a_traceback():
+    import subprocess
+
+    from tests.helpers import PYTHON, REPO, child_env
+
+    done = subprocess.run([PYTHON, "manage.py", "check"], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env=child_env(LEASES_METRICS_NAMESPACE="my-app", DJANGO_DEBUG="1"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "leases.E014" in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]

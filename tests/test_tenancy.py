@@ -1,6 +1,6 @@
 """The tenancy hook (LEASES_TENANT_ACCESS): Insights and API keys ask it, and only it.
 
-``GroupTenantAccess`` below is the README's example of a host's own tenant model: Django's
+``GroupTenantAccess`` below is the example of a host's own tenant model (docs/how-to/tenancy.md): Django's
 ``auth.Group`` stands in for it (a group named like the tenant id; staff are its admins).
 """
 

@@ -6,6 +6,7 @@ a client backs off and retries instead of seeing a 500. A store that cannot deci
 (``LeaseUnavailable``) answers 503: fail closed, the work does not run unprotected.
 """
 
+import asyncio
 import math
 
 from django.http import JsonResponse
@@ -58,3 +59,22 @@ async def acompile_view(request):
     except (leases.LeaseBusy, leases.LeaseUnavailable) as refused:
         return _refused(refused)
     return JsonResponse({"token": token, "released": True})
+
+
+async def work_view(request):
+    """Hold a lease of this process for ``?seconds=`` (at most 60) of (pretend) work, checking it
+    every second: the lease belongs to this web process's pod, so no sweep reaps it while the
+    process lives, however long the work takes."""
+    seconds = min(60.0, float(request.GET.get("seconds", "1")))
+    request_ = leases.LeaseRequest(type="tex", lease="tex", tenant_id="acme", project_id="work", user_id="worker")
+    try:
+        async with leases.aacquire(request_) as lease:
+            checks = 0
+            while checks < seconds:
+                await asyncio.sleep(1)
+                await lease.acheck()  # raises LeaseLost if the lease was reaped or revoked meanwhile
+                checks += 1
+            token = lease.token
+    except (leases.LeaseBusy, leases.LeaseUnavailable) as refused:
+        return _refused(refused)
+    return JsonResponse({"token": token, "checks": checks, "released": True})

@@ -3,7 +3,7 @@
 A body is refused (``400``, nothing written) when it is larger than
 :data:`MAX_BODY_BYTES`, not UTF-8 JSON, not an object, has duplicate or unknown keys,
 ``NaN``/``Infinity``, or a field of the wrong type. Values that reach the engine are then
-validated again by ``leases.validation`` (ids, names, payload keys).
+validated again by ``leases.ids.validation`` (ids, names, payload keys).
 """
 
 from __future__ import annotations

@@ -26,7 +26,6 @@ import pymongo.errors
 from django.db import DatabaseError
 from django.utils import timezone
 
-from leases import validation
 from leases.errors import (
     ApiKeyNotFound,
     ApiKeyScopeGone,
@@ -36,6 +35,7 @@ from leases.errors import (
     UnknownProject,
     UnknownTenant,
 )
+from leases.ids import validation
 from leases.revocation import audit
 
 from .models import ApiKey

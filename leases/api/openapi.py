@@ -24,8 +24,8 @@ from leases.errors import (
     UnknownLease,
     UnknownLeaseType,
 )
+from leases.ids.validation import PAYLOAD_MAX_BYTES, USER_ID_MAX
 from leases.revocation import handlers
-from leases.validation import PAYLOAD_MAX_BYTES, USER_ID_MAX
 
 from .bodies import MAX_BODY_BYTES
 from .openapi_schemas import REQUEST_ID_PATTERN, SCHEMAS, TOKEN_PATTERN, problem

@@ -1,7 +1,7 @@
 """The components of the ``/api/v1/`` OpenAPI document: id patterns, the problem answer, the schemas.
 
 The request and answer bodies as JSON Schema, with the bounds the server enforces
-(:mod:`leases.api.bodies`, :mod:`leases.validation`); :mod:`leases.api.openapi` puts them
+(:mod:`leases.api.bodies`, :mod:`leases.ids.validation`); :mod:`leases.api.openapi` puts them
 together with the paths.
 """
 
@@ -10,12 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 from leases.errors import LeaseBusy, LeaseExpired, StaleLease
-from leases.validation import HOLDER_REF_MAX, PAYLOAD_MAX_BYTES, USER_ID_CLASS, USER_ID_MAX
+from leases.ids.validation import HOLDER_REF_MAX, PAYLOAD_MAX_BYTES, USER_ID_CLASS, USER_ID_MAX
 
 from .bodies import MAX_INTERVAL_SECONDS, MAX_WAIT_MS
 
 NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
-# User ids: any Django username or email address (leases.validation.USER_ID_RE, same text).
+# User ids: any Django username or email address (leases.ids.validation.USER_ID_RE, same text).
 USER_ID_PATTERN = f"^{USER_ID_CLASS}{{1,{USER_ID_MAX}}}$"
 # Tenant and project ids of requests: a leading "_" marks the reserved config-layer ids.
 REQUEST_ID_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"

@@ -19,11 +19,12 @@ from typing import Any
 
 import pymongo.errors
 
-from leases import service, validation
+from leases import service
 from leases.conf import lease_settings
 from leases.engine import holders
 from leases.engine.intervals import choose_interval, interval_bounds
 from leases.errors import LeaseUnavailable, ProjectForbidden, StaleLease
+from leases.ids import validation
 from leases.store import client as store
 from leases.store.documents import HolderDoc
 from leases.telemetry import metrics

@@ -18,9 +18,10 @@ from typing import Any
 
 import pymongo.errors
 
-from leases import service, validation
+from leases import service
 from leases.engine import holders
 from leases.errors import LeaseUnavailable, StaleLease
+from leases.ids import validation
 from leases.store import client as store
 
 from . import protocol

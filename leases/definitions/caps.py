@@ -20,24 +20,46 @@ writer, so the writer puts the new cap there too:
 The stamp binds the views of the lease that wrote it (``capStamps`` is keyed by lease name):
 another lease on the same resource is not held to it. A raise needs no stamp to be safe;
 it is stamped as well, and views loaded before it keep their own lower cap until they
-reload (the liveness window delays raising, never lowering). What a stamp cannot reach: a
-counter that does not exist yet (nobody booked it) is created by the first booking with
-that booking's cap; and a user counter is shared by the projects of its tenant, whose
+reload (the liveness window delays raising, never lowering).
+
+A counter that does not exist at the stamp (nobody booked it yet, or reconcile dropped it
+idle, stamp and all) is created by a booking whose view may be older than the write — a
+waiter's, which lasts its whole wait, a kept ticket's ``lv``, a stale cache. So a counter is
+born *pending* (:func:`leases.store.counter_commands.seed`): bound to its creator's entry alone
+(cap 1 for every view of the lease) until :func:`settle` stamps it with the cap of a fresh
+read, taken after the creation — its creator does so at once, anybody a pending counter
+blocks does it too. A write's stamp pass that finds the counter first stamps it instead
+(the settle then matches nothing), and one that missed it ran before the creation, so the
+fresh read sees its write. Hence a lowered cap binds every booking of the lease made after
+its write returns, on counters old and new.
+
+What a stamp does not reach: a user counter is shared by the projects of its tenant, whose
 project layers may give the user level different caps, so its stamp is the largest of them
-(a project that lowered it below another project's cap is held to the larger one until
-its views reload).
+(a project that lowered it below another project's cap is held to the larger one until its
+views reload); and a counter is born pending for its creator's lease only, so another lease
+on the same resource books one it did not create on its own view's cap.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+import pymongo.errors
 from pymongo import UpdateOne
 
+from ..errors import LeaseUnavailable
 from ..store import client as store, counter_commands
+from ..store.documents import CounterDoc
 from . import model as definitions
 from .model import SYSTEM_TENANT, TENANT_PROJECT, LeaseDefinition, LevelSpec, document_path
+
+# Inline definitions' counters (leases.definitions.model.inline_definition): never stamped.
+INLINE_RESOURCE_PREFIX = "mcp-inline:"
+
+log = logging.getLogger(__name__)
 
 # A view counts as loaded after a stamp only when its load began this long after it: spare
 # for the clock estimate and the millisecond resolution of stored times. A view inside the
@@ -68,6 +90,71 @@ def refresh_op(spec: LevelSpec) -> UpdateOne | None:
     if not spec.lease or spec.loaded_at is None:
         return None
     return counter_commands.refresh_cap(spec.key, spec.cap, _stamp_at(spec))
+
+
+def born(spec: LevelSpec, resource: str) -> str | None:
+    """The lease a counter first booked from ``spec`` is born pending for (its seed's
+    ``lease``), or None: no lease, or an inline definition (its caps come with each request;
+    no layer is written to stamp them, and its name is not a stored lease's)."""
+    if not spec.lease or resource.startswith(INLINE_RESOURCE_PREFIX):
+        return None
+    return spec.lease
+
+
+def pending(spec: LevelSpec, counter: CounterDoc | None) -> bool:
+    """Whether ``counter`` (as read) is still pending for ``spec``'s lease: born, not settled."""
+    stamps: Any = (counter or {}).get("capStamps")
+    mine = stamps.get(spec.lease) if isinstance(stamps, dict) and spec.lease else None
+    return isinstance(mine, dict) and mine.get("at") == counter_commands.PENDING_AT
+
+
+def settle(specs: Sequence[LevelSpec], resource: str) -> int:
+    """Stamp the counters of ``specs``, born pending, each with the cap a fresh read of its
+    lease gives it (the stamp pass's rule, :func:`_cap`; the spec's own when no view caps it
+    there any more), one read of the layers for all. Call it after the counters were
+    created — the read must follow the creation.
+
+    Never raises: a counter left pending is safe (cap 1 binds every view of the lease) and
+    whoever it blocks next, or reconcile, settles it.
+
+    Returns:
+        How many this call settled (not those settled already, nor those whose read or
+        stamp failed).
+    """
+    views: dict[str, _Views] = {}
+    settled = 0
+    for spec in specs:
+        lease = born(spec, resource)
+        if lease is None:
+            continue
+        try:
+            seen = views[lease] = views.get(lease) or _Views(lease)
+            cap = _cap(seen, {"level": spec.level, "tenantId": spec.tenant_id, "scope": spec.scope,
+                              "resource": resource})
+            command = counter_commands.settle_cap(spec.key, lease, spec.cap if cap is None else cap)
+            settled += store.counters().update_one(*command).modified_count
+        except (LeaseUnavailable, pymongo.errors.PyMongoError) as exc:
+            log.warning("counter %s stays pending (cap 1): its cap could not be read fresh or stamped: %s", spec.key,
+                        exc)
+    return settled
+
+
+def settle_left(counter: CounterDoc) -> int:
+    """Settle every lease ``counter`` (as read, with its level, scope, tenant, resource and
+    stamps) is still pending for: its creator stopped between the creation and its settle
+    and no booking it blocked has settled it (reconcile's net). Never raises.
+
+    Returns:
+        How many stamps this call settled.
+    """
+    stamps: Any = counter.get("capStamps")
+    tenant = counter.get("tenantId")
+    specs = [LevelSpec(level=str(counter.get("level")), scope=str(counter.get("scope", "")),
+                       cap=int(counter.get("cap") or 1), key=str(counter["_id"]),
+                       tenant_id=tenant if isinstance(tenant, str) else None, lease=str(lease))
+             for lease, stamp in (stamps.items() if isinstance(stamps, dict) else ())
+             if isinstance(stamp, dict) and stamp.get("at") == counter_commands.PENDING_AT]
+    return settle(specs, str(counter.get("resource") or "")) if specs else 0
 
 
 class _Views:

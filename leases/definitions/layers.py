@@ -13,8 +13,8 @@ from typing import Any
 import pymongo.errors
 
 from ..errors import InvalidDefinition, LeaseUnavailable
+from ..ids.validation import entity_id
 from ..store import client as store
-from ..validation import entity_id
 from . import caps, invalidation, model as definitions
 from .model import LAYERS, SYSTEM_TENANT, TENANT_PROJECT, parse_layer
 

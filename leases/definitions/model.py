@@ -25,8 +25,8 @@ import pymongo.errors
 
 from .. import ids
 from ..errors import InvalidDefinition, InvalidLeaseRequest, LeaseUnavailable, PriorityNotAllowed
+from ..ids.validation import LEASE_NAME_RE, entity_id, lease_name
 from ..store import client as store, server_clock
-from ..validation import LEASE_NAME_RE, entity_id, lease_name
 from .cache import DefinitionCache
 from .schema import (
     CHECK_ORDER,

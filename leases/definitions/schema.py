@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from ..errors import InvalidDefinition, InvalidLeaseRequest
-from ..validation import ID_RE, PRIORITY_RE, RESOURCE_RE, priority_class
+from ..ids.validation import ID_RE, PRIORITY_RE, RESOURCE_RE, priority_class
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def _weights(value: Any, what: str) -> dict[str, float]:
 
 
 def _class_name(value: Any, message: str) -> str:
-    """:func:`leases.validation.priority_class` inside a layer, where a refused name breaks
+    """:func:`leases.ids.validation.priority_class` inside a layer, where a refused name breaks
     the layer (``message``) instead of answering a request.
 
     Raises:

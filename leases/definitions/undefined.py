@@ -20,8 +20,9 @@ from typing import Any
 import pymongo
 import pymongo.errors
 
-from .. import ids, validation
+from .. import ids
 from ..errors import LeaseError
+from ..ids import validation
 from ..store import client as store
 
 log = logging.getLogger(__name__)

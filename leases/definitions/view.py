@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .. import validation
+from ..ids import validation
 from . import model as definitions
 
 

@@ -113,13 +113,18 @@ async def _uncontended(attempt: Any, *, queues: bool) -> Lease | None:
                 ops = slots.take_ops(attempt.specs, attempt.booking, attempt.definition.resource,
                                      gate_key=attempt.gate.key, fence=plan)
                 try:
-                    await db[store.COUNTERS].bulk_write(ops, ordered=True)
-                    booked = len(attempt.specs)
+                    done = await db[store.COUNTERS].bulk_write(ops, ordered=True)
+                    booked, created = len(attempt.specs), done.upserted_ids
                 except pymongo.errors.BulkWriteError as exc:
-                    booked = slots.booked_before(exc)
+                    booked, created = slots.booked_before(exc), exc.details.get("upserted")
+                if created:  # first use: settle the counters born pending (leases.definitions.caps)
+                    await asyncio.to_thread(slots.settle_created, attempt.specs, attempt.definition.resource, created)
                 if booked < len(attempt.specs):
                     if booked:
-                        await give_back(attempt.keys[:booked], attempt.booking)
+                        # Freed with its fence slot: the entry books again at its turn.
+                        landed = plan.key in attempt.keys[:booked]
+                        await give_back(attempt.keys[:booked], attempt.booking,
+                                        fence=plan.slot_on() if landed else None)
                     return None
                 held = await db[store.HOLDERS].find_one_and_update(
                     *commands.mark_held(attempt.token, keys=attempt.keys, ttl_seconds=attempt.definition.ttl_seconds,

@@ -15,8 +15,8 @@ from typing import Any
 import pymongo.errors
 from pymongo import ReturnDocument
 
-from .. import validation
 from ..errors import LeaseLost, LeaseUnavailable
+from ..ids import validation
 from ..queue import estimates
 from ..store import client as store
 from ..telemetry import metrics

@@ -246,10 +246,18 @@ def claim_later(attempt: Attempt, booking: str, fence: str | None, at: datetime 
         grant time, the attempt lacks its own write time or interval
         (:meth:`Attempt.held_fields`), or the entry names an earlier attempt of the waiter
         (its holder was written again since and its ticket queued again: the claim would
-        find nobody, and the caller gives the entry back and queues on).
+        find nobody, and the caller gives the entry back and queues on), or the waiting
+        holder's deadline as last written (:meth:`Attempt.holder_until`) ends within the
+        claim window of the grant (the idle sweep may reap it before the mark).
     """
     known = attempt.held_fields(at, fence)
     if known is None or at is None or entries.attempt_of(booking) != attempt.attempt_id:
+        return None
+    until = attempt.holder_until()
+    if until is None or until <= at + timedelta(milliseconds=grants.claim_ms()):
+        # The idle sweep may take the waiting holder before the mark lands (its waiter
+        # stalled past the TTL, or the refresh failed): an answer now could be a lease
+        # that is already dead. The caller claims first, and queues again if it is gone.
         return None
     lease = attempt.lease_of({**known, "expiresAt": sure_until(at, attempt.definition.ttl_seconds)})
     lease.pending_claim = PendingClaim(attempt, lease, booking, fence, at)

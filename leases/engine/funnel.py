@@ -19,6 +19,7 @@ from typing import Any
 from pymongo import ReturnDocument
 
 from .. import ids
+from ..definitions import caps
 from ..definitions.model import LeaseDefinition, LevelSpec
 from ..queue import fences, shares, slots, waiting
 from ..store import client as store, entries, holder_commands as commands
@@ -62,6 +63,7 @@ class Attempt:
         self.created_at = 0.0  # monotonic, when the holder document was (re)written
         self.interval_seconds: int | None = None
         self.written_at: datetime | None = None  # MongoDB's clock then: a (re)queued ticket is seen then
+        self.kept_until: datetime | None = None  # the waiting holder's deadline as its waiter last moved it
         # (rank, class): resolved once from the definition, carried in the ticket; a resumed
         # ticket brings the one it queued with (``priority``).
         self.priority: tuple[int, str | None] = (
@@ -97,7 +99,47 @@ class Attempt:
         self.acquired_at = self.acquired_at or doc["acquiredAt"]
         self.interval_seconds = interval  # the server-issued interval, as the holder has it
         self.written_at = doc["acquiredAt"]
+        self.kept_until = None  # a new holder: its deadline is its writing's
         self.created_at = time.monotonic()
+
+    def holder_until(self) -> datetime | None:
+        """The deadline of this attempt's ``PENDING`` holder on MongoDB's clock, as this
+        process last wrote it (its writing, or its waiter's refresh, :meth:`keep_holder`);
+        None when not known. The idle sweep cannot take it before then."""
+        if self.written_at is None:
+            return None
+        written = self.written_at + timedelta(seconds=self.definition.ttl_seconds)
+        return written if self.kept_until is None else max(written, self.kept_until)
+
+    def keep_holder(self) -> bool:
+        """Move the waiting holder's deadline to now + TTL (one command), so that a wait
+        longer than the TTL never has it reaped while its ticket queues.
+
+        Returns:
+            False when the holder as this attempt wrote it is gone (reaped: this process
+            stalled past its TTL); the caller queues again with a new one.
+
+        Raises:
+            pymongo.errors.PyMongoError: the store failed.
+        """
+        doc = store.holders().find_one_and_update(
+            *commands.keep_waiting(self.token, self.attempt_id, self.definition.ttl_seconds),
+            projection={"expiresAt": 1}, return_document=ReturnDocument.AFTER)
+        if doc is None:
+            return False
+        if isinstance(doc.get("expiresAt"), datetime):
+            self.kept_until = doc["expiresAt"]
+        return True
+
+    def keep_for_polls(self, keep_ms: int) -> None:
+        """The ticket is kept for a client that polls it: its waiting holder lives to the poll
+        deadline from now on (:func:`leases.store.holder_commands.poll_ticket`), granted
+        between two polls or not.
+
+        Raises:
+            pymongo.errors.PyMongoError: the store failed.
+        """
+        store.holders().update_one(*commands.poll_ticket({"_id": self.token}, keep_ms))
 
     def book(self, *, privileged: bool, allow_queue: bool, charge: dict[str, Any] | None = None) -> Lease:
         """Take every level narrow → wide, then mark the holder HELD.
@@ -116,6 +158,7 @@ class Attempt:
             raise _Blocked(self.gate, None)
         try:
             retried: set[str] = set()
+            settled: set[str] = set()
             fence: fences.Plan | None = None
             read: CounterDoc | None = None
             proposals = 0  # fence proposals a fresh read showed room for, beyond the one retry
@@ -142,6 +185,12 @@ class Attempt:
                 # document; a counter with room was created or freed meanwhile: try again.
                 counter = read = waiting.read_gate(spec.key)
                 fences.note(counter)
+                if caps.pending(spec, counter) and spec.key not in settled:
+                    # Born pending (cap 1) and its creator has not settled it (yet, or ever):
+                    # stamp it from a fresh read ourselves and try again.
+                    settled.add(spec.key)
+                    caps.settle([spec], self.definition.resource)
+                    continue
                 if counter is not None and "holders" not in counter:  # written before entries
                     booked_by = slots.entries_by_key([spec.key])
                     slots.convert_legacy(counter, booked_by, safety=timedelta(0),
@@ -172,7 +221,10 @@ class Attempt:
                 raise _Vanished()
         except _Blocked:
             if taken:
-                self.give_back(taken)
+                # The fence slot this booking recorded is freed with it: the same entry books
+                # again at its turn, maybe on another slot (else both would count as occupied).
+                recorded = fence if fence is not None and fence.key in taken else None
+                self.give_back(taken, fence=recorded)
             raise
         return self.lease_of(held)
 
@@ -248,8 +300,14 @@ class Attempt:
             ticket["ln"], ticket["la"] = self.gate.lease, self.gate.loaded_at
         return ticket
 
-    def give_back(self, keys: list[str]) -> None:
-        waiting.give_back(keys, self.booking)
+    def give_back(self, keys: list[str], *, fence: fences.Plan | None = None) -> None:
+        """Return this attempt's entries on ``keys``, and free the fence slot its booking
+        recorded (``fence``), which the same entry may book again.
+
+        Raises:
+            pymongo.errors.PyMongoError: the store failed part-way (repair returns the rest).
+        """
+        waiting.give_back(keys, self.booking, fence=None if fence is None else fence.slot_on())
 
     def discard(self) -> None:
         """Drop the holder document of an attempt that books nothing (it gave back what it

@@ -170,8 +170,9 @@ def ended(token: str, bound: Scope | None, *, noun: str = "lease") -> LeaseExpir
 
 def needs_tombstone(doc: HolderDoc, reason: str) -> bool:
     """A holder that was handed out (``HELD``) — or released by its caller — is asked
-    about later; a reaped ``PENDING`` one never reached its consumer."""
-    return reason == "release" or doc.get("state") == "HELD"
+    about later; a reaped ``PENDING`` one never reached its consumer, unless it is a kept
+    ticket (``polledAt``): its client polls it, and is told EXPIRED, not "unknown"."""
+    return reason == "release" or doc.get("state") == "HELD" or doc.get("polledAt") is not None
 
 
 def record_tombstone(doc: HolderDoc, reason: str) -> None:

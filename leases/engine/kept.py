@@ -8,17 +8,20 @@ waiter's own decision; a ticket not polled in time is dropped as the queue drops
 
 from __future__ import annotations
 
+import logging
 import time
+from datetime import datetime, timedelta
 from typing import Any
 
 import pymongo.errors
-from pymongo import ReturnDocument
+from pymongo import ReturnDocument, UpdateOne
 
-from .. import validation
+from ..conf import lease_settings
 from ..definitions import model as definitions
 from ..errors import LeaseExpired, LeaseUnavailable
-from ..queue import grants, shares, waiting
-from ..store import client as store, holder_commands
+from ..ids import validation
+from ..queue import fences, grants, shares, waiting
+from ..store import client as store, counter_commands, entries, holder_commands, ticket_commands
 from ..store.documents import CounterDoc, TicketDoc
 from ..store.shapes import arrived_at, ticket_in
 from ..telemetry import history, metrics
@@ -30,6 +33,8 @@ from .step import step, store_bound
 from .ticket import Ticket
 from .waiter import Waiter
 
+log = logging.getLogger(__name__)
+
 
 def resume(ticket_id: str, *, scope: holders.Scope, keep_ms: int) -> "Lease | Ticket":
     """Poll a kept ticket: keep it alive, and book the slot when it is its turn.
@@ -37,8 +42,11 @@ def resume(ticket_id: str, *, scope: holders.Scope, keep_ms: int) -> "Lease | Ti
     ``scope`` is the caller's tenant binding (``{"tenantId": …}``, plus ``projectId`` for a
     project-bound key): it is part of every filter, so another tenant's ticket is unknown.
     A ticket already granted answers its lease again (a lost answer can be fetched twice).
-    Each poll also moves the waiting holder document's expiry past the ticket's own
-    deadline, so the idle reap never takes a ticket that is being polled. Two commands.
+    Each poll also moves the waiting holder document's expiry to the poll deadline, so the
+    idle reap never takes a ticket that is being polled, and a ticket granted between polls
+    whose client stopped polling gives its slot back at that deadline; a poll after it is
+    told EXPIRED (``ticket-expired``), granted meanwhile or not, and its slot goes back.
+    Two commands.
 
     Raises:
         StaleLease: no such ticket in the caller's scope.
@@ -59,6 +67,15 @@ def resume(ticket_id: str, *, scope: holders.Scope, keep_ms: int) -> "Lease | Ti
     if gone is not None:
         raise gone
     assert holder is not None  # no answer from the tombstone means the ticket's holder was found
+    if holder.get("state") == "PENDING" and holder_commands.poll_missed(holder):
+        # Polled after its deadline: the ticket is over, granted meanwhile or not (the poll
+        # deadline is its window; its slot, if a release booked one for it, goes back).
+        try:
+            with store_bound():
+                _end_kept(mine, "ticket-expired", known=holder)
+        except pymongo.errors.PyMongoError as exc:
+            raise LeaseUnavailable(store.unreachable("lease store", exc)) from None
+        raise LeaseExpired(f"ticket {ticket_id} was not polled in time", reason="ticket-expired")
     request = LeaseRequest(type=holder.get("type", ""), lease=holder.get("leaseName"), tenant_id=holder["tenantId"],
                            project_id=holder["projectId"], user_id=holder["userId"],
                            holder_ref=holder.get("holderRef", ""), pod=holder.get("pod", ""),
@@ -87,8 +104,13 @@ def resume(ticket_id: str, *, scope: holders.Scope, keep_ms: int) -> "Lease | Ti
                                                      live_at=holder["polledAt"]))
     granted = None if gate is not None else step(attempt, lambda: _claim_granted(attempt))
     if granted is not None and not isinstance(granted, Lease):
-        # Granted, its narrower levels still being booked (or undone): answer where it stands.
-        return Ticket.of(ticket_id, definition, granted, None)
+        # Granted, its narrower levels still being booked (or undone) — or stranded so, its
+        # granter gone before the undo: then this poll undoes it and the ticket queues again.
+        half_done = granted
+        gate = step(attempt, lambda: _unstrand(attempt, holder, half_done, keep_ms))
+        if gate is None:
+            return Ticket.of(ticket_id, definition, granted, None)  # answer where it stands
+        granted = None
     lease = granted
     if lease is not None:
         # A release granted it between two polls (the direct hand-off): this poll claims it.
@@ -140,6 +162,60 @@ def _claim_granted(attempt: Attempt) -> Lease | CounterDoc | None:
         return None
 
 
+def stranded_ms() -> int:
+    """How long a grant may stay half-done (the gate booked, a narrower level not) before a
+    poll of its kept ticket undoes it: twice the store bound, past which no granter's bulk
+    is still running (every command carries the bound to the server), so the undo never
+    races the bulk it repairs."""
+    return 2 * int(lease_settings.MONGO_TIMEOUT_MS)
+
+
+def _unstrand(attempt: Attempt, holder: dict[str, Any], gate: CounterDoc, keep_ms: int) -> CounterDoc | None:
+    """Undo a grant of the kept ticket that stays half-done: the ordered bulk booked the
+    gate (and dequeued the ticket) and stopped at a full narrower level, and its undo never
+    landed (the granter died, or the store failed it). An in-process waiter recovers through
+    the claim window; a kept ticket has none and would answer "waiting" on every poll.
+
+    The first poll that sees it half-done stamps the holder (``stranded``: which grant — its
+    fence — and when, on MongoDB's clock); a poll :func:`stranded_ms` later that sees the
+    same grant still half-done undoes it as the granter would: the entry
+    pulled by value from every level, the ticket queued again with its arrival, one ordered
+    bulk. Pulls by value and an enqueue that skips a queued ticket: a second undo (the
+    granter's, landing late after all, or a racing poll) changes nothing.
+
+    Returns:
+        The gate with the ticket queued again, or None when it is not undone (yet).
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed.
+    """
+    booking = grants.granted_entry(gate, attempt.token)
+    polled = holder.get("polledAt")
+    if booking is None or not isinstance(polled, datetime):
+        return None
+    grant = grants.fence_of(gate, booking) or booking  # which grant: each issues its own fence
+    recorded = holder.get("stranded")
+    seen: dict[str, Any] = recorded if isinstance(recorded, dict) else {}
+    stranded = seen.get("at")
+    if seen.get("grant") != grant or not isinstance(stranded, datetime):
+        store.holders().update_one(*holder_commands.stranded(attempt.token, attempt.attempt_id, grant))
+        return None
+    if polled - stranded < timedelta(milliseconds=stranded_ms()):
+        return None
+    ticket = attempt.ticket(attempt.gate.level, attempt.acquired_at, seen=polled)
+    ticket["ttl"] = int(keep_ms)  # kept for its client, as the poll keeps it
+    # The gate's fence slot the grant recorded is freed with its pull: the same entry is
+    # granted again later, maybe on another slot (else both would count as occupied).
+    slot = fences.slot_naming(gate, booking)
+    undo = [UpdateOne(*counter_commands.pull(key, booking, fence_slot=slot if key == attempt.gate.key else None))
+            for key in attempt.keys]
+    undo.append(UpdateOne(*ticket_commands.enqueue(attempt.gate.key, dict(ticket))))
+    store.counters().bulk_write(undo, ordered=True)
+    store.holders().update_one(*holder_commands.unstranded(attempt.token))
+    log.info("kept ticket %s: its grant stayed half-done since %s; undone, queued again", attempt.token, stranded)
+    return waiting.keep_alive(attempt.gate.key, attempt.token, ttl_ms=keep_ms)
+
+
 def observe_ticket_wait(attempt: Attempt, gate: CounterDoc, holder: dict[str, Any], lease: Lease) -> None:
     """Record the per-class wait of a ticket granted on a poll, once: from its arrival in
     the queue (the ticket's ``at``, else its holder's ``acquiredAt``) to the grant (the
@@ -153,6 +229,32 @@ def observe_ticket_wait(attempt: Attempt, gate: CounterDoc, holder: dict[str, An
     shares.observe_wait(attempt.definition, attempt.priority[1], waited)
 
 
+def _end_kept(mine: dict[str, Any], reason: str, *, known: Any = None) -> Any:
+    """End the kept ticket ``mine`` (its holder still ``PENDING``): drop it (holder,
+    tombstone, queue place) and give back the slot a release may have booked for it
+    between two polls (the dequeue answers the gate as it was, which shows the grant).
+
+    Returns:
+        The deleted holder, or None when it was gone already.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed (an entry left behind has no holder:
+            repair returns it).
+    """
+    doc = holders.drop_ticket(mine, reason, known=known)
+    keys = entries.holder_keys(doc) if doc is not None else []
+    if doc is None or not keys:
+        return doc
+    # Out of the queue, answering the gate as it was: a ticket no longer queued there may
+    # have been granted (before the delete, or between it and now): its entry goes back.
+    before = waiting.leave(keys[-1], doc["_id"])
+    if before is not None and ticket_in(before, doc["_id"]) is None:
+        booking = grants.granted_entry(before, doc["_id"])
+        if booking is not None:
+            waiting.give_back(keys, booking)
+    return doc
+
+
 def abandon(ticket_id: str, *, scope: holders.Scope) -> bool:
     """Give up a kept ticket (or release the lease it was granted as).
 
@@ -164,7 +266,7 @@ def abandon(ticket_id: str, *, scope: holders.Scope) -> bool:
     """
     try:
         with store_bound():
-            if holders.drop_ticket(holders.scoped(ticket_id, scope), "abandoned", dequeue=True) is not None:
+            if _end_kept(holders.scoped(ticket_id, scope), "abandoned") is not None:
                 return True
     except pymongo.errors.PyMongoError as exc:
         raise LeaseUnavailable(store.unreachable("lease store", exc)) from None

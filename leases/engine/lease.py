@@ -15,9 +15,9 @@ from typing import Any, Protocol
 
 import pymongo.errors
 
-from .. import validation
 from ..definitions.model import LeaseDefinition
 from ..errors import LeaseLost, LeaseUnavailable
+from ..ids import validation
 from ..queue import slots
 from ..store import client as store
 from ..store.documents import HolderDoc

@@ -11,6 +11,7 @@ from ..conf import lease_settings
 from ..definitions import model as definitions, undefined
 from ..definitions.model import LeaseDefinition
 from ..errors import InvalidLeaseRequest, LeaseUnavailable, UnknownLease
+from ..pods import process as pod_process
 from ..pods.identity import self_pod_id
 from ..telemetry import metrics
 from .funnel import Attempt
@@ -62,6 +63,8 @@ def prepare(request: LeaseRequest) -> "tuple[Attempt, int] | None":
         metrics.ACQUIRE.labels(resource=metrics.definition_tag(definition), outcome="noop").inc()
         return None
     specs = definition.level_specs(request.tenant_id, request.project_id, request.user_id)
+    if request.pod is None:
+        pod_process.ensure_pod()  # this process's pod must be alive before a holder names it
     pod = self_pod_id() if request.pod is None else request.pod
     wait_ms = definition.wait_ms if request.wait_ms is None else min(request.wait_ms, definition.wait_ms)
     return Attempt(request, definition, specs, pod), wait_ms

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .. import validation
 from ..errors import InvalidLeaseRequest
+from ..ids import validation
 from ..revocation import handlers
 
 

@@ -18,7 +18,8 @@ import random
 import threading
 import time
 from collections.abc import Generator
-from datetime import datetime
+from datetime import datetime, timedelta
+from functools import partial
 
 import pymongo.errors
 
@@ -41,6 +42,10 @@ log = logging.getLogger(__name__)
 # long: a newcomer of its tenant that booked that level on its way to the queue gives it
 # back with its next command.
 NARROW_RETRY_S = 0.02
+#: The longest sleep between two keep-alives, as a share of the lease's TTL: each keep-alive
+#: moves the waiting holder's deadline on once half its TTL is gone (a TTL of 1 s then
+#: keeps it with a quarter second to spare).
+HOLDER_POLL_SHARE = 0.25
 
 
 class Waiter:
@@ -138,11 +143,20 @@ class Waiter:
                         outcome = "granted"
                         return lease
                     if self.keep_ms is not None:
-                        outcome = "ticket"
-                        return self._keep_ticket()
+                        kept = self._keep_ticket()
+                        outcome = "granted" if isinstance(kept, Lease) else "ticket"
+                        return kept
                     outcome = "timeout"
                     raise self._give_up(left=left)
                 period = waiting.poll_ms() / 1000.0 * random.uniform(1.0, 1.25)
+                # The keep-alive also keeps the waiting holder (:meth:`_touch_holder`): often
+                # enough that a TTL shorter than the poll does not lapse between two.
+                period = min(period, self.attempt.definition.ttl_seconds * HOLDER_POLL_SHARE)
+                if not wakeups.listening():
+                    # No wake-up can reach us (Redis down): a slot handed to our ticket is ours
+                    # only for the claim window, so look within it, or another waiter's repair
+                    # ends the grant as unclaimed and the slot idles until the next poll.
+                    period = min(period, grants.claim_ms() / 1000.0 * random.uniform(0.4, 0.5))
                 if self.sat_out:
                     # Sitting out passes the turn only for a moment (the younger tickets of
                     # our tenant wait behind us meanwhile): look again as soon as it ends.
@@ -192,7 +206,38 @@ class Waiter:
             # document went with it): write both again, at the back of the queue.
             self.attempt.create_holder()
             gate = self._enqueue()
-        return gate
+        return self._touch_holder(gate)
+
+    def _touch_holder(self, gate: CounterDoc | None) -> CounterDoc | None:
+        """Keep the waiting holder alive while its ticket queues: once less than half its
+        TTL is left (on MongoDB's clock, as ``gate`` was read), move its deadline on. A wait
+        longer than the TTL is ordinary, and the idle sweep takes a holder past its
+        deadline: a grant to its ticket would then be a lease that is already dead.
+
+        A holder reaped anyway (this process stalled past the TTL) is written again and the
+        ticket queued again for it (its arrival kept); an entry a release granted it
+        meanwhile is given back — it names the reaped holder, which nobody can claim.
+
+        Returns:
+            The gate as last read.
+
+        Raises:
+            pymongo.errors.PyMongoError: the store failed.
+        """
+        attempt = self.attempt
+        until = attempt.holder_until()
+        if gate is None or until is None or ticket_in(gate, attempt.token) is None or (
+                gate["clock"] + timedelta(seconds=attempt.definition.ttl_seconds / 2) < until):
+            return gate
+        if attempt.keep_holder():
+            return gate
+        before = waiting.leave(self.gate_key, attempt.token)
+        if before is not None and ticket_in(before, attempt.token) is None:
+            granted = grants.granted_entry(before, attempt.token)
+            if granted is not None:
+                waiting.give_back(list(attempt.keys), granted)
+        attempt.create_holder()
+        return self._enqueue()
 
     def _claim(self, booking: str, fence: str | None, at: datetime | None = None) -> Lease | None:
         """Our ticket was granted (the entry ``booking`` is on the gate; ``at``: when, on
@@ -227,16 +272,39 @@ class Waiter:
                                                            (time.monotonic() - self.queued_at) * 1000)
         return lease
 
-    def _keep_ticket(self) -> "Ticket":
+    def _keep_ticket(self) -> "Lease | Ticket":
         """Out of wait time, but the caller keeps its place: stretch the ticket's TTL to the
-        poll bound and answer where it stands."""
+        poll bound and answer where it stands — or the lease, when a release granted the
+        ticket just before (a grant is never answered as Busy).
+
+        Raises:
+            LeaseBusy: the ticket is gone (pruned) and was not granted.
+            LeaseUnavailable: the store failed.
+        """
         keep_ms = int(self.keep_ms or 0)
-        gate = step(self.attempt, lambda: waiting.keep_alive(self.gate_key, self.attempt.token, ttl_ms=keep_ms))
-        if gate is None:
-            # Its place is lost: the delay is a newcomer's, from the gate as last seen.
-            raise busy(self.attempt, self.blocked or _Blocked(self.attempt.gate, None), gate=self.gate,
-                        placed=False)
-        return Ticket.of(self.attempt.token, self.attempt.definition, gate, self.blocked)
+        for _ in range(2):  # a grant whose holder had been written again queues once more
+            # The holder first: from now on its deadline is the poll deadline, also when a
+            # release grants the ticket before (or while) it is kept — a client that never
+            # polls gives the slot back then, not after the lease's TTL; and a grant computed
+            # while the ticket still had its waker (a claim window of its own) that lands
+            # after the switch is not ended by repair as unclaimed (leases.queue.slots.orphans).
+            step(self.attempt, lambda: self.attempt.keep_for_polls(keep_ms))
+            gate = step(self.attempt, lambda: waiting.keep_alive(self.gate_key, self.attempt.token, ttl_ms=keep_ms))
+            if gate is not None:
+                return Ticket.of(self.attempt.token, self.attempt.definition, gate, self.blocked)
+            # Not queued any more: granted just now (then claim it, as a poll would), else pruned.
+            current = step(self.attempt, lambda: waiting.read_gate(self.gate_key))
+            grant = step(self.attempt, partial(grants.grant_on, current, self.attempt.token, self.attempt.keys[:-1]))
+            if grant is None or current is None:
+                break
+            if not grant.complete:
+                # Its narrower levels are being booked (or undone): the poll looks again.
+                return Ticket.of(self.attempt.token, self.attempt.definition, current, self.blocked)
+            lease = self._claim(grant.booking, grant.fence)
+            if lease is not None:
+                return lease
+        # Its place is lost: the delay is a newcomer's, from the gate as last seen.
+        raise busy(self.attempt, self.blocked or _Blocked(self.attempt.gate, None), gate=self.gate, placed=False)
 
     def _decide(self, *, again: bool = True) -> Lease | None:
         """Act on the gate as last seen: prune stale tickets, take our turn, wake whoever's

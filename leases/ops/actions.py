@@ -14,9 +14,9 @@ import logging
 import socket
 from typing import Any
 
-from .. import validation
 from ..engine import claims, holders
 from ..errors import HolderNotFound
+from ..ids import validation
 from ..revocation import audit, listener
 from ..revocation.handlers import RevokedHolder
 from ..store import client as store

@@ -7,9 +7,9 @@ their own (a tenant the tenancy hook does not list can still lease). Each check 
 
 from __future__ import annotations
 
-from .. import validation
 from ..definitions.model import SYSTEM_TENANT, TENANT_PROJECT
 from ..errors import PodNotFound, ProjectNotFound, ResourceNotFound, TenantNotFound
+from ..ids import validation
 from ..store import client as store
 from ..telemetry import history
 from ..tenancy import tenant_access

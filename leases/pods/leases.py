@@ -35,8 +35,8 @@ import pymongo.errors
 
 from leases.conf import lease_settings
 
-from .. import validation
 from ..errors import InvalidLeaseRequest, PodLeaseError
+from ..ids import validation
 from ..store import client as store
 from ..store.documents import PodDoc
 

@@ -1,8 +1,14 @@
 """The one definition of "pod alive", shared by the sweepers, the dispatcher and the views.
 
 A pod is alive while its pod lease (:mod:`leases.pods.leases`) is: registered, not stopped,
-``expiryDeadline`` later than MongoDB's now, endpoint known. Every judgement uses the
-store's clock, so a pod with a skewed clock is judged like any other.
+``expiryDeadline`` later than MongoDB's now. Every judgement uses the store's clock, so a pod
+with a skewed clock is judged like any other.
+
+Liveness and reachability are separate questions. A pod without an endpoint (a script, a
+``manage.py shell``, an ASGI server behind a Unix socket) renews its pod lease like any other
+and is alive for reaping: its leases are reaped only once its process is gone. It cannot be
+reached for revocation dispatch, which then takes the matrix's "unreachable" row
+(:mod:`leases.revocation.dispatch`); :meth:`LeasePodLiveness.endpoint` answers ``""`` for it.
 """
 
 from __future__ import annotations
@@ -18,8 +24,8 @@ from .identity import self_pod_id
 class LeasePodLiveness:
     """The one definition of "pod alive", shared by sweepers, the dispatcher and the views.
 
-    Alive = registered, not stopped, ``expiryDeadline`` later than MongoDB's now, endpoint
-    known. The own pod is always alive: it is obviously doing the check, and a missing or
+    Alive = registered, not stopped, ``expiryDeadline`` later than MongoDB's now; whether it
+    has an endpoint is reachability, not liveness. The own pod is always alive: it is obviously doing the check, and a missing or
     late own registration must neither make its leases reap targets nor fail its handlers.
     """
 
@@ -38,14 +44,14 @@ class LeasePodLiveness:
             and not doc.get("stopped")
             and doc.get("expiryDeadline") is not None
             and doc["expiryDeadline"] > now
-            and doc.get("endpoint")
         )
 
     def endpoint(self, pod_id: str, *, now: datetime | None = None) -> str | None:
         """The endpoint of ``pod_id`` if it is alive and foreign, else None.
 
-        For the own pod this returns its registered endpoint (or ``""``): callers treat the
-        own pod as alive and never POST to themselves.
+        An alive pod that registered no endpoint answers ``""``: alive, but unreachable. For
+        the own pod this returns its registered endpoint (or ``""``): callers treat the own
+        pod as alive and never POST to themselves.
 
         Raises:
             pymongo.errors.PyMongoError: the store is unreachable.
@@ -56,7 +62,7 @@ class LeasePodLiveness:
         if pod_id == self.self_pod:
             return (doc or {}).get("endpoint") or ""
         now = now if now is not None else store.server_now()
-        return doc["endpoint"] if doc is not None and self.doc_alive(doc, now) else None
+        return (doc.get("endpoint") or "") if doc is not None and self.doc_alive(doc, now) else None
 
     def is_alive(self, pod_id: str, *, now: datetime | None = None) -> bool:
         """Whether ``pod_id`` is alive (the own pod always is; detached ``""`` never is).
@@ -79,7 +85,7 @@ class LeasePodLiveness:
         now = now if now is not None else store.server_now()
         alive = {self.self_pod}
         for doc in store.pods().find({"stopped": False, "expiryDeadline": {"$gt": now}},
-                                     {"endpoint": 1, "stopped": 1, "expiryDeadline": 1}):
+                                     {"stopped": 1, "expiryDeadline": 1}):
             if self.doc_alive(doc, now):
                 alive.add(doc["_id"])
         return alive

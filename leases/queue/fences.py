@@ -206,6 +206,28 @@ class Plan:
         """The booking update's part: record the slot's new holder and generation."""
         return counter_commands.fence_record(f"{FIELD}.{slot_field(self.slot)}", self.entry, self.generation)
 
+    def slot_on(self) -> tuple[str, str]:
+        """(counter key, the slot's field) — what a give-back of this booking clears."""
+        return self.key, f"{FIELD}.{slot_field(self.slot)}"
+
+
+def recorded_slot(update: dict[str, Any]) -> str | None:
+    """The fence slot (``fence.sN``) a booking ``update`` records (:meth:`Plan.update` in its
+    ``$set``), or None."""
+    for name in (update.get("$set") or {}):
+        if isinstance(name, str) and name.startswith(f"{FIELD}.") and name[len(FIELD) + 2:].isdigit():
+            return name
+    return None
+
+
+def slot_naming(counter: CounterDoc | None, entry: str) -> str | None:
+    """The fence slot (``fence.sN``) ``counter`` records for ``entry``, or None."""
+    recorded: Any = (counter or {}).get(FIELD)
+    for name, value in (recorded.items() if isinstance(recorded, dict) else ()):
+        if isinstance(value, dict) and value.get("e") == entry:
+            return f"{FIELD}.{name}"
+    return None
+
 
 def plan(spec: LevelSpec, entry: str, *, floor: int, counter: CounterDoc | None = None,
          rng: random.Random | None = None) -> Plan:

@@ -292,14 +292,17 @@ def _in_one_bulk(gate: CounterDoc, ticket: TicketDoc, booking: str, grant: tuple
     at_gate = len(before)
     for spec in narrow:
         seeded = counter_commands.seed(resource=resource, level=spec.level, scope=spec.scope,
-                                       tenant_id=spec.tenant_id, cap=spec.cap)
+                                       tenant_id=spec.tenant_id, cap=spec.cap, lease=caps.born(spec, resource))
         clauses = [c for c in (caps.obeyed(spec),) if c]
         ops.append(UpdateOne(*counter_commands.take_slot(spec.key, booking, cap=spec.cap, seeded=seeded,
                                                          clauses=clauses), upsert=True))
+    narrow_from = at_gate + 1  # the index of the first narrower level's push in ``ops``
     try:
-        store.counters().bulk_write(ops, ordered=True)
+        done = store.counters().bulk_write(ops, ordered=True)
+        _settle_created(narrow, resource, [i - narrow_from for i in done.upserted_ids or {}])
         return True
     except pymongo.errors.BulkWriteError as exc:
+        _settle_created(narrow, resource, [u["index"] - narrow_from for u in exc.details.get("upserted") or ()])
         errors = exc.details.get("writeErrors") or []
         # The bulk stops at its first error, whatever it is; without one (a write concern
         # error) every op may have landed: undo them all.
@@ -311,7 +314,11 @@ def _in_one_bulk(gate: CounterDoc, ticket: TicketDoc, booking: str, grant: tuple
     if stopped == len(ops) and _claimed_meanwhile(ticket, fence):
         return True  # applied whole and claimed: pulling it back now would strip a held lease
     keys = [gate["_id"], *(spec.key for spec in narrow[:stopped - at_gate - 1])]
-    undo = [UpdateOne(*counter_commands.pull(key, booking)) for key in keys]
+    # The gate's fence slot the grant recorded is freed with its pull: the ticket queues
+    # again with the same entry, which a later grant may record on another slot.
+    recorded = fences.recorded_slot(grant[1])
+    undo = [UpdateOne(*counter_commands.pull(key, booking, fence_slot=recorded if key == gate["_id"] else None))
+            for key in keys]
     undo.append(UpdateOne(*ticket_commands.enqueue(gate["_id"], dict(ticket))))
     store.counters().bulk_write(undo, ordered=True)
     return UNDONE
@@ -332,6 +339,14 @@ def _claimed_meanwhile(ticket: TicketDoc, fence: str) -> bool:
         return False
     holder = store.holders().find_one({"_id": ticket["id"], "attemptId": attempt}, {"state": 1})
     return holder is not None and holder.get("state") == "HELD"
+
+
+def _settle_created(narrow: Sequence[LevelSpec], resource: str, indexes: Sequence[int]) -> None:
+    """Settle the narrower counters a grant's bulk created (born pending, the ticket's ``lv``
+    view may predate a write): :func:`leases.definitions.caps.settle`. Never raises."""
+    created = [narrow[i] for i in indexes if 0 <= i < len(narrow)]
+    if created:
+        caps.settle(created, resource)
 
 
 def complete(keys: Sequence[str], booking: str) -> bool:

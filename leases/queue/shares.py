@@ -23,11 +23,11 @@ import yaml
 
 from ..definitions.model import MAX_WEIGHT, SYSTEM_TENANT, TENANT_PROJECT, LeaseDefinition, document_path
 from ..errors import InvalidLeaseRequest, LeaseUnavailable
+from ..ids.validation import entity_id, lease_name
 from ..revocation import audit
 from ..store import client as store
 from ..store.documents import TicketDoc
 from ..telemetry import metrics
-from ..validation import entity_id, lease_name
 
 
 def ticket_fields(definition: LeaseDefinition, request: Any, priority: tuple[int, str | None]) -> TicketDoc:

@@ -57,8 +57,9 @@ def take(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_key: s
     taken at most once per entry and never past the cap. The push is an upsert: on a level
     that has no room the insert collides on ``_id`` and stops the bulk right there, so no
     wider level is touched after a full one; a missing counter is created by it (first
-    use). A collision can also mean a simultaneous first use: the caller reads that counter
-    and tries again when it has room.
+    use), born pending and settled here from a fresh read (:mod:`leases.definitions.caps`).
+    A collision can also mean a simultaneous first use: the caller reads that counter (and
+    settles it if still pending) and tries again when it has room.
 
     ``gate_key``: the lease's widest level; a newcomer (not ``privileged``) may only take it
     while nobody queues there. A ``privileged`` take needs ``ticket`` still queued there,
@@ -80,10 +81,25 @@ def take(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_key: s
     if not ops:
         return 0
     try:
-        store.counters().bulk_write(ops, ordered=True)
+        done = store.counters().bulk_write(ops, ordered=True)
     except pymongo.errors.BulkWriteError as exc:
+        settle_created(specs, resource, exc.details.get("upserted"))
         return booked_before(exc)
+    settle_created(specs, resource, done.upserted_ids)
     return len(specs)
+
+
+def settle_created(specs: Sequence[LevelSpec], resource: str, upserted: Any) -> None:
+    """Settle each counter of ``specs`` that a take's ordered bulk created (``upserted``: the
+    result's ``upserted_ids``, or its error's ``upserted`` list): born pending, it gets the
+    cap of a fresh read (:func:`leases.definitions.caps.settle`). Never raises."""
+    if isinstance(upserted, dict):
+        indexes = list(upserted)
+    else:
+        indexes = [u.get("index") for u in upserted or () if isinstance(u, dict)]
+    created = [specs[i] for i in indexes if isinstance(i, int) and 0 <= i < len(specs)]
+    if created:
+        caps.settle(created, resource)
 
 
 def take_ops(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_key: str,
@@ -109,8 +125,9 @@ def take_ops(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_ke
 
 
 def _seed(spec: LevelSpec, resource: str) -> dict[str, Any]:
+    # Born pending: the booking's view may be older than a write that could not stamp it.
     return counter_commands.seed(resource=resource, level=spec.level, scope=spec.scope, tenant_id=spec.tenant_id,
-                                 cap=spec.cap)
+                                 cap=spec.cap, lease=caps.born(spec, resource))
 
 
 def booked_before(exc: pymongo.errors.BulkWriteError) -> int:
@@ -136,18 +153,23 @@ def create(spec: LevelSpec, resource: str) -> None:
         pymongo.errors.PyMongoError: the store failed.
     """
     try:
-        store.counters().update_one(*counter_commands.create(spec.key, _seed(spec, resource)), upsert=True)
+        done = store.counters().update_one(*counter_commands.create(spec.key, _seed(spec, resource)), upsert=True)
     except pymongo.errors.DuplicateKeyError:
-        pass  # created by another process a moment ago
+        return  # created by another process a moment ago
+    if done.upserted_id is not None:
+        caps.settle([spec], resource)
 
 
-def give_back(keys: Sequence[str], booking: str, *, record: dict[str, Any] | None = None) -> CounterDoc | None:
+def give_back(keys: Sequence[str], booking: str, *, record: dict[str, Any] | None = None,
+              fence: tuple[str, str] | None = None) -> CounterDoc | None:
     """Return ``booking``'s slot on each counter of ``keys`` (narrow first, the gate last).
 
     Only a counter that still lists the entry is decremented, so racing releasers, reapers
     and repairers return a slot at most once. The gate's update returns its document so the
     caller can hand the slot to the next waiting ticket. ``record``: more update operators
-    for the gate (the hold duration, for wait estimates), in the same command.
+    for the gate (the hold duration, for wait estimates), in the same command. ``fence``:
+    (counter key, ``fence.sN``) the booking recorded and will book again: cleared by that
+    counter's pull (:func:`leases.store.counter_commands.pull`).
 
     Returns:
         The gate counter after the update, or None when it did not list the entry.
@@ -160,8 +182,9 @@ def give_back(keys: Sequence[str], booking: str, *, record: dict[str, Any] | Non
         return None
     *narrow, gate = keys
     if narrow:
-        store.counters().bulk_write(pull_ops(narrow, booking), ordered=False)
-    return store.counters().find_one_and_update(*gate_pull(gate, booking, record), return_document=ReturnDocument.AFTER)
+        store.counters().bulk_write(pull_ops(narrow, booking, fence=fence), ordered=False)
+    return store.counters().find_one_and_update(*gate_pull(gate, booking, record, fence=fence),
+                                                return_document=ReturnDocument.AFTER)
 
 
 def pull_entry(key: str, booking: str) -> CounterDoc | None:
@@ -174,7 +197,7 @@ def orphans(bookings: Iterable[str], now: datetime,
     """Split a counter's entries into those that book for nobody (:func:`superseded`), the
     tokens of holders that passed their TTL (on ``now``, MongoDB's clock), and those of
     ``unclaimed`` (granted long enough ago, :func:`leases.queue.grants.unclaimed`) whose
-    holder is still ``PENDING``; one query for all of them.
+    holder is still ``PENDING`` and not a kept ticket; one query for all of them.
 
     A holder document is always written before its first entry, so an entry without one
     is left by a delete (release, rollback, reap) whose pull has not come — yet, or ever,
@@ -190,10 +213,14 @@ def orphans(bookings: Iterable[str], now: datetime,
     if not tokens:
         return [], [], []
     found = {d["_id"]: d for d in store.holders().find({"_id": {"$in": tokens}},
-                                                       {"expiresAt": 1, "attemptId": 1, "state": 1})}
+                                                       {"expiresAt": 1, "attemptId": 1, "state": 1, "polledAt": 1})}
     missing = [b for b in bookings if superseded(b, found.get(token_of(b)))]
     expired = [t for t, d in found.items() if d.get("expiresAt") is not None and d["expiresAt"] < now]
-    late = [t for t in unclaimed if t in found and t not in expired and found[t].get("state") == "PENDING"]
+    # A kept ticket (polledAt: a client polls it) has its poll deadline as its window, not
+    # the claim window a grant computed while it still had a waiter may have recorded: it
+    # ends when that deadline passes (expired), not as unclaimed.
+    late = [t for t in unclaimed if t in found and t not in expired and found[t].get("state") == "PENDING"
+            and found[t].get("polledAt") is None]
     return missing, expired, late
 
 

@@ -223,10 +223,13 @@ def hand_off(gate: CounterDoc | None, *, skip: str | None = None) -> list[str]:
 
 
 def give_back(keys: list[str], booking: str, *, hold_ms: float | None = None,
-              more: dict[str, Any] | None = None) -> CounterDoc | None:
+              more: dict[str, Any] | None = None, fence: tuple[str, str] | None = None) -> CounterDoc | None:
     """Return a holder's slots and hand the freed gate slot to the next ticket; ``hold_ms``
     (how long the slot was held) is kept on the gate for wait estimates, and ``more``
     (update operators: how the holder's own wait estimate came out) goes with it.
+    ``fence``: (counter key, ``fence.sN``) the booking recorded and will book again: that
+    counter's pull clears it (:func:`leases.store.counter_commands.pull`); it goes the plain
+    way, which carries it.
 
     Raises:
         pymongo.errors.PyMongoError: the store failed part-way (repair returns the rest).
@@ -235,7 +238,7 @@ def give_back(keys: list[str], booking: str, *, hold_ms: float | None = None,
 
     record = estimates.merged(estimates.hold_update(hold_ms), more)
     undone = False
-    if keys and queue_likely(keys[-1]):
+    if keys and fence is None and queue_likely(keys[-1]):
         # Tickets were waiting a moment ago: return the slots and grant the gate's in one
         # command (a lease with narrower levels: one bulk that also returns those and books
         # the ticket's).
@@ -244,7 +247,7 @@ def give_back(keys: list[str], booking: str, *, hold_ms: float | None = None,
             note_queue(swapped)
             return swapped
         undone = swapped is grants.UNDONE
-    gate = slots.give_back(keys, booking, record=record)
+    gate = slots.give_back(keys, booking, record=record, fence=fence)
     if gate is None and undone:
         # The grant was undone after the swap had taken this entry off the gate: the slot is
         # free and nobody was told; hand it off from the gate as it is now.

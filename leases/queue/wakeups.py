@@ -96,6 +96,12 @@ def register(ticket_id: str, event: threading.Event | None = None) -> threading.
     return event
 
 
+def listening() -> bool:
+    """Whether this process's subscriber is subscribed now: a grant's wake-up can reach its
+    waiters (False while Redis is unreachable, or before the first subscription)."""
+    return _thread is not None and _thread_pid == os.getpid() and _thread.is_alive() and _subscribed.is_set()
+
+
 def unregister(ticket_id: str) -> None:
     with _lock:
         _events.pop(ticket_id, None)

@@ -11,8 +11,8 @@ from typing import Any
 
 from bson import ObjectId
 
-from .. import validation
 from ..errors import AuditEntryNotFound, InvalidLeaseRequest
+from ..ids import validation
 from ..store import client as store
 
 # Django's username length: an actor is a user's name (or a CLI's "cli:user@host").

@@ -5,8 +5,9 @@ Holder pod                             Behaviour
 =====================================  =============================================
 alive, this pod                        handler runs here
 alive, foreign                         ``POST {endpoint}/internal/lease/revoked`` with
-                                       ``X-Lease-Secret``; a failed POST counts as
-                                       unreachable and falls to the rows below
+                                       ``X-Lease-Secret``; a failed POST, or an alive
+                                       pod without an endpoint (a script, a shell),
+                                       counts as unreachable and falls to the rows below
 dead, pod_bound                        release only: the resource died with the pod
 dead, not pod_bound                    handler runs here with the stored payload
 detached ``""`` (HTTP clients)         handler runs here with the stored payload,
@@ -227,8 +228,12 @@ class LeaseRevocationDispatcher:
                     return Outcome(FORWARDED, holder.pod)
                 log.warning("revocation POST for %s to pod %s (%s) failed; treating it as unreachable",
                             holder.token, holder.pod, endpoint)
+            elif endpoint == "":
+                # Alive (a script, a shell) but serving no endpoint: unreachable, like a failed POST.
+                log.info("pod %s of %s is alive without an endpoint; treating it as unreachable", holder.pod,
+                         holder.token)
         if releases_only(holder.pod, holder.pod_bound, pod_alive=False):
-            log.info("lease %s (%s) of dead pod %s is pod-bound: release only", holder.token, holder.type, holder.pod)
+            log.info("lease %s (%s) of dead or unreachable pod %s is pod-bound: release only", holder.token, holder.type, holder.pod)
             return Outcome(RELEASE_ONLY)
         outcome = self._here(holder, LOCAL_PAYLOAD)
         if outcome.path != NO_HANDLER:
@@ -350,8 +355,8 @@ def accept_remote(data: dict) -> RevokedHolder:
         InvalidLeaseRequest: malformed body, bad token, or a type without a handler here.
         LeaseStillHeld: the token is still a live holder (not revoked; nothing runs).
     """
-    from .. import validation
     from ..errors import InvalidLeaseRequest
+    from ..ids import validation
 
     if not isinstance(data, dict):
         raise InvalidLeaseRequest("revocation body must be a JSON object")

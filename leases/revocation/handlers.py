@@ -12,8 +12,8 @@ from datetime import datetime
 from typing import Any, ClassVar, cast
 
 from ..errors import HandlerAlreadyRegistered, InvalidLeaseRequest, UnknownLeaseType
+from ..ids.validation import LEASE_NAME_RE
 from ..store.documents import HolderDoc
-from ..validation import LEASE_NAME_RE
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ queue's commands on the gate are in :mod:`leases.store.ticket_commands`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from pymongo import UpdateOne
@@ -20,9 +21,26 @@ from pymongo import UpdateOne
 Command = tuple[dict[str, Any], dict[str, Any]]
 
 
-def seed(*, resource: str, level: str, scope: str, tenant_id: str | None, cap: int) -> dict[str, Any]:
-    """What a counter created by its first booking is written with (``$setOnInsert``)."""
-    return {"resource": resource, "level": level, "scope": scope, "tenantId": tenant_id, "cap": cap}
+#: The ``at`` of the cap stamp a counter is born with until it is settled (:func:`settle_cap`):
+#: later than any view, so every view of the lease obeys the stamp's cap of 1.
+PENDING_AT = datetime(9999, 1, 1)
+
+
+def seed(*, resource: str, level: str, scope: str, tenant_id: str | None, cap: int,
+         lease: str | None = None) -> dict[str, Any]:
+    """What a counter created by its first booking is written with (``$setOnInsert``).
+
+    Invariant: *a lowered cap binds a counter created after its write* — with ``lease`` (the
+    booking's lease, whose view may predate a write that could not stamp a counter that did
+    not exist) the counter is born *pending*: ``cap`` 1 and the lease's stamp ``{cap: 1, at:
+    PENDING_AT}``, which binds every view of the lease (``count < 1``: its creator's entry
+    alone) until :func:`settle_cap` puts the cap of a fresh read in their place. Every cap
+    is at least 1, so the pending counter is never above any.
+    """
+    if lease is None:
+        return {"resource": resource, "level": level, "scope": scope, "tenantId": tenant_id, "cap": cap}
+    return {"resource": resource, "level": level, "scope": scope, "tenantId": tenant_id, "cap": 1,
+            "capStamps": {lease: {"cap": 1, "at": PENDING_AT}}}
 
 
 def take_slot(key: str, booking: str, *, cap: int, seeded: dict[str, Any], gate: bool = False,
@@ -92,18 +110,39 @@ def stamp_cap(key: str, lease: str, cap: int) -> Command:
                           "$currentDate": {f"capStamps.{lease}.at": True}}
 
 
-def pull(key: str, booking: str, more: dict[str, Any] | None = None) -> Command:
+def settle_cap(key: str, lease: str, cap: int) -> Command:
+    """Settle counter ``key`` born pending (:func:`seed`): :func:`stamp_cap` with ``cap``, read
+    fresh after the counter was created, only while the lease's stamp is still the pending one.
+
+    Invariant: *a settle never undoes a write's stamp* — a definition write whose stamp pass
+    found the counter stamped it already (with a read as fresh), and the settle matches nothing.
+    """
+    query, update = stamp_cap(key, lease, cap)
+    return {**query, f"capStamps.{lease}.at": PENDING_AT}, update
+
+
+def pull(key: str, booking: str, more: dict[str, Any] | None = None, *, fence_slot: str | None = None) -> Command:
     """Return ``booking``'s slot on counter ``key``, stamping ``clock`` for the hand-off;
     ``more``: other update operators for the same command (the hold duration).
 
     Invariant: *no slot returned twice* — the pull is by entry value and only a counter
     that still lists the entry matches, so racing releasers, reapers and repairers
     decrement it at most once. The entry's grant claim (:func:`claim_field`) goes with it.
+
+    ``fence_slot``: the fence slot (``fence.sN``) this booking recorded, when its owner
+    gives the booking back to book the same entry again later (a level full further on):
+    the slot's entry is cleared in the same update, or the entry — booked again on
+    another slot — would keep both occupied. Only while the entry is booked does the pull
+    match, and no booking can record a slot whose entry is booked, so the slot still names
+    this entry then; its generation stays (fences only grow).
     """
     token = booking.rsplit("/", 1)[-1]
-    return {"_id": key, "holders": booking}, {"$pull": {"holders": booking}, "$inc": {"count": -1},
-                                              "$unset": {claim_field(token): ""},
-                                              "$currentDate": {"updatedAt": True, "clock": True}, **(more or {})}
+    update: dict[str, Any] = {"$pull": {"holders": booking}, "$inc": {"count": -1},
+                              "$unset": {claim_field(token): ""},
+                              "$currentDate": {"updatedAt": True, "clock": True}, **(more or {})}
+    if fence_slot is not None:
+        update["$set"] = {**update.get("$set", {}), f"{fence_slot}.e": ""}
+    return {"_id": key, "holders": booking}, update
 
 
 def claim_field(token: str) -> str:
@@ -112,15 +151,21 @@ def claim_field(token: str) -> str:
     return f"claims.{token}"
 
 
-def pull_ops(keys: Sequence[str], booking: str) -> list[UpdateOne]:
-    """:func:`pull` on each counter of ``keys`` (one unordered bulk, the narrow levels)."""
-    return [UpdateOne(*pull(key, booking)) for key in keys]
+def pull_ops(keys: Sequence[str], booking: str, *, fence: tuple[str, str] | None = None) -> list[UpdateOne]:
+    """:func:`pull` on each counter of ``keys`` (one unordered bulk, the narrow levels);
+    ``fence``: (counter key, ``fence.sN``) the booking recorded, cleared with its pull."""
+    return [UpdateOne(*pull(key, booking, fence_slot=_slot_on(key, fence))) for key in keys]
 
 
-def gate_pull(gate: str, booking: str, record: dict[str, Any] | None = None) -> Command:
+def gate_pull(gate: str, booking: str, record: dict[str, Any] | None = None, *,
+              fence: tuple[str, str] | None = None) -> Command:
     """:func:`pull` on the gate, with ``record``'s operators merged in; sent as
     ``findAndModify`` returning the gate after, which hands the slot to the next ticket."""
-    return pull(gate, booking, record)
+    return pull(gate, booking, record, fence_slot=_slot_on(gate, fence))
+
+
+def _slot_on(key: str, fence: tuple[str, str] | None) -> str | None:
+    return fence[1] if fence is not None and fence[0] == key else None
 
 
 def convert_legacy(doc: dict[str, Any], entries: list[str]) -> Command:

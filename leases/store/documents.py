@@ -41,7 +41,8 @@ class HolderDoc(TypedDict, total=False):
     lastSeenAt: datetime        # the last renewal (or the grant)
     expiresAt: datetime         # the deadline: past it the holder is reaped
     priorExpiresAt: datetime    # the deadline the last renewal replaced
-    polledAt: datetime          # the last poll of a kept ticket
+    polledAt: datetime          # the last poll of a kept ticket (also set when it is kept)
+    stranded: dict[str, Any]    # a kept ticket's grant seen half-done: {grant: its fence, at}
     fence: str | None           # the fence its grant issued (leases.store.fence_codec), set when HELD
 
 

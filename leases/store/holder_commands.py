@@ -168,6 +168,19 @@ def grant_undone(token: str, attempt_id: str | None, fence: str) -> tuple[dict[s
             {"$addToSet": {UNDONE_GRANTS: fence}})
 
 
+def keep_waiting(token: str, attempt_id: str | None, ttl_seconds: int) -> Command:
+    """A waiter's refresh of its waiting holder (``PENDING``) while its ticket queues.
+
+    Invariant: only the holder as written by ``attempt_id`` (the one its ticket's grant would
+    name) matches — a waiter that finds none was reaped (it stalled past its TTL) and must
+    queue again with a new holder. Only a ``PENDING`` holder's deadline moves (to
+    ``now + ttl``, never back); a granted (``HELD``) one is left as its claim set it.
+    """
+    pending = {"$eq": ["$state", "PENDING"]}
+    return {"_id": token, "attemptId": attempt_id}, [{"$set": {"expiresAt": {"$cond": [
+        pending, {"$max": ["$expiresAt", now_plus_ms(ttl_seconds * 1000)]}, "$expiresAt"]}}}]
+
+
 def unclaimed(token: str) -> dict[str, Any]:
     """The filter repair ends a granted ticket with whose waiter did not claim its slot in
     time (reason ``idle``; a ``PENDING`` holder runs no handler).
@@ -281,14 +294,46 @@ def rollback(token: str) -> tuple[dict[str, Any], dict[str, int]]:
 
 
 def poll_ticket(query: dict[str, Any], keep_ms: int) -> Command:
-    """A kept ticket's poll on its waiting holder ``query`` (:func:`scoped`).
+    """A kept ticket's poll on its waiting holder ``query`` (:func:`scoped`); also sent when
+    the ticket is kept (the acquire's 202), so its holder lives to the poll deadline.
 
-    Invariant: the idle reap never takes a ticket being polled — the deadline moves to
-    ``now + max(keep_ms, ttl)``; only a ``PENDING`` holder matches (a granted one is
-    answered as the lease).
+    Invariants: the poll deadline is the ticket's window, granted or not — a holder polled
+    in time gets the deadline ``now + keep_ms`` (so the idle reap never takes a ticket being
+    polled, and a ticket a release granted between polls gives its slot back at that
+    deadline if nobody polls it, not after the lease's TTL); a poll after the deadline does
+    not revive it: its deadline stays as it was (before ``polledAt``, which the caller
+    compares it with: the ticket is over). Only a ``PENDING`` holder matches (a granted one
+    is answered as the lease). Dates compare as epoch milliseconds, as in :func:`renewal`.
     """
-    return {**query, "state": "PENDING"}, [{"$set": {"polledAt": "$$NOW", "expiresAt": {"$add": ["$$NOW", {"$max": [
-        int(keep_ms), {"$multiply": [{"$ifNull": ["$ttlSeconds", 0]}, 1000]}]}]}}}]
+    live = {"$gte": [{"$toLong": {"$ifNull": ["$expiresAt", "$$NOW"]}}, {"$toLong": "$$NOW"}]}
+    return {**query, "state": "PENDING"}, [{"$set": {"polledAt": "$$NOW", "expiresAt": {
+        "$cond": [live, {"$add": ["$$NOW", int(keep_ms)]}, "$expiresAt"]}}}]
+
+
+def poll_missed(holder: dict[str, Any]) -> bool:
+    """Whether the holder a :func:`poll_ticket` answered was past its deadline at that poll
+    (both times are MongoDB's, as the command wrote them)."""
+    expires, polled = holder.get("expiresAt"), holder.get("polledAt")
+    return isinstance(expires, datetime) and isinstance(polled, datetime) and expires < polled
+
+
+def stranded(token: str, attempt_id: str | None, grant: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A kept ticket's poll found its grant ``grant`` (the fence it issued: one per grant)
+    half-done (the gate booked, a narrower level not): remember when, on MongoDB's clock —
+    the first sighting of that grant only.
+
+    Invariant: only the waiting holder as its entries name it; a sighting of this grant
+    stays (a later poll measures from it how long it has stayed half-done), one of an
+    earlier grant (undone and the ticket granted again since) is replaced, so a grant under
+    way is never taken for one that stayed half-done.
+    """
+    return ({"_id": token, "attemptId": attempt_id, "state": "PENDING", "stranded.grant": {"$ne": grant}},
+            {"$set": {"stranded.grant": grant}, "$currentDate": {"stranded.at": True}})
+
+
+def unstranded(token: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The half-done grant was undone (the ticket queued again): a later one is measured anew."""
+    return {"_id": token}, {"$unset": {"stranded": ""}}
 
 
 def granted(query: dict[str, Any]) -> dict[str, Any]:

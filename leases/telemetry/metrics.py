@@ -15,6 +15,7 @@ the gauge below declares how its per-process values combine.
 
 from __future__ import annotations
 
+import logging
 import re
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -47,7 +48,18 @@ def configured_namespace() -> str:
     return value
 
 
-NAMESPACE = configured_namespace()
+def _namespace_at_import() -> str:
+    """The namespace the series are created with: a bad setting must not end the process's
+    start-up in a traceback before ``manage.py check`` can name it (``leases.E014``), so it
+    falls back to the default here, and says so in the log."""
+    try:
+        return configured_namespace()
+    except InvalidSetting as exc:
+        logging.getLogger(__name__).error("%s; the metrics use %r until it is fixed", exc, DEFAULT_NAMESPACE)
+        return DEFAULT_NAMESPACE
+
+
+NAMESPACE = _namespace_at_import()
 # Every series of this module is named PREFIX + its name (what a dashboard queries).
 PREFIX = f"{NAMESPACE}_lease_"
 

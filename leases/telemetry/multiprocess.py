@@ -25,7 +25,7 @@ child would vanish from the scrape with it. The price is prometheus_client's doc
 limits of the mode (no custom collectors, gauges combine by a declared ``multiprocess_mode``,
 no ``_created`` samples) and one directory per PID namespace: pids must be unique among the
 processes writing to it, so hosts (pods) never share one. A host that runs no web process
-(a worker-only machine) has no ``/metrics`` of its own; see the README's metrics section.
+(a worker-only machine) has no ``/metrics`` of its own; see the metrics how-to (docs/how-to/metrics.md).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import logging
 from collections import Counter as Tally
 from datetime import datetime, timedelta
 
+from ..definitions import caps
 from ..pods.liveness import LeasePodLiveness, liveness as default_liveness
 from ..queue import slots, waiting
 from ..revocation import listener
@@ -27,6 +28,8 @@ log = logging.getLogger(__name__)
 POD_REAP_BATCH = 500
 RECONCILE_BATCH = 1000
 ORPHAN_BATCH = 1000
+# What reconcile reads of a counter besides its entries to settle a cap stamp left pending.
+SETTLE_FIELDS = {"capStamps": 1, "cap": 1, "level": 1, "scope": 1, "tenantId": 1, "resource": 1}
 
 
 def _safety_ms() -> int:
@@ -120,6 +123,8 @@ def reconcile(*, now: datetime | None = None, safety_ms: int | None = None,
       (the next acquisition creates it again) — unless it has issued fences: its ``fence``
       slots are where their generations live (:mod:`leases.queue.fences`), so it stays.
     * Stale tickets (their waiters are gone) are pruned from the queues.
+    * A counter in use still bound by the cap stamp it was born with (its creator stopped
+      before stamping it from a fresh read) is stamped so (:func:`leases.definitions.caps.settle_left`).
 
     Returns:
         ``(corrected, has_more)``; ``corrected`` counts pulled entries, count corrections,
@@ -169,8 +174,11 @@ def reconcile(*, now: datetime | None = None, safety_ms: int | None = None,
                 waiting.hand_off(after)
 
     for doc in counters.find({"holders": {"$exists": True}}, {"count": 1, "holders": 1, "updatedAt": 1,
-                                                            "queue": 1, "clock": 1}).limit(limit):
+                                                            "queue": 1, "clock": 1, **SETTLE_FIELDS}).limit(limit):
         booked_entries = doc.get("holders") or []
+        if (booked_entries or doc.get("queue")) and doc.get("capStamps") and (
+                doc.get("updatedAt") is None or doc["updatedAt"] < now - safety):
+            caps.settle_left(doc)  # born pending, its creator stopped before settling it (an idle one goes)
         if doc.get("count") != len(booked_entries):
             if counters.update_one(*counter_commands.recount(doc, len(booked_entries))).matched_count:
                 corrected += 1

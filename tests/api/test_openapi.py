@@ -167,8 +167,8 @@ def _acquire_body_validator():
 @pytest.mark.parametrize("user", ["alice.smith", "bob@example.com", "c+d", "e" * 150, "ünï", "a/b", "x|y", "100%",
                                   "", " ", "a b", "e" * 151, "tab\there", "zw\u200bsp", "nb\u00a0sp"])
 def test_given_a_user_id_then_the_document_and_the_server_agree_on_it(user):
-    from leases import validation
     from leases.errors import InvalidLeaseRequest
+    from leases.ids import validation
 
     try:
         validation.user_id(user)

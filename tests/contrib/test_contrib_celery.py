@@ -54,7 +54,7 @@ def worker(queue, handler, settings):
     block every other task of this worker)."""
     try:
         redis.Redis.from_url(BROKER).ping()
-    except redis.RedisError as exc:  # pragma: no cover - the suite needs Redis (README)
+    except redis.RedisError as exc:  # pragma: no cover - the suite needs Redis (scripts/bootstrap.sh)
         pytest.fail(f"Redis at 127.0.0.1:6379 is required: {exc}")
     put("levels: {global: 1}\nwaitMs: 0\nttlSeconds: 30")
     env = child_env(CELERY_BROKER_URL=BROKER, CELERY_RESULT_BACKEND=BROKER, POD_ID=f"celery-{queue}",

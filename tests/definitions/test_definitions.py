@@ -236,7 +236,7 @@ def test_given_the_system_document_when_merged_as_the_system_tenant_then_it_is_t
 @pytest.mark.parametrize("field, reserved", [("tenant_id", "_vance"), ("project_id", "_tenant"),
                                              ("tenant_id", "_tenant"), ("project_id", "_vance")])
 def test_given_a_reserved_layer_id_when_checked_as_a_request_id_then_refused(field, reserved):
-    from leases import validation
+    from leases.ids import validation
 
     with pytest.raises(leases.InvalidLeaseRequest, match="reserved"):
         validation.request_id(reserved, field)

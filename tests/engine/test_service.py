@@ -238,7 +238,7 @@ def test_given_a_wait_when_it_stays_full_then_busy_after_wait_and_not_forever():
     ("waitMs: 3000\n", 0, 0.0, 0.3),     # a request may shorten it
 ])
 def test_given_a_request_wait_then_it_only_shortens_the_definitions_wait(wait_yaml, asked_ms, low, high):
-    """LeaseRequest.wait_ms is min()-ed with the definition's waitMs (README: Waiting)."""
+    """LeaseRequest.wait_ms is min()-ed with the definition's waitMs (docs: Waiting and fairness)."""
     put("res", "levels: {project: 1}\n" + wait_yaml)
     leases.acquire(req())
     started = time.monotonic()

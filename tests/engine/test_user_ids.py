@@ -12,8 +12,8 @@ from functools import partial
 import pytest
 
 import leases
-from leases import validation
 from leases.errors import InvalidLeaseRequest, LeaseBusy
+from leases.ids import validation
 from leases.revocation import handlers
 from leases.store import client as store, entries
 from tests.helpers import define, lease_request

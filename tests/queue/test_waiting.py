@@ -369,3 +369,51 @@ def test_given_a_waiter_killed_after_its_grant_and_before_it_claimed_then_the_ne
     finally:
         if child.poll() is None:
             child.kill()
+
+
+class _TimedEvent(wakeups.threading.Event):
+    """The waiter's wake-up event, recording how long each sleep may last."""
+
+    def __init__(self):
+        super().__init__()
+        self.timeouts: list[float] = []
+
+    def wait(self, timeout=None):
+        self.timeouts.append(timeout)
+        return super().wait(timeout)
+
+
+@pytest.mark.parametrize("listening", [True, False])
+def test_given_no_wake_up_can_reach_a_waiter_then_it_looks_within_the_claim_window(settings, monkeypatch, listening):
+    # With Redis down a slot handed to a ticket is claimed only by the waiter's own look: a
+    # waiter that slept its 1 s poll let the 500 ms claim window pass, and another waiter's
+    # repair ended the grant as unclaimed (the slot then idled until the next poll).
+    settings.LEASES_WAIT_POLL_MS = 1000
+    events: list[_TimedEvent] = []
+
+    def register(ticket_id, event=None):
+        events.append(_TimedEvent())
+        return events[-1]
+
+    monkeypatch.setattr(wakeups, "register", register)
+    monkeypatch.setattr(wakeups, "listening", lambda: listening)
+    put("res", "levels: {global: 1}\nwaitMs: 10000")
+    held = leases.acquire(req(user="h"))
+    with pytest.raises(leases.LeaseBusy):
+        leases.acquire(req(user="w", wait_ms=1600))
+    held.release()
+    (event,) = events
+    sleeps = event.timeouts[:-1]  # the last one is cut to the time left
+    assert sleeps, event.timeouts
+    if listening:  # woken by the grant's message: the poll is only the safety net
+        assert min(sleeps) >= waiting.poll_ms() / 1000.0
+    else:
+        assert max(sleeps) <= grants.claim_ms() / 1000.0 / 2, sleeps
+
+
+def test_given_this_processs_subscriber_is_subscribed_then_it_is_listening():
+    wakeups.register("tk-listening")
+    try:
+        assert wait_for(wakeups.listening, timeout=5)
+    finally:
+        wakeups.unregister("tk-listening")

@@ -64,6 +64,15 @@ def test_given_a_definition_write_then_the_stamp_sets_cap_and_time():
         "$set": {"cap": 2, "capStamps.res.cap": 2}, "$currentDate": {"capStamps.res.at": True}})
 
 
+def test_given_a_booking_of_a_lease_then_the_counter_it_creates_is_born_pending_and_only_a_settle_ends_that():
+    born = commands.seed(resource="res", level="user", scope="t/u", tenant_id="t", cap=5, lease="res")
+    # Born bound to its creator's entry alone (cap 1), whatever the creator's view says.
+    assert born["cap"] == 1 and born["capStamps"] == {"res": {"cap": 1, "at": commands.PENDING_AT}}
+    # The settle is the stamp, matching only while the stamp is still the pending one.
+    assert commands.settle_cap("k", "res", 4) == ({"_id": "k", "capStamps.res.at": commands.PENDING_AT},
+                                                  commands.stamp_cap("k", "res", 4)[1])
+
+
 def test_given_a_counter_as_read_then_corrections_match_only_that_version():
     at = datetime(2026, 12, 5, 8)
     doc = {"_id": "k", "count": 4, "updatedAt": at}

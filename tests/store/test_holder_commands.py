@@ -80,7 +80,10 @@ def test_given_a_ticket_then_only_a_pending_holder_is_dropped_or_polled():
                                                                           "state": "PENDING"}
     query, pipeline = commands.poll_ticket({"_id": "tok"}, 5000)
     assert query == {"_id": "tok", "state": "PENDING"}
-    assert pipeline[0]["$set"]["expiresAt"]["$add"][1]["$max"][0] == 5000
+    # Polled in time: the deadline is the poll deadline (not the lease's TTL); after it, the
+    # deadline stays as it was (a late poll revives nothing).
+    _, in_time, late = pipeline[0]["$set"]["expiresAt"]["$cond"]
+    assert in_time == {"$add": ["$$NOW", 5000]} and late == "$expiresAt"
 
 
 def test_given_a_scope_then_the_filter_binds_the_tenant_and_project():

@@ -33,8 +33,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import leases
-from leases import http_client, validation
+from leases import http_client
 from leases.errors import InvalidLeaseRequest, LeaseLost, SessionError, SessionRevoked, UnknownTool
+from leases.ids import validation
 from leases.pods.identity import self_pod_id
 from leases.revocation.handlers import LeaseHandler, RevokedHolder
 

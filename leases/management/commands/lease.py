@@ -25,10 +25,10 @@ from typing import Any
 import pymongo.errors
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from leases import validation
 from leases.conf import lease_settings
 from leases.definitions import undefined as undefined_names, view as definition_views
 from leases.errors import InvalidLeaseRequest, LeaseError, LeaseUnavailable
+from leases.ids import validation
 from leases.ops import actions, history, lookups, reads, reports
 from leases.ops.tables import json_default
 from leases.queue import shares

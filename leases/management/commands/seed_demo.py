@@ -13,10 +13,11 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 import leases
-from leases import service, validation
+from leases import service
 from leases.definitions import layers as config
 from leases.definitions.model import TENANT_PROJECT, document_path
 from leases.errors import LeaseError
+from leases.ids import validation
 from leases.store import client as store, entries
 
 DEFAULT_PASSWORD = "demo-pass-123"

@@ -6,7 +6,7 @@ documents, one module per thing read: :mod:`.holders`, :mod:`.counters`, :mod:`.
 which drops this process's cache entry first, is :mod:`leases.definitions.view`). Tenant
 binding lives in the MongoDB filter of every read (tokens are global), never in the caller:
 a token of another tenant is simply "not found". Every id that reaches a filter is
-validated first (:mod:`leases.validation`), so an operator document such as ``{"$ne": ""}``
+validated first (:mod:`leases.ids.validation`), so an operator document such as ``{"$ne": ""}``
 can never be smuggled in as a value.
 
 The names below are re-exported so callers write ``reads.list_holders``.

@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
-from ... import ids, validation
+from ... import ids
+from ...ids import validation
 from ...store import client as store, entries
 from ...store.documents import HolderDoc
 

@@ -13,8 +13,9 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
-from ... import ids, validation
+from ... import ids
 from ...errors import HolderNotFound, InvalidFence
+from ...ids import validation
 from ...pods.liveness import liveness
 from ...store import client as store, fence_codec as codec
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 from importlib import resources
 from typing import Any
 
-from ... import validation
 from ...definitions import model as definitions
 from ...definitions.layers import LEASE_PATH_RE
+from ...ids import validation
 from ...store import client as store
 
 

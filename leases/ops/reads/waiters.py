@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
-from ... import ids, validation
+from ... import ids
+from ...ids import validation
 from ...queue import estimates, order
 from ...store import client as store, shapes
 

@@ -1,11 +1,11 @@
-"""leases.validation: the input checks every entry point shares (reads, actions, requests, pods, API keys)."""
+"""leases.ids.validation: the input checks every entry point shares (reads, actions, requests, pods, API keys)."""
 
 from __future__ import annotations
 
 import pytest
 
-from leases import validation
 from leases.errors import InvalidApiKeyRequest, InvalidLeaseRequest, PodLeaseError
+from leases.ids import validation
 
 
 @pytest.mark.parametrize("value", [None, ""])

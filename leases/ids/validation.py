@@ -2,7 +2,7 @@
 
 Tenant and project ids, lease names and tokens are matched against strict ASCII patterns.
 User ids are wider (any Django username or email address, up to 150 characters): they are
-only ever values (``$literal`` in pipelines) and are encoded (:mod:`leases.ids`) where they
+only ever values (``$literal`` in pipelines) and are encoded (:mod:`leases.ids.encoding`) where they
 are joined into counter keys, scopes and booking entries; control characters, whitespace,
 invisible format characters and lone surrogates are refused.
 """
@@ -15,8 +15,8 @@ from typing import Any
 
 import bson
 
-from . import ids as ids_
-from .errors import InvalidApiKeyRequest, InvalidLeaseRequest, PodLeaseError
+from ..errors import InvalidApiKeyRequest, InvalidLeaseRequest, PodLeaseError
+from . import encoding as ids_
 
 LEASE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", re.ASCII)
 # Tenant, project and user ids: no dots, slashes or pipes (they build counter keys

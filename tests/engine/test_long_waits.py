@@ -1,0 +1,82 @@
+"""A wait longer than the lease's TTL: the waiter is never granted a lease that is already dead.
+
+While it waits, a waiter's keep-alive keeps its ``PENDING`` holder alive as well as its ticket,
+so the idle sweep leaves it; a holder reaped anyway (its waiter stalled past the TTL) makes the
+waiter queue again when its grant comes, never return a lease whose first check fails.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+
+import pytest
+
+import leases
+from leases.engine import waiter as waiter_module
+from leases.store import client as store
+from leases.upkeep import reaper
+from tests import helpers
+from tests.helpers import define, lease_request, quiet_handler_fixture
+
+handler = quiet_handler_fixture("test")
+req = partial(lease_request, pod="")
+GATE = "res|global|*"
+TTL_S = 2
+
+
+@pytest.fixture
+def short_ttl(settings):
+    """One slot whose TTL (2 s) is far shorter than the wait (20 s): the keep-alive poll (1 s) is capped to a quarter of it."""
+    define("res", f"levels: {{global: 1}}\nwaitMs: 20000\nttlSeconds: {TTL_S}")
+
+
+def outlive_ttl(held, token: str) -> None:
+    """Keep ``held`` renewed until the waiter ``token``'s holder, as first written, is past its
+    TTL on MongoDB's clock (so an idle sweep now would take it, unless it was kept alive)."""
+    first = store.holders().find_one({"_id": token})["expiresAt"]
+    deadline = time.monotonic() + 10
+    while store.server_now() <= first:
+        assert time.monotonic() < deadline, "MongoDB's clock never passed the holder's first deadline"
+        held.check()
+        time.sleep(0.1)
+    held.check()
+
+
+def test_given_a_wait_longer_than_the_ttl_when_the_idle_sweep_runs_then_the_grant_is_a_live_lease(short_ttl):
+    # Given: a holder, and a waiter that waits longer than the lease's TTL.
+    held = leases.acquire(req(user="h"))
+    waiter = helpers.queue_up(req(user="w"), GATE)
+    outlive_ttl(held, waiter.ticket)
+    # When: the idle sweep runs, then the holder releases (its slot goes to the waiter).
+    reaper.reap_idle(dispatch=False)
+    held.release()
+    waiter.join(10)
+    # Then: the waiter's lease is alive: its check renews it, its holder is HELD.
+    lease = waiter.lease
+    assert lease is not None, waiter.error
+    lease.check()
+    assert store.holders().find_one({"_id": lease.token})["state"] == "HELD"
+    assert lease.release() is True
+
+
+def test_given_a_waiter_whose_holder_is_reaped_anyway_when_granted_then_it_queues_again_never_dead(
+        short_ttl, monkeypatch):
+    # Given: a waiter whose holder is never kept alive (as if each refresh were lost): the idle
+    # sweep reaps it while its ticket stays queued.
+    monkeypatch.setattr(waiter_module.Waiter, "_touch_holder", lambda self, gate: gate, raising=False)
+    held = leases.acquire(req(user="h"))
+    waiter = helpers.queue_up(req(user="w"), GATE)
+    outlive_ttl(held, waiter.ticket)
+    reaper.reap_idle(dispatch=False)  # counts HELD holders only: a waiting one has no handler
+    assert store.holders().find_one({"_id": waiter.ticket}) is None
+    # When: the holder releases.
+    held.release()
+    waiter.join(10)
+    # Then: the waiter did not get a dead lease: it queued again and holds a live one.
+    lease = waiter.lease
+    assert lease is not None, waiter.error
+    lease.check()
+    assert store.holders().find_one({"_id": lease.token})["state"] == "HELD"
+    assert lease.release() is True
+    assert store.counters().find_one({"_id": GATE})["holders"] == []
