@@ -187,14 +187,31 @@ class Waiter(threading.Thread):
 
 def queue_up(request, gate_key: str, timeout: float = 10.0) -> Waiter:
     """Start a waiter for ``request``; return it once its ticket is in the gate's queue, so
-    the order of arrivals is the order of calls."""
+    the order of arrivals is the order of calls, and it sleeps until woken or its poll: its
+    first decision after queueing (at a full gate, a repair check that reads the holders and
+    may pull an entry whose holder is gone) is over — on a loaded machine it would otherwise
+    run at any moment of the test that follows."""
     before = set(queued_ids(gate_key))
     waiter = Waiter(request)
     waiter.start()
     new = wait_for(lambda: set(queued_ids(gate_key)) - before, timeout, step=0.01)
     assert new, "the waiter never queued"
     (waiter.ticket,) = new
+    wait_for(lambda: asleep(waiter) or not waiter.is_alive(), timeout, step=0.005)
     return waiter
+
+
+def asleep(thread: threading.Thread) -> bool:
+    """Whether a waiter's ``thread`` is between two decisions: its innermost frame of the
+    engine is the waiting loop's sleep (``Waiter.wait`` on its wake-up event), not a decision
+    or a store command."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        path = frame.f_code.co_filename.replace(os.sep, "/")
+        if "/leases/" in path:
+            return path.endswith("/leases/engine/waiter.py") and frame.f_code.co_name == "wait"
+        frame = frame.f_back
+    return False
 
 
 CELERY_TEST_REDIS_DB = 13  # a developer's broker on DB 0 stays untouched

@@ -36,6 +36,7 @@ class AsyncLease:
     def __init__(self, lease: Lease):
         self._lease = lease
         self._released = False
+        self._ending = False  # a release began: over for its owner, whatever the store answers
         self._release_failed = False
 
     token = property(lambda self: self._lease.token)
@@ -97,7 +98,7 @@ class AsyncLease:
             LeaseLost: the lease ended (``LeaseExpired`` with the reason, or ``StaleLease``).
             LeaseUnavailable: the store is unreachable.
         """
-        if self._released:
+        if self._ending:
             metrics.CHECK.labels(resource=metrics.resource_tag(self.resource), outcome="lost").inc()
             raise LeaseLost(f"lease {self.token} was released")
         await self._renew()
@@ -111,7 +112,7 @@ class AsyncLease:
             LeaseUnavailable: the store is unreachable.
         """
         validation.payload(payload)
-        if self._released:
+        if self._ending:
             raise LeaseLost(f"lease {self.token} was released")
         await self._renew(payload)
 
@@ -120,13 +121,15 @@ class AsyncLease:
         the call that released; the freed gate slot is handed to the next waiting ticket.
 
         Raises:
-            LeaseUnavailable: the store failed before the holder was deleted; calling
-                ``arelease()`` again retries it (slots already returned are not returned twice).
+            LeaseUnavailable: the store failed part-way; calling ``arelease()`` again finishes
+                it (slots already returned are not returned twice). :meth:`acheck` refuses
+                from the first call on, whatever the store answered.
         """
         tag = metrics.resource_tag(self.resource)
         if self._released:
             metrics.RELEASE.labels(resource=tag, outcome="already-released").inc()
             return False
+        self._ending = True
         booking = self._lease._booking()
         # How long the slot was held, kept on the gate for wait estimates (as the sync release).
         hold_ms = (time.monotonic() - self._lease._granted) * 1000
@@ -134,13 +137,20 @@ class AsyncLease:
         db = store.async_db()
         try:
             with store_bound():
-                # The slots first, as the sync release (holders.release_owned): the gate's update
-                # hands the freed slot over at once; by value, so a retry returns nothing twice.
-                # Shielded: a caller cancelled now must not strand half of them until repair.
-                await asyncio.shield(give_back(list(self.levels), booking, record=estimates.merged(
-                    estimates.hold_update(hold_ms), self._lease.grant_outcome)))
+                # The holder first, as the sync release (holders.release_owned): a holder whose
+                # slot has gone on must never be left to renew. Then the slots, by value, so a
+                # retry returns nothing twice; shielded: a caller cancelled now must not strand
+                # them until repair.
                 doc = await db[store.HOLDERS].find_one_and_delete(
                     *holders.deletion(holders.scoped(self.token, bound), "release"))
+                await asyncio.shield(give_back(list(self.levels), booking, record=estimates.merged(
+                    estimates.hold_update(hold_ms if doc is not None else None), self._lease.grant_outcome)))
+            if doc is None and self._release_failed:
+                # An earlier try's delete may have landed, its answer lost: the tombstone says.
+                doc = await asyncio.to_thread(holders.released_before, self._lease._holder())
+                if doc is not None:
+                    self._released = True
+                    return True
         except pymongo.errors.PyMongoError as exc:
             self._release_failed = True
             metrics.RELEASE.labels(resource=tag, outcome="error").inc()

@@ -296,10 +296,11 @@ def end(query: dict[str, Any], reason: str, *, hold_ms: float | None = None) -> 
     ending = Ending.of(doc, reason, hold_ms=hold_ms)
     try:
         with store.bounded():
-            gate = waiting.give_back(ending.keys, ending.booking, hold_ms=ending.hold_ms)
-            if gate is None and released_by_owner(doc, reason, ending):
-                doc["state"] = "RELEASED"  # what callers see: no handler is dispatched for it
-                ending = Ending.of(doc, "release")
+            # Whatever this finds, the ending is the one its delete decided: an entry already
+            # gone was pulled by a repair that saw the holder gone (after this delete), never
+            # by the owner — an owner's release deletes its holder before it returns a slot
+            # (release_owned) — so a reap stays a reap, with its handler and its reason.
+            waiting.give_back(ending.keys, ending.booking, hold_ms=ending.hold_ms)
     except pymongo.errors.PyMongoError as exc:
         ending.account(exc)
         return doc
@@ -320,53 +321,72 @@ def _closed(doc: HolderDoc, ending: Ending) -> HolderDoc:
     return doc
 
 
-def released_by_owner(doc: HolderDoc, reason: str, ending: Ending) -> bool:
-    """Whether the ``HELD`` holder ``doc``, ended now for ``reason``, had already given its
-    gate slot back itself: its owner's release returns the slots first (the hand-off does
-    not wait for the delete) and died before its delete. Nobody else pulls the entry of a
-    holder that still exists as written (repair pulls only entries whose holder is gone or
-    was written again), so it ends as released: tombstone ``release``, and :func:`end` returns
-    the document as ``RELEASED`` so that no caller dispatches the handler — a regular release
-    never runs it."""
-    return reason != "release" and doc.get("state") == "HELD" and bool(ending.keys)
-
-
 def release_owned(token: str, keys: list[str], booking: str, *, bound: Scope | None = None,
                   hold_ms: float | None = None, outcome: dict[str, Any] | None = None,
-                  known: HolderDoc | None = None) -> HolderDoc | None:
+                  known: HolderDoc | None = None, retry: bool = False) -> HolderDoc | None:
     """Release ``token`` by its owner, who knows its ``keys`` and its entry ``booking``:
-    return the slots first — the gate's update hands the freed slot over to the next ticket
-    at once (:mod:`leases.queue.grants`) — then delete the holder and tombstone it.
+    delete the holder, then return the slots — the gate's update hands the freed slot over
+    to the next ticket at once (:mod:`leases.queue.grants`) — then tombstone it.
 
-    The delete no longer comes first because slots are entries pulled by value: a second
-    return finds nothing, so no slot comes back twice whoever races. A crash between the
-    two leaves the holder ``HELD`` with its slots already returned; it lives to its deadline
-    (nobody renews it: its process is gone), and whoever reaps it finds its gate entry gone
-    and ends it as released, without the handler (:func:`released_by_owner`).
+    The delete comes first so that a holder whose slot has gone on never exists: a
+    release that fails half-way (a command applied whose answer was lost, a timeout, a
+    crash) leaves either the holder with its slots booked (nothing happened yet), or slots
+    booked for a holder that is gone — which repair pulls (the next process that finds the
+    counter full, ≤ 1 s) and a retry of the release returns by value. Never a live ``HELD``
+    holder whose slot another lease holds: nobody can renew it past the cap, and whoever
+    reaps a ``HELD`` holder knows it was not released (its handler runs). The price is one
+    command by ``_id`` before the hand-off, not one more command.
 
     ``known``: what the owner knows of its ``HELD`` holder (the fields of
     :data:`leases.store.holder_commands.RELEASE_PROJECTION`): the delete then answers only
     whether it deleted — a plain ``delete``, not a ``findAndModify`` (on the embedded server
-    several times cheaper, and it runs while the next holder's claim waits for the server).
+    several times cheaper). ``retry``: an earlier try of this release failed, perhaps after
+    its delete landed: when the delete finds nothing, the tombstone tells whether the
+    holder was ended by this release (none yet: it is written now, ``release``) or by a
+    reap or revoke (its reason stays).
 
     Returns:
         The deleted holder (``known``, when given), or ``None`` when it was already gone
-        (reaped, or released).
+        (reaped, revoked, or released).
 
     Raises:
         pymongo.errors.PyMongoError: the store failed; a retry returns what is left.
     """
     with store.bounded():
-        waiting.give_back(keys, booking, hold_ms=hold_ms, more=outcome)
-    pause_point("release")  # crash-window tests stop here: slots returned, holder not yet deleted
-    with store.bounded():
         if known is not None:
             doc = known if store.holders().delete_one(scoped(token, bound)).deleted_count else None
         else:
             doc = store.holders().find_one_and_delete(*deletion(scoped(token, bound), "release"))
+    pause_point("release")  # crash-window tests stop here: holder deleted, slots not yet returned
+    with store.bounded():
+        # Also when the holder was gone: by value, so nothing comes back twice, and a slot an
+        # earlier try of this release left booked (its delete landed, its answer was lost)
+        # comes back now rather than at the next repair.
+        waiting.give_back(keys, booking, hold_ms=hold_ms if doc is not None else None, more=outcome)
     if doc is None:
-        return None
+        return released_before(known) if retry and known is not None else None
     return _closed(doc, Ending.of(doc, "release", hold_ms=hold_ms))
+
+
+def released_before(known: HolderDoc) -> HolderDoc | None:
+    """Whether the holder a retried release found gone was deleted by an earlier try of the
+    release (its answer lost): then no tombstone exists yet, or one saying ``release``, and
+    it is written now (an existing reason stays: a reap's or a revoke's tombstone wins).
+
+    Returns:
+        ``known`` when the release was this owner's, else ``None``.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed.
+    """
+    with store.bounded():
+        tombstone = store.tombstones().find_one_and_update(
+            *tombstone_upsert(known, "release", keep=True), upsert=True, projection={"reason": 1},
+            return_document=ReturnDocument.AFTER)
+    if (tombstone or {}).get("reason") != "release":
+        return None
+    Ending.of(known, "release").account()
+    return known
 
 
 def release(token: str, *, bound: Scope | None = None, hold_ms: float | None = None) -> HolderDoc | None:

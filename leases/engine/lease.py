@@ -64,6 +64,10 @@ class Lease:
         self.last_seen_at = last_seen_at  # MongoDB's clock at the grant or the last renewal
         self.interval_seconds = interval_seconds  # the server-issued renewal interval
         self._released = False
+        # Set before a release sends anything: from then on the lease is over for its owner,
+        # whatever the store answers (a command applied whose answer was lost may have handed
+        # the slot on), so check() refuses and only release() may still be called (a retry).
+        self._ending = False
         self._release_failed = False
         self._granted = time.monotonic()  # a duration for wait estimates, never a TTL
         #: A grant answered before its holder was marked HELD (:mod:`leases.engine.claims`):
@@ -123,7 +127,8 @@ class Lease:
                 reason says which) or ``StaleLease`` (the store forgot it).
             LeaseUnavailable: the store is unreachable.
         """
-        if self._released:
+        if self._ending:
+            # Also after a release that failed: its commands may have landed, the slot gone on.
             metrics.CHECK.labels(resource=metrics.resource_tag(self.resource), outcome="lost").inc()
             raise LeaseLost(f"lease {self.token} was released")
         self._renew()
@@ -137,20 +142,26 @@ class Lease:
             LeaseUnavailable: the store is unreachable.
         """
         validation.payload(payload)
-        if self._released:
+        if self._ending:
             raise LeaseLost(f"lease {self.token} was released")
         self._renew(payload)
 
     def release(self) -> bool:
-        """Give the slots back. Idempotent; True only for the call that actually released.
+        """Give the slots back. Idempotent; True once, for the call that completed the release
+        (a retry after a try that failed part-way included), False for any later one.
 
         A regular release never calls the type's handler: the holder cleans up itself. A
         grant whose claim came too late (:meth:`wait_claimed`) was never held for sure: its
         release answers False. It does not wait for a claim under way.
 
+        The lease is over for its owner from the moment this is called, whatever the store
+        answers: :meth:`check` and :meth:`update_payload` raise ``LeaseLost`` from then on.
+
         Raises:
-            LeaseUnavailable: the store failed before the holder was deleted; nothing was
-                released and calling ``release()`` again retries it.
+            LeaseUnavailable: the store failed part-way (perhaps after the holder was deleted
+                and the slot handed on); calling ``release()`` again finishes it, and a slot
+                nobody retries for comes back by repair (holder gone) or by the reap of the
+                holder (still there, with its slots booked: nobody renews it).
         """
         tag = metrics.resource_tag(self.resource)
         if self._released:
@@ -163,10 +174,12 @@ class Lease:
             # late finds its entry gone and answers False.
             self.pending_claim.drop()
             self.pending_claim = None
+        self._ending = True
         try:
             held_ms = (time.monotonic() - self._granted) * 1000
             doc = holders.release_owned(self.token, list(self.levels), self._booking(), bound=self._scope(),
-                                        hold_ms=held_ms, outcome=self.grant_outcome, known=self._holder())
+                                        hold_ms=held_ms, outcome=self.grant_outcome, known=self._holder(),
+                                        retry=self._release_failed)
         except pymongo.errors.PyMongoError as exc:
             self._release_failed = True
             metrics.RELEASE.labels(resource=tag, outcome="error").inc()

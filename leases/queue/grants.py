@@ -47,7 +47,7 @@ from pymongo import ReturnDocument, UpdateOne
 from ..conf import lease_settings
 from ..definitions import caps
 from ..definitions.model import LevelSpec
-from ..store import client as store, counter_commands, entries, shapes, ticket_commands
+from ..store import client as store, counter_commands, entries, holder_commands, shapes, ticket_commands
 from ..store.documents import CounterDoc, TicketDoc
 from . import fences, order, wakeups
 
@@ -126,7 +126,7 @@ def hand_over(gate: CounterDoc, picked: Sequence[str]) -> tuple[list[str], Count
         try:
             narrow = narrow_specs(ticket)
             if narrow:
-                granted = _grant_levels(gate, ticket, booking, grant, narrow)
+                granted = _grant_levels(gate, ticket, booking, grant, narrow, plan.fence)
                 at = now  # the bulk answers no document: the TTL runs from the read just before
             else:
                 after = store.counters().find_one_and_update(*grant, return_document=ReturnDocument.AFTER)
@@ -233,7 +233,7 @@ def _hand_back_once(gate_key: str, booking: str, more: dict[str, Any] | None = N
     if narrow or levels:
         # One ordered bulk: the releaser's narrower entries first (a ticket of the same user
         # or project may need the very slot), then the swap and the ticket's narrower levels.
-        swapped = _in_one_bulk(read, ticket, entry, command, levels,
+        swapped = _in_one_bulk(read, ticket, entry, command, levels, plan.fence,
                                before=counter_commands.pull_ops(narrow, booking))
         if swapped is not True:
             return swapped
@@ -248,7 +248,7 @@ def _hand_back_once(gate_key: str, booking: str, more: dict[str, Any] | None = N
 
 
 def _grant_levels(gate: CounterDoc, ticket: TicketDoc, booking: str, grant: tuple[dict[str, Any], dict[str, Any]],
-                  narrow: list[LevelSpec]) -> bool:
+                  narrow: list[LevelSpec], fence: str) -> bool:
     """Grant a ticket with narrower levels in one ordered bulk (:func:`_in_one_bulk`); its
     waiter books itself when woken if that fails.
 
@@ -259,11 +259,11 @@ def _grant_levels(gate: CounterDoc, ticket: TicketDoc, booking: str, grant: tupl
         pymongo.errors.PyMongoError: the store failed (repair returns what a partial grant left:
             the ticket's holder is PENDING with entries booked, which it pulls once past its TTL).
     """
-    return _in_one_bulk(gate, ticket, booking, grant, narrow) is True
+    return _in_one_bulk(gate, ticket, booking, grant, narrow, fence) is True
 
 
 def _in_one_bulk(gate: CounterDoc, ticket: TicketDoc, booking: str, grant: tuple[dict[str, Any], dict[str, Any]],
-                 narrow: list[LevelSpec], *, before: Sequence[UpdateOne] = ()) -> Any:
+                 narrow: list[LevelSpec], fence: str, *, before: Sequence[UpdateOne] = ()) -> Any:
     """One ordered bulk: ``before`` (a releaser's own returns), then the gate's ``grant`` (or
     swap) — which dequeues the ticket, so of all who might grant it (or its own waiter) one
     alone goes on — then each narrower level (conditional pushes, as a booking's). The gate's
@@ -272,6 +272,12 @@ def _in_one_bulk(gate: CounterDoc, ticket: TicketDoc, booking: str, grant: tuple
     matched nothing. If a narrower level is full after all (a newcomer booked it on its way
     to the queue), what was booked is pulled back by value and the ticket is queued again as
     it was (its arrival kept) in one more bulk.
+
+    When the bulk's outcome is unknown (its answer was lost: it may have landed whole), the
+    ticket's waiter may have seen the grant whole and claimed it (``fence``: the fence it
+    issued) before the undo: the undo first records on the ticket's ``PENDING`` holder that
+    this grant is undone (:func:`leases.store.holder_commands.grant_undone`), so that a claim
+    after it marks nothing — and if the holder is ``HELD`` already, the grant stands.
 
     Returns:
         True when every level is booked for the ticket; ``_RACED`` when the gate's update
@@ -305,6 +311,8 @@ def _in_one_bulk(gate: CounterDoc, ticket: TicketDoc, booking: str, grant: tuple
         stopped = len(ops)  # unknown how far it went: undo all (pulls by value, enqueue if missing)
     if stopped <= at_gate:
         return _RACED
+    if stopped == len(ops) and _claimed_meanwhile(ticket, fence):
+        return True  # applied whole and claimed: pulling it back now would strip a held lease
     keys = [gate["_id"], *(spec.key for spec in narrow[:stopped - at_gate - 1])]
     # The gate's fence slot the grant recorded is freed with its pull: the ticket queues
     # again with the same entry, which a later grant may record on another slot.
@@ -314,6 +322,23 @@ def _in_one_bulk(gate: CounterDoc, ticket: TicketDoc, booking: str, grant: tuple
     undo.append(UpdateOne(*ticket_commands.enqueue(gate["_id"], dict(ticket))))
     store.counters().bulk_write(undo, ordered=True)
     return UNDONE
+
+
+def _claimed_meanwhile(ticket: TicketDoc, fence: str) -> bool:
+    """Before undoing a grant whose bulk may have landed whole: whether its waiter claimed it
+    already (the holder is ``HELD``: it saw every level booked), else make sure it never
+    will (:func:`leases.store.holder_commands.grant_undone`). One command, two when the
+    holder is not ``PENDING``; only on this rare path.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed (nothing is undone: the grant stays
+            for its waiter to claim, or for repair once the claim window passed).
+    """
+    attempt = shapes.attempt(ticket)
+    if store.holders().update_one(*holder_commands.grant_undone(ticket["id"], attempt, fence)).matched_count:
+        return False
+    holder = store.holders().find_one({"_id": ticket["id"], "attemptId": attempt}, {"state": 1})
+    return holder is not None and holder.get("state") == "HELD"
 
 
 def _settle_created(narrow: Sequence[LevelSpec], resource: str, indexes: Sequence[int]) -> None:

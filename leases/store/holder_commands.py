@@ -140,9 +140,32 @@ def mark_held(token: str, *, keys: list[str], ttl_seconds: int, attempt_id: str 
         seen, deadline = "$$NOW", now_plus_ms(ttl_seconds * 1000)
     else:
         seen, deadline = {"$literal": granted_at}, {"$literal": granted_at + timedelta(seconds=ttl_seconds)}
-    return {"_id": token, "attemptId": attempt_id}, [{"$set": {
+    query: dict[str, Any] = {"_id": token, "attemptId": attempt_id}
+    if fence is not None:
+        query[UNDONE_GRANTS] = {"$ne": fence}  # a grant being undone is never claimed (grant_undone)
+    return query, [{"$set": {
         "state": "HELD", "levels": {"$literal": keys}, "lastSeenAt": seen, "heldAt": "$$NOW",
         "expiresAt": deadline, "fence": {"$literal": fence}}}]
+
+
+#: The fences of grants to a holder that their granter undid not knowing whether they had
+#: landed (:func:`grant_undone`): :func:`mark_held` never claims one of them.
+UNDONE_GRANTS = "undoneGrants"
+
+
+def grant_undone(token: str, attempt_id: str | None, fence: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A granter's undo of the grant ``fence`` to the ticket ``token`` whose bulk may have
+    landed (its answer was lost): only while the holder (as written by ``attempt_id``) is
+    still ``PENDING``, record that this grant is undone, before its entries are pulled.
+
+    Invariant: a claimed lease is never stripped of its slots — the holder's one document
+    orders the two: the waiter's mark of that grant (which requires the fence not undone)
+    lands first, and this matches nothing (the grant stands); or this lands first, and the
+    mark matches nothing (the waiter gives the entry back and queues again). Fences never
+    repeat, so a later grant to the same holder is claimed as usual.
+    """
+    return ({"_id": token, "attemptId": attempt_id, "state": "PENDING"},
+            {"$addToSet": {UNDONE_GRANTS: fence}})
 
 
 def keep_waiting(token: str, attempt_id: str | None, ttl_seconds: int) -> Command:

@@ -41,9 +41,10 @@ def tombstone_fields(doc: HolderDoc, reason: str, *, keep: bool = False) -> dict
     return fields
 
 
-def tombstone_upsert(doc: HolderDoc, reason: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The tombstone command (filter, pipeline; an upsert) of the ended holder ``doc``."""
-    return {"_id": doc["_id"]}, [{"$set": tombstone_fields(doc, reason)}]
+def tombstone_upsert(doc: HolderDoc, reason: str, *, keep: bool = False) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The tombstone command (filter, pipeline; an upsert) of the ended holder ``doc``;
+    ``keep``: an existing tombstone keeps its reason and time (:func:`tombstone_fields`)."""
+    return {"_id": doc["_id"]}, [{"$set": tombstone_fields(doc, reason, keep=keep)}]
 
 
 def claim(ended: HolderDoc, reason: str, pod: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -396,4 +396,6 @@ def test_uncontended_async_command_budget_equals_the_sync_one():
         store.set_async_client_factory(None)
     assert acquire_cmds == ["findAndModify", "update", "findAndModify"], acquire_cmds
     assert check_cmds == ["findAndModify"]
-    assert release_cmds == ["update", "findAndModify", "findAndModify", "update"]  # slots, gate, delete, tombstone
+    # The holder first (a holder whose slot went on must never be left to renew), then the
+    # narrower slots, the gate, the tombstone: the same four as before, in that order.
+    assert release_cmds == ["findAndModify", "update", "findAndModify", "update"]  # delete, slots, gate, tombstone

@@ -18,6 +18,7 @@ from leases.errors import LeaseExpired
 from leases.queue import grants, waiting
 from leases.store import client as store, entries
 from tests import helpers
+from tests.faults import quiet_waiter
 from tests.helpers import define, lease_request, quiet_handler_fixture
 
 handler = quiet_handler_fixture("test")
@@ -26,8 +27,24 @@ GATE = "res|global|*"
 
 
 @pytest.fixture
-def one_slot():
+def one_slot(settings):
     define("res", "levels: {global: 1}\nwaitMs: 10000\nttlSeconds: 60")
+    return settings
+
+
+@pytest.fixture
+def timer_held(monkeypatch):
+    """The claim timer never fires by itself: the marks it was given wait in the returned
+    list until the test sends them (``claim.send()``, what the timer does when one is due),
+    so "not due yet" does not depend on how fast the machine is."""
+    due: list = []
+
+    class Held:
+        def at(self, when, claim):
+            due.append(claim)
+
+    monkeypatch.setattr(claims, "_timer_thread", lambda: Held())
+    return due
 
 
 @pytest.fixture
@@ -46,10 +63,18 @@ def held_back(monkeypatch):
     go.set()
 
 
-def handed_over():
+def queue_up(settings, request):
+    """A waiter queued at the full gate that learns of its grant from the wake-up only: no
+    keep-alive poll and no repair of its own within the test (:func:`tests.faults.quiet`) —
+    on a loaded machine either may come first and claim the grant from the gate itself,
+    leaving no claim in the background to look at."""
+    return quiet_waiter(settings, request, GATE)
+
+
+def handed_over(settings):
     """A waiter queued behind a holder, granted by the holder's release: its lease."""
     held = leases.acquire(req(user="h"))
-    waiter = helpers.queue_up(req(user="w"), GATE)
+    waiter = queue_up(settings, req(user="w"))
     held.release()
     waiter.join(10)
     return waiter.lease
@@ -63,7 +88,7 @@ def test_given_a_granted_waiter_then_it_returns_before_its_holder_is_marked_and_
         one_slot, held_back):
     # Given: a waiter queued behind a holder; its claim thread is held back.
     held = leases.acquire(req(user="h"))
-    waiter = helpers.queue_up(req(user="w"), GATE)
+    waiter = queue_up(one_slot, req(user="w"))
     # When: the holder releases.
     held.release()
     waiter.join(10)
@@ -131,7 +156,7 @@ def test_given_the_store_failing_the_background_claim_then_the_next_call_claims_
 
     monkeypatch.setattr(Attempt, "claim", flaky)
     held = leases.acquire(req(user="h"))
-    waiter = helpers.queue_up(req(user="w"), GATE)
+    waiter = queue_up(one_slot, req(user="w"))
     held.release()
     waiter.join(10)
     assert waiter.lease is not None
@@ -179,11 +204,12 @@ def counted_claims(monkeypatch):
     return sent
 
 
-def test_given_a_grant_released_before_its_mark_is_due_then_no_mark_is_ever_sent(one_slot, monkeypatch, settings):
+def test_given_a_grant_released_before_its_mark_is_due_then_no_mark_is_ever_sent(
+        one_slot, monkeypatch, settings, timer_held):
     # Given: a granted waiter that holds its lease a moment, shorter than the mark's delay.
     sent = counted_claims(monkeypatch)
-    settings.LEASES_GRANT_MARK_DELAY_MS = 250  # room for a slow machine between grant and release
-    lease = handed_over()
+    settings.LEASES_GRANT_MARK_DELAY_MS = 250
+    lease = handed_over(one_slot)
     assert lease is not None and store.holders().find_one({"_id": lease.token})["state"] == "PENDING"
     # When: it releases before its mark is due.
     assert lease.release() is True
@@ -191,15 +217,17 @@ def test_given_a_grant_released_before_its_mark_is_due_then_no_mark_is_ever_sent
     # and even after the mark's time has passed no mark was sent for it.
     assert gate_tokens() == [] and store.holders().find_one({"_id": lease.token}) is None
     assert store.tombstones().find_one({"_id": lease.token})["reason"] == "release"
-    time.sleep(claims.mark_delay_ms() / 1000 + 0.2)
-    assert lease.token not in sent
+    assert len(timer_held) == 1
+    timer_held[0].send()  # its time comes
+    time.sleep(0.2)
+    assert lease.token not in sent and timer_held[0].future is None
     assert lease.release() is False
 
 
 def test_given_a_grant_held_past_its_mark_delay_then_the_background_marks_it_held(one_slot, monkeypatch):
     # Given: a granted waiter that keeps its lease and makes no call.
     sent = counted_claims(monkeypatch)
-    lease = handed_over()
+    lease = handed_over(one_slot)
     assert lease is not None
     # When: its share of the claim window passes; then the holder is HELD without any call,
     # well inside the window, and the lease is told the TTL's deadline.
@@ -210,17 +238,20 @@ def test_given_a_grant_held_past_its_mark_delay_then_the_background_marks_it_hel
     assert sent == [lease.token] and lease.release() is True and gate_tokens() == []
 
 
-def test_given_a_check_before_the_mark_is_due_then_the_check_marks_it_first(one_slot, monkeypatch, settings):
+def test_given_a_check_before_the_mark_is_due_then_the_check_marks_it_first(
+        one_slot, monkeypatch, settings, timer_held):
     # Given: a granted waiter whose mark is not due yet.
     sent = counted_claims(monkeypatch)
     settings.LEASES_GRANT_MARK_DELAY_MS = 250
-    lease = handed_over()
+    lease = handed_over(one_slot)
     assert lease is not None and sent == []
     # When: it checks; then that call marked it (once, the timer never sends it again).
     lease.check()
     assert sent == [lease.token]
     assert store.holders().find_one({"_id": lease.token})["state"] == "HELD"
-    time.sleep(0.25 + 0.2)
+    assert len(timer_held) == 1
+    timer_held[0].send()  # its time comes
+    time.sleep(0.2)
     assert sent == [lease.token]
     assert lease.release() is True and gate_tokens() == []
 
@@ -229,7 +260,7 @@ def test_given_no_mark_delay_then_the_mark_is_sent_at_once(one_slot, monkeypatch
     # Given: LEASES_GRANT_MARK_DELAY_MS = 0 (every grant marked at once, as before the delay).
     sent = counted_claims(monkeypatch)
     settings.LEASES_GRANT_MARK_DELAY_MS = 0
-    lease = handed_over()
+    lease = handed_over(one_slot)
     assert lease is not None
     # When: it releases at once; then its mark had been sent all the same, and the slot is back.
     assert helpers.wait_for(lambda: sent == [lease.token], 5, step=0.005)
@@ -251,7 +282,7 @@ def test_given_a_mark_under_way_when_the_lease_is_released_then_the_release_wait
         return claim(self, booking, fence, at)
 
     monkeypatch.setattr(Attempt, "claim", in_flight)
-    lease = handed_over()
+    lease = handed_over(one_slot)
     assert lease is not None and inside.wait(10)
     pending = lease.pending_claim
     assert pending is not None and pending.future is not None and not pending.future.done()
@@ -277,7 +308,7 @@ def test_given_a_mark_handed_to_a_claim_thread_when_the_release_comes_first_then
     # Given: a granted waiter whose mark the timer handed to a claim thread, not yet running.
     settings.LEASES_GRANT_MARK_DELAY_MS = 0
     sent = counted_claims(monkeypatch)
-    lease = handed_over()
+    lease = handed_over(one_slot)
     assert lease is not None and lease.pending_claim is not None
     pending = lease.pending_claim
     # When: it releases first, then the claim thread runs.

@@ -1,5 +1,6 @@
-"""The owner's release returns its slots first (the hand-off does not wait for the delete),
-then deletes the holder: a release that dies in between is reaped later as released."""
+"""The owner's release deletes its holder first, then returns its slots (by value) and
+tombstones it: a holder whose slot has gone on never lives on (issue 34), and a release that
+dies in between leaves entries without a holder, which repair returns."""
 
 from __future__ import annotations
 
@@ -32,28 +33,41 @@ def test_given_an_owners_release_then_its_holder_is_deleted_without_being_read_b
     # When: its owner releases it, the commands counted.
     with helpers.counted_commands() as counter:
         assert lease.release() is True
-    # Then: the gate was returned, the holder deleted with a plain delete (the owner knows
-    # what the release needs of it) and tombstoned in the owner's scope.
-    assert counter.commands == ["findAndModify", "delete", "update"]
+    # Then: the holder was deleted with a plain delete (the owner knows what the release
+    # needs of it), then the gate returned, then it was tombstoned in the owner's scope.
+    assert counter.commands == ["delete", "findAndModify", "update"]
     tombstone = store.tombstones().find_one({"_id": lease.token})
     assert (tombstone["reason"], tombstone["tenantId"], tombstone["projectId"], tombstone["resource"]) == (
         "release", "acme", "p1", "res")
     assert store.holders().find_one({"_id": lease.token}) is None
 
 
-def test_given_an_owner_that_returned_its_slots_and_died_when_its_holder_is_reaped_then_no_handler_runs():
-    # Given: a release that returned the slots (its first step) and died before its delete.
+def test_given_an_owner_that_deleted_its_holder_and_died_then_repair_returns_its_slot():
+    # Given: a release that deleted its holder (its first step) and died before returning
+    # its slot: the gate books an entry for a holder that is gone.
+    define("res", "levels: {global: 1}")
+    lease = leases.acquire(lease_request(pod=""))
+    store.holders().delete_one({"_id": lease.token})
+    gate = waiting.read_gate("res|global|*")
+    # When: the next process that finds the counter full repairs it.
+    assert waiting.repair(gate, gate["clock"]) is True
+    # Then: the slot is back, once.
+    assert store.counters().find_one({"_id": "res|global|*"})["holders"] == []
+    assert store.counters().find_one({"_id": "res|global|*"})["count"] == 0
+
+
+def test_given_a_held_holder_whose_gate_entry_is_gone_when_it_is_reaped_then_its_handler_is_dispatched():
+    # A HELD holder is never left by a release (the delete comes first), so a reap that finds
+    # its entry gone — pulled by a repair that saw the holder deleted — is still a reap.
     define("res", "levels: {global: 1}")
     lease = leases.acquire(lease_request(pod=""))
     waiting.give_back(list(lease.levels), lease._booking())
-    # When: its holder passes its deadline and the idle reap ends it.
     past = store.server_now() - timedelta(seconds=1)
     store.holders().update_one({"_id": lease.token}, {"$set": {"expiresAt": past}})
     revoked = reaper.reap_holder({"_id": lease.token}, "idle")
-    # Then: it ends as released — no handler to dispatch, the tombstone says so.
-    assert revoked is None
+    assert revoked is not None and revoked.reason == "idle"
     assert store.holders().find_one({"_id": lease.token}) is None
-    assert store.tombstones().find_one({"_id": lease.token})["reason"] == "release"
+    assert store.tombstones().find_one({"_id": lease.token})["reason"] == "idle"
 
 
 def test_given_a_live_holder_reaped_idle_then_its_handler_is_dispatched_as_before():

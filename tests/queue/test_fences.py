@@ -230,9 +230,9 @@ def test_given_a_warm_process_then_the_fence_costs_no_command():
         lease = leases.acquire(req())
         lease.release()
     assert lease.fence is not None
-    # acquire: holder, the ordered bulk, HELD; release: the narrower levels, the gate, delete, tombstone
-    assert counted.commands == ["findAndModify", "update", "findAndModify", "update", "findAndModify",
-                                "delete", "update"]
+    # acquire: holder, the ordered bulk, HELD; release: delete, the narrower levels, the gate, tombstone
+    assert counted.commands == ["findAndModify", "update", "findAndModify", "delete", "update", "findAndModify",
+                                "update"]
 
 
 def test_given_racing_bookings_taking_the_proposed_slots_then_a_level_with_room_still_grants(monkeypatch):

@@ -31,7 +31,8 @@ def test_given_user_strings_when_writing_the_holder_then_each_is_a_literal_and_t
 
 def test_given_an_attempt_when_marking_held_then_only_that_attempts_holder_matches():
     query, pipeline = commands.mark_held("tok", keys=["k"], ttl_seconds=5, attempt_id="a2", fence="F")
-    assert query == {"_id": "tok", "attemptId": "a2"}
+    # ... and only for a grant nobody undid (issue 34, item 6: grant_undone).
+    assert query == {"_id": "tok", "attemptId": "a2", "undoneGrants": {"$ne": "F"}}
     assert pipeline[0]["$set"]["state"] == "HELD" and pipeline[0]["$set"]["fence"] == {"$literal": "F"}
     assert pipeline[0]["$set"]["expiresAt"] == {"$add": ["$$NOW", 5000]}
 
@@ -98,3 +99,12 @@ def test_given_an_operator_or_a_foreign_field_in_a_scope_then_it_is_refused(boun
 
 def test_given_a_held_lease_then_adopt_moves_only_a_held_one():
     assert commands.adopt("tok", pod="p2") == ({"_id": "tok", "state": "HELD"}, {"$set": {"pod": "p2"}})
+
+
+def test_given_a_grant_being_undone_then_only_a_pending_holder_of_that_attempt_records_it():
+    query, update = commands.grant_undone("tok", "a2", "F")
+    assert query == {"_id": "tok", "attemptId": "a2", "state": "PENDING"}
+    assert update == {"$addToSet": {"undoneGrants": "F"}}
+    # A mark of that grant then matches nothing; one without a fence is not held back.
+    assert commands.mark_held("tok", keys=["k"], ttl_seconds=5, attempt_id="a2", fence=None)[0] == {
+        "_id": "tok", "attemptId": "a2"}
