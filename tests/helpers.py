@@ -274,11 +274,14 @@ def celery_worker(pod_id: str, *, pool: str = "solo", concurrency: int = 1, logl
 
 
 class RecordingHandler(handlers.LeaseHandler):
-    """The ``optest`` lease type's handler for the operator tests: records each revoked holder."""
+    """A handler that records each revoked holder: the ``optest`` lease type's for the operator
+    tests, or ``lease_type``'s."""
 
     type = "optest"
 
-    def __init__(self):
+    def __init__(self, lease_type: str | None = None):
+        if lease_type is not None:
+            self.type = lease_type
         self.revoked = []
 
     def on_revoked(self, holder):

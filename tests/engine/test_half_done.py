@@ -18,25 +18,15 @@ from leases.revocation import handlers
 from leases.store import client as store, entries
 from leases.upkeep import reaper
 from tests.faults import answer_lost, quiet_waiter
-from tests.helpers import define, lease_request
+from tests.helpers import RecordingHandler, define, lease_request
 
 req = partial(lease_request, pod="")
 GATE = "res|global|*"
 
 
-class Recording(handlers.LeaseHandler):
-    type = "test"
-
-    def __init__(self):
-        self.revoked = []
-
-    def on_revoked(self, holder):
-        self.revoked.append(holder)
-
-
 @pytest.fixture(autouse=True)
 def handler():
-    registered = handlers.register_handler(Recording())
+    registered = handlers.register_handler(RecordingHandler("test"))
     yield registered
     handlers.unregister_handler("test")
 

@@ -43,6 +43,15 @@ def outlive_ttl(held, token: str) -> None:
     held.check()
 
 
+def assert_a_live_lease(waiter):
+    """The waiter was granted a live lease: its check renews it, its holder is HELD, it releases."""
+    lease = waiter.lease
+    assert lease is not None, waiter.error
+    lease.check()
+    assert store.holders().find_one({"_id": lease.token})["state"] == "HELD"
+    assert lease.release() is True
+
+
 def test_given_a_wait_longer_than_the_ttl_when_the_idle_sweep_runs_then_the_grant_is_a_live_lease(short_ttl):
     # Given: a holder, and a waiter that waits longer than the lease's TTL.
     held = leases.acquire(req(user="h"))
@@ -53,11 +62,7 @@ def test_given_a_wait_longer_than_the_ttl_when_the_idle_sweep_runs_then_the_gran
     held.release()
     waiter.join(10)
     # Then: the waiter's lease is alive: its check renews it, its holder is HELD.
-    lease = waiter.lease
-    assert lease is not None, waiter.error
-    lease.check()
-    assert store.holders().find_one({"_id": lease.token})["state"] == "HELD"
-    assert lease.release() is True
+    assert_a_live_lease(waiter)
 
 
 def test_given_a_waiter_whose_holder_is_reaped_anyway_when_granted_then_it_queues_again_never_dead(
@@ -74,9 +79,5 @@ def test_given_a_waiter_whose_holder_is_reaped_anyway_when_granted_then_it_queue
     held.release()
     waiter.join(10)
     # Then: the waiter did not get a dead lease: it queued again and holds a live one.
-    lease = waiter.lease
-    assert lease is not None, waiter.error
-    lease.check()
-    assert store.holders().find_one({"_id": lease.token})["state"] == "HELD"
-    assert lease.release() is True
+    assert_a_live_lease(waiter)
     assert store.counters().find_one({"_id": GATE})["holders"] == []
