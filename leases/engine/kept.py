@@ -14,14 +14,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pymongo.errors
-from pymongo import ReturnDocument, UpdateOne
+from pymongo import ReturnDocument
 
 from ..conf import lease_settings
 from ..definitions import model as definitions
 from ..errors import LeaseExpired, LeaseUnavailable
 from ..ids import validation
 from ..queue import fences, grants, shares, waiting
-from ..store import client as store, counter_commands, entries, holder_commands, ticket_commands
+from ..store import client as store, entries, holder_commands
 from ..store.documents import CounterDoc, TicketDoc
 from ..store.shapes import arrived_at, ticket_in
 from ..telemetry import history, metrics
@@ -204,13 +204,7 @@ def _unstrand(attempt: Attempt, holder: dict[str, Any], gate: CounterDoc, keep_m
         return None
     ticket = attempt.ticket(attempt.gate.level, attempt.acquired_at, seen=polled)
     ticket["ttl"] = int(keep_ms)  # kept for its client, as the poll keeps it
-    # The gate's fence slot the grant recorded is freed with its pull: the same entry is
-    # granted again later, maybe on another slot (else both would count as occupied).
-    slot = fences.slot_naming(gate, booking)
-    undo = [UpdateOne(*counter_commands.pull(key, booking, fence_slot=slot if key == attempt.gate.key else None))
-            for key in attempt.keys]
-    undo.append(UpdateOne(*ticket_commands.enqueue(attempt.gate.key, dict(ticket))))
-    store.counters().bulk_write(undo, ordered=True)
+    grants.undo(attempt.gate.key, attempt.keys, booking, ticket, fences.slot_naming(gate, booking))
     store.holders().update_one(*holder_commands.unstranded(attempt.token))
     log.info("kept ticket %s: its grant stayed half-done since %s; undone, queued again", attempt.token, stranded)
     return waiting.keep_alive(attempt.gate.key, attempt.token, ttl_ms=keep_ms)
@@ -245,13 +239,9 @@ def _end_kept(mine: dict[str, Any], reason: str, *, known: Any = None) -> Any:
     keys = entries.holder_keys(doc) if doc is not None else []
     if doc is None or not keys:
         return doc
-    # Out of the queue, answering the gate as it was: a ticket no longer queued there may
-    # have been granted (before the delete, or between it and now): its entry goes back.
-    before = waiting.leave(keys[-1], doc["_id"])
-    if before is not None and ticket_in(before, doc["_id"]) is None:
-        booking = grants.granted_entry(before, doc["_id"])
-        if booking is not None:
-            waiting.give_back(keys, booking)
+    # Out of the queue: a ticket no longer queued there may have been granted (before the
+    # delete, or between it and now): its entry goes back.
+    waiting.leave_returning_grant(keys[-1], doc["_id"], keys)
     return doc
 
 

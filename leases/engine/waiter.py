@@ -231,11 +231,7 @@ class Waiter:
             return gate
         if attempt.keep_holder():
             return gate
-        before = waiting.leave(self.gate_key, attempt.token)
-        if before is not None and ticket_in(before, attempt.token) is None:
-            granted = grants.granted_entry(before, attempt.token)
-            if granted is not None:
-                waiting.give_back(list(attempt.keys), granted)
+        waiting.leave_returning_grant(self.gate_key, attempt.token, list(attempt.keys))
         attempt.create_holder()
         return self._enqueue()
 

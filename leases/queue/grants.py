@@ -49,7 +49,7 @@ from ..definitions import caps
 from ..definitions.model import LevelSpec
 from ..store import client as store, counter_commands, entries, holder_commands, shapes, ticket_commands
 from ..store.documents import CounterDoc, TicketDoc
-from . import fences, order, wakeups
+from . import fences, order, slots, wakeups
 
 log = logging.getLogger(__name__)
 
@@ -299,10 +299,10 @@ def _in_one_bulk(gate: CounterDoc, ticket: TicketDoc, booking: str, grant: tuple
     narrow_from = at_gate + 1  # the index of the first narrower level's push in ``ops``
     try:
         done = store.counters().bulk_write(ops, ordered=True)
-        _settle_created(narrow, resource, [i - narrow_from for i in done.upserted_ids or {}])
+        slots.settle_created(narrow, resource, done.upserted_ids, offset=narrow_from)
         return True
     except pymongo.errors.BulkWriteError as exc:
-        _settle_created(narrow, resource, [u["index"] - narrow_from for u in exc.details.get("upserted") or ()])
+        slots.settle_created(narrow, resource, exc.details.get("upserted"), offset=narrow_from)
         errors = exc.details.get("writeErrors") or []
         # The bulk stops at its first error, whatever it is; without one (a write concern
         # error) every op may have landed: undo them all.
@@ -314,14 +314,26 @@ def _in_one_bulk(gate: CounterDoc, ticket: TicketDoc, booking: str, grant: tuple
     if stopped == len(ops) and _claimed_meanwhile(ticket, fence):
         return True  # applied whole and claimed: pulling it back now would strip a held lease
     keys = [gate["_id"], *(spec.key for spec in narrow[:stopped - at_gate - 1])]
-    # The gate's fence slot the grant recorded is freed with its pull: the ticket queues
-    # again with the same entry, which a later grant may record on another slot.
-    recorded = fences.recorded_slot(grant[1])
-    undo = [UpdateOne(*counter_commands.pull(key, booking, fence_slot=recorded if key == gate["_id"] else None))
-            for key in keys]
-    undo.append(UpdateOne(*ticket_commands.enqueue(gate["_id"], dict(ticket))))
-    store.counters().bulk_write(undo, ordered=True)
+    undo(gate["_id"], keys, booking, ticket, fences.recorded_slot(grant[1]))
     return UNDONE
+
+
+def undo(gate_key: str, keys: Sequence[str], booking: str, ticket: TicketDoc, fence_slot: str | None) -> None:
+    """Undo a grant of ``ticket`` in one ordered bulk: its entry ``booking`` pulled by value
+    from each counter of ``keys``, then the ticket queued again as it was (its arrival kept).
+    The gate's fence slot the grant recorded (``fence_slot``) is freed with the gate's pull:
+    the ticket queues again with the same entry, which a later grant may record on another
+    slot. Pulls by value and an enqueue that skips a queued ticket: a second undo changes
+    nothing.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed (what is left booked for the
+            ``PENDING`` holder is repair's).
+    """
+    ops = [UpdateOne(*counter_commands.pull(key, booking, fence_slot=fence_slot if key == gate_key else None))
+           for key in keys]
+    ops.append(UpdateOne(*ticket_commands.enqueue(gate_key, dict(ticket))))
+    store.counters().bulk_write(ops, ordered=True)
 
 
 def _claimed_meanwhile(ticket: TicketDoc, fence: str) -> bool:
@@ -339,14 +351,6 @@ def _claimed_meanwhile(ticket: TicketDoc, fence: str) -> bool:
         return False
     holder = store.holders().find_one({"_id": ticket["id"], "attemptId": attempt}, {"state": 1})
     return holder is not None and holder.get("state") == "HELD"
-
-
-def _settle_created(narrow: Sequence[LevelSpec], resource: str, indexes: Sequence[int]) -> None:
-    """Settle the narrower counters a grant's bulk created (born pending, the ticket's ``lv``
-    view may predate a write): :func:`leases.definitions.caps.settle`. Never raises."""
-    created = [narrow[i] for i in indexes if 0 <= i < len(narrow)]
-    if created:
-        caps.settle(created, resource)
 
 
 def complete(keys: Sequence[str], booking: str) -> bool:

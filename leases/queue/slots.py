@@ -89,15 +89,16 @@ def take(specs: Sequence[LevelSpec], booking: str, resource: str, *, gate_key: s
     return len(specs)
 
 
-def settle_created(specs: Sequence[LevelSpec], resource: str, upserted: Any) -> None:
-    """Settle each counter of ``specs`` that a take's ordered bulk created (``upserted``: the
-    result's ``upserted_ids``, or its error's ``upserted`` list): born pending, it gets the
-    cap of a fresh read (:func:`leases.definitions.caps.settle`). Never raises."""
+def settle_created(specs: Sequence[LevelSpec], resource: str, upserted: Any, *, offset: int = 0) -> None:
+    """Settle each counter of ``specs`` that an ordered bulk created (``upserted``: the
+    result's ``upserted_ids``, or its error's ``upserted`` list; ``offset``: the index in the
+    bulk of ``specs[0]``'s op): born pending, it gets the cap of a fresh read
+    (:func:`leases.definitions.caps.settle`). Never raises."""
     if isinstance(upserted, dict):
         indexes = list(upserted)
     else:
         indexes = [u.get("index") for u in upserted or () if isinstance(u, dict)]
-    created = [specs[i] for i in indexes if isinstance(i, int) and 0 <= i < len(specs)]
+    created = [specs[i - offset] for i in indexes if isinstance(i, int) and 0 <= i - offset < len(specs)]
     if created:
         caps.settle(created, resource)
 

@@ -148,6 +148,26 @@ def leave(gate_key: str, ticket_id: str) -> CounterDoc | None:
                                                 return_document=ReturnDocument.BEFORE)
 
 
+def leave_returning_grant(gate_key: str, ticket_id: str, keys: list[str]) -> CounterDoc | None:
+    """:func:`leave`, and give back the entry a release granted the ticket meanwhile (it was
+    not queued any more and the gate books it): for a ticket whose holder is gone or being
+    written again, which nobody could claim it for.
+
+    Returns:
+        The gate as it was just before the dequeue, or None.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed (an entry left behind has no live
+            holder: repair returns it).
+    """
+    before = leave(gate_key, ticket_id)
+    if before is not None and shapes.ticket_in(before, ticket_id) is None:
+        booking = grants.granted_entry(before, ticket_id)
+        if booking is not None:
+            give_back(keys, booking)
+    return before
+
+
 def read_gate(gate_key: str) -> CounterDoc | None:
     """The gate counter with ``clock`` stamped to MongoDB's time now.
 
