@@ -54,10 +54,7 @@ from ..errors import LeaseUnavailable
 from ..store import client as store, counter_commands
 from ..store.documents import CounterDoc
 from . import model as definitions
-from .model import SYSTEM_TENANT, TENANT_PROJECT, LeaseDefinition, LevelSpec, document_path
-
-# Inline definitions' counters (leases.definitions.model.inline_definition): never stamped.
-INLINE_RESOURCE_PREFIX = "mcp-inline:"
+from .model import INLINE_RESOURCE_PREFIX, SYSTEM_TENANT, TENANT_PROJECT, LeaseDefinition, LevelSpec, document_path
 
 log = logging.getLogger(__name__)
 

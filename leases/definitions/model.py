@@ -49,6 +49,10 @@ from .schema import (
     parse_layer,
 )
 
+# The resource of an inline definition (:func:`inline_definition`) begins so: no stored
+# definition names such a resource (the schema refuses it), and no layer write stamps its counters.
+INLINE_RESOURCE_PREFIX = "mcp-inline:"
+
 log = logging.getLogger(__name__)
 
 __all__ = ["CHECK_ORDER", "DEFAULT_TTL_SECONDS", "DEFAULT_WAIT_MS", "DefinitionCache", "FIELD_OWNERS",
@@ -321,7 +325,7 @@ def inline_definition(spec: Any, tenant_id: str, project_id: str) -> LeaseDefini
     definition = merge(name, {"project": fields})
     return LeaseDefinition(
         name=name,
-        resource=f"mcp-inline:{tenant_id}/{project_id}/{name}",
+        resource=f"{INLINE_RESOURCE_PREFIX}{tenant_id}/{project_id}/{name}",
         levels=definition.levels,
         ttl_seconds=definition.ttl_seconds,
         wait_ms=definition.wait_ms,
