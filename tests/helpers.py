@@ -27,10 +27,20 @@ class CommandCounter(monitoring.CommandListener):
         # background threads (pod renewal, dispatch) that share the process's client —
         # unless the work under test runs in threads of its own (waiters).
         self.thread = None if all_threads else threading.get_ident()
+        # The process's gate watcher and heartbeat (leases.queue.watch, .presence) cost a
+        # read a gate and a write a process per period, whatever the number of waiters and
+        # grants: counted apart from the work under test.
+        self.background: list[str] = []
+
+    PER_PROCESS = ("lease-watch", "lease-presence")
 
     def started(self, event: monitoring.CommandStartedEvent) -> None:
         # Handshakes and heartbeats are not command events; endSessions is client cleanup.
-        if event.command_name != "endSessions" and self.thread in (None, threading.get_ident()):
+        if event.command_name == "endSessions" or self.thread not in (None, threading.get_ident()):
+            return
+        if threading.current_thread().name in self.PER_PROCESS:
+            self.background.append(event.command_name)
+        else:
             self.commands.append(event.command_name)
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:

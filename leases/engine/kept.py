@@ -100,8 +100,9 @@ def resume(ticket_id: str, *, scope: holders.Scope, keep_ms: int) -> "Lease | Ti
     attempt.acquired_at = holder.get("acquiredAt")
     attempt.created_at = time.monotonic()
     waiter = Waiter(attempt, time.monotonic(), time.monotonic(), keep_ms=keep_ms)
-    gate = step(attempt, lambda: waiting.keep_alive(attempt.gate.key, ticket_id, ttl_ms=keep_ms,
-                                                     live_at=holder["polledAt"]))
+    # The poll above kept the ticket alive (its holder's deadline is its keep-alive:
+    # leases.queue.presence); the gate is only read, so polling writes nothing to it.
+    gate = step(attempt, lambda: _queued_on(attempt.gate.key, ticket_id))
     granted = None if gate is not None else step(attempt, lambda: _claim_granted(attempt))
     if granted is not None and not isinstance(granted, Lease):
         # Granted, its narrower levels still being booked (or undone) — or stranded so, its
@@ -137,6 +138,17 @@ def resume(ticket_id: str, *, scope: holders.Scope, keep_ms: int) -> "Lease | Ti
         observe_ticket_wait(attempt, gate, holder, lease)
         return lease
     return Ticket.of(ticket_id, definition, waiter.gate or gate, waiter.blocked)
+
+
+def _queued_on(gate_key: str, ticket_id: str) -> CounterDoc | None:
+    """The gate, read, when the ticket is queued there; None when it is not (granted, or
+    dropped).
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed.
+    """
+    gate = waiting.read_gate(gate_key)
+    return gate if gate is not None and ticket_in(gate, ticket_id) is not None else None
 
 
 def _claim_granted(attempt: Attempt) -> Lease | CounterDoc | None:

@@ -40,5 +40,5 @@ class Ticket:
                    level=order.blocking_level(gate, mine, now) if mine else (
                        blocked.spec.level if blocked else "global"),
                    position=order.position(gate, token, now), server_time=now,
-                   deadline=ticket_deadline(mine, now),
+                   deadline=ticket_deadline({**mine, "seen": order.last_seen(mine)} if mine else mine, now),
                    estimated_grant_at=estimates.grant_at(gate, token, now))

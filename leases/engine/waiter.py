@@ -24,7 +24,7 @@ from functools import partial
 import pymongo.errors
 
 from ..errors import LeaseBusy
-from ..queue import estimates, fences, grants, order, shares, slots, waiting, wakeups
+from ..queue import estimates, fences, grants, order, presence, shares, slots, waiting, wakeups, watch
 from ..store.documents import CounterDoc, TicketDoc
 from ..store.shapes import ticket_in
 from ..telemetry import history, metrics
@@ -46,6 +46,9 @@ NARROW_RETRY_S = 0.02
 #: moves the waiting holder's deadline on once half its TTL is gone (a TTL of 1 s then
 #: keeps it with a quarter second to spare).
 HOLDER_POLL_SHARE = 0.25
+#: How many of the watcher's periods a waiter lets pass without a look at its gate before
+#: it looks itself (the watcher thread stuck or dead: the waiter still finds its turn).
+WATCH_SILENT_POLLS = 3
 
 
 class Waiter:
@@ -115,10 +118,13 @@ class Waiter:
             blocked = lease
         self.blocked = blocked
         event = wakeups.register(self.attempt.token, event)
+        presence.enter(wakeups.process_id())
         metrics.WAITING.labels(resource=self.tag).inc()
         outcome = "error"
         try:
             self.gate = step(self.attempt, self._enqueue)
+            watch.add(self.gate_key, self.attempt.token)
+            watch.note(self.gate)
             self.queued_at = time.monotonic()
             if self.gate is not None:
                 self.raw_estimate_ms = estimates.raw_wait_ms(self.gate, self.attempt.token, self.gate["clock"])
@@ -148,15 +154,14 @@ class Waiter:
                         return kept
                     outcome = "timeout"
                     raise self._give_up(left=left)
-                period = waiting.poll_ms() / 1000.0 * random.uniform(1.0, 1.25)
-                # The keep-alive also keeps the waiting holder (:meth:`_touch_holder`): often
-                # enough that a TTL shorter than the poll does not lapse between two.
+                # Woken by a release or by this process's watcher (leases.queue.watch), which
+                # reads the gate for all the waiters here; on its own a waiter only wakes to
+                # keep its waiting holder alive (:meth:`_touch_holder`), often enough that a
+                # TTL shorter than the watcher's period does not lapse, and to look itself
+                # should the watcher fall silent.
+                period = waiting.poll_ms() / 1000.0 * WATCH_SILENT_POLLS * random.uniform(1.0, 1.25)
                 period = min(period, self.attempt.definition.ttl_seconds * HOLDER_POLL_SHARE)
-                if not wakeups.listening():
-                    # No wake-up can reach us (Redis down): a slot handed to our ticket is ours
-                    # only for the claim window, so look within it, or another waiter's repair
-                    # ends the grant as unclaimed and the slot idles until the next poll.
-                    period = min(period, grants.claim_ms() / 1000.0 * random.uniform(0.4, 0.5))
+                look_soon = self.sat_out
                 if self.sat_out:
                     # Sitting out passes the turn only for a moment (the younger tickets of
                     # our tenant wait behind us meanwhile): look again as soon as it ends.
@@ -171,12 +176,23 @@ class Waiter:
                 event.clear()
                 if woken:
                     granted = wakeups.take_grant(self.attempt.token)
-                    lease = self._claim(*granted) if granted else self._try(woken=True)
+                    if granted:
+                        lease = self._claim(*granted)
+                    elif wakeups.take_look(self.attempt.token):
+                        lease = self._look()
+                    else:
+                        lease = self._try(woken=True)
                     if lease is not None:
                         outcome = "granted"
                         return lease
-                self.gate = step(self.attempt, self._keep_alive)
+                    continue
+                lease = self._look() if look_soon or self._watcher_silent() else self._keep_holder()
+                if lease is not None:
+                    outcome = "granted"
+                    return lease
         finally:
+            watch.remove(self.gate_key, self.attempt.token)
+            presence.leave()
             wakeups.unregister(self.attempt.token)
             metrics.WAITING.labels(resource=self.tag).dec()
             metrics.WAIT_SECONDS.labels(resource=self.tag).observe(time.monotonic() - self.started)
@@ -194,14 +210,37 @@ class Waiter:
             gate = waiting.enqueue(self.gate_key, self._ticket())
         return gate
 
-    def _keep_alive(self) -> CounterDoc | None:
-        gate = waiting.keep_alive(self.gate_key, self.attempt.token)
-        if gate is None:
+    def _look(self) -> Lease | None:
+        """Look at the gate (the watcher's last read when fresh, else a read of our own) and
+        decide on it: claim a grant whose wake-up was lost, queue again when our ticket was
+        dropped, take our turn."""
+        fresh = watch.latest(self.gate_key, waiting.poll_ms() / 1000.0)
+        self.gate = step(self.attempt, lambda: self._refresh(fresh))
+        return self._decide()
+
+    def _watcher_silent(self) -> bool:
+        """Whether this process's watcher has not read our gate for several periods: then we
+        look ourselves."""
+        return watch.latest(self.gate_key, waiting.poll_ms() / 1000.0 * WATCH_SILENT_POLLS) is None
+
+    def _keep_holder(self) -> Lease | None:
+        """Woken by our own timer only: keep the waiting holder alive, from the watcher's
+        last look at the gate (no command unless half the holder's TTL is gone)."""
+        gate = watch.latest(self.gate_key, waiting.poll_ms() / 1000.0 * WATCH_SILENT_POLLS)
+        if gate is not None and ticket_in(gate, self.attempt.token) is not None:
+            self.gate = step(self.attempt, lambda: self._touch_holder(gate))
+        return None
+
+    def _refresh(self, gate: CounterDoc | None = None) -> CounterDoc | None:
+        """The gate (``gate``, else read now) with our ticket on it: queued again if it was
+        dropped (this process stalled past the ticket TTL), the waiting holder kept alive."""
+        if gate is None or ticket_in(gate, self.attempt.token) is None:
+            gate = waiting.read_gate(self.gate_key)  # none yet, or the watcher's look is a moment old
+        if gate is None or ticket_in(gate, self.attempt.token) is None:
             # Granted by a release whose wake-up was lost? Then the gate books our entry
             # (the next decision claims it); else we were pruned.
-            current = waiting.read_gate(self.gate_key)
-            if grants.granted_entry(current, self.attempt.token) is not None:
-                return current
+            if gate is not None and grants.granted_entry(gate, self.attempt.token) is not None:
+                return gate
             # Pruned as stale (this process stalled past the ticket TTL, and its holder
             # document went with it): write both again, at the back of the queue.
             self.attempt.create_holder()

@@ -1,8 +1,10 @@
 """Who goes next: the one rule that orders the waiting tickets of a gate counter.
 
-Pure functions over the gate counter's document (its booking entries, its queue and its
-share accounting) and MongoDB's clock; no I/O, so the rule is table-tested and lives
-nowhere else.
+Functions over the gate counter's document (its booking entries, its queue and its share
+accounting) and MongoDB's clock, so the rule is table-tested and lives nowhere else. The one
+input not in the gate is how alive each ticket is: its process's heartbeat
+(:mod:`leases.queue.presence`, read through a per-process cache), because waiters no longer
+write their tickets on the gate while they wait.
 
 The rule, in this order:
 
@@ -47,6 +49,7 @@ from typing import Any
 from ..store import shapes
 from ..store.documents import CounterDoc, TicketDoc
 from ..store.entries import parts_of
+from . import presence
 
 
 @dataclass
@@ -176,17 +179,28 @@ def waits_behind(ticket: TicketDoc, sitting: list[TicketDoc]) -> bool:
     return False
 
 
+def last_seen(ticket: TicketDoc) -> datetime | None:
+    """The ticket's last keep-alive (MongoDB's clock): the later of its own ``seen`` (its
+    queueing, or its keeping for an HTTP client) and its process's heartbeat or its
+    client's last poll (:func:`leases.queue.presence.seen_of`)."""
+    own = ticket.get("seen") or ticket.get("at")
+    beat = presence.seen_of(ticket)
+    if own is None or (beat is not None and beat > own):
+        return beat
+    return own
+
+
 def is_suspect(ticket: TicketDoc, now: datetime) -> bool:
     """A ticket that missed its keep-alive (not seen for half its TTL): its waiter is
     probably dead. It goes after every fresh ticket, so a killed waiter picked for a free
     slot holds it idle for at most half a ticket TTL, not a whole one."""
-    seen = ticket.get("seen") or ticket.get("at")
+    seen = last_seen(ticket)
     return seen is None or seen + timedelta(milliseconds=int(ticket.get("ttl", 0)) / 2) < now
 
 
 def is_stale(ticket: TicketDoc, now: datetime) -> bool:
     """A ticket whose waiter did not keep it alive within its TTL (MongoDB's clock)."""
-    seen = ticket.get("seen") or ticket.get("at")
+    seen = last_seen(ticket)
     return seen is None or seen + timedelta(milliseconds=int(ticket.get("ttl", 0))) < now
 
 
@@ -234,6 +248,7 @@ def _order(gate: CounterDoc, now: datetime, limit: int | None) -> tuple[list[Tic
     held = Occupancy.of(gate.get("holders") or ())
     passes = Passes.of(gate)
     lead = starvation_lead(gate)
+    presence.prefetch(list(gate.get("queue") or ()))
     remaining = [t for t in gate.get("queue") or () if not is_stale(t, now)]
     out: list[TicketDoc] = []
     while remaining and (limit is None or len(out) < limit):
@@ -353,4 +368,5 @@ def blocking_level(gate: CounterDoc, ticket: TicketDoc, now: datetime) -> str:
 
 def stale_ids(gate: CounterDoc, now: datetime) -> list[str]:
     """Ids of the tickets nobody keeps alive any more."""
+    presence.prefetch(list(gate.get("queue") or ()))
     return [t["id"] for t in gate.get("queue") or () if is_stale(t, now)]

@@ -24,7 +24,7 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import pymongo.errors
 from pymongo import ReturnDocument
@@ -169,12 +169,14 @@ def leave_returning_grant(gate_key: str, ticket_id: str, keys: list[str]) -> Cou
 
 
 def read_gate(gate_key: str) -> CounterDoc | None:
-    """The gate counter with ``clock`` stamped to MongoDB's time now.
+    """The gate counter with ``clock`` set to MongoDB's time now, read without writing it
+    (the gate is the resource's hottest document: a read must not rewrite it).
 
     Raises:
         pymongo.errors.PyMongoError: the store failed.
     """
-    return store.counters().find_one_and_update(*commands.read_gate(gate_key), return_document=ReturnDocument.AFTER)
+    docs = list(store.counters().aggregate(commands.read_with_clock(gate_key)))
+    return cast(CounterDoc, docs[0]) if docs else None
 
 
 def prune(gate: CounterDoc, ids: list[str] | None = None, *, reason: str = "ticket-expired") -> CounterDoc:

@@ -53,6 +53,9 @@ _publish_blocked_until = 0.0
 # Ticket id -> (entry, fence, MongoDB's clock at the grant) of a grant made for it
 # (leases.queue.grants), until its waiter takes it; only this process's registered waiters.
 _grants: dict[str, "Granted"] = {}
+# Ticket ids whose waiter this process's gate watcher asked to look at the gate again (its
+# ticket left the queue: granted, or pruned), until the waiter takes the request.
+_looks: set[str] = set()
 
 
 class Granted(NamedTuple):
@@ -106,6 +109,28 @@ def unregister(ticket_id: str) -> None:
     with _lock:
         _events.pop(ticket_id, None)
         _grants.pop(ticket_id, None)
+        _looks.discard(ticket_id)
+
+
+def nudge(ticket_id: str) -> bool:
+    """Wake this process's waiter of ``ticket_id`` to look at its gate again (not to take a
+    turn); False when no such waiter is registered here."""
+    with _lock:
+        event = _events.get(ticket_id)
+        if event is None:
+            return False
+        _looks.add(ticket_id)
+    event.set()
+    return True
+
+
+def take_look(ticket_id: str) -> bool:
+    """Whether the waiter was nudged (:func:`nudge`) since it last asked; once."""
+    with _lock:
+        if ticket_id in _looks:
+            _looks.discard(ticket_id)
+            return True
+        return False
 
 
 def take_grant(ticket_id: str) -> Granted | None:

@@ -25,6 +25,8 @@ CONFIG_DOCUMENTS = "lease_config_documents"
 PODS = "lease_pods"
 AUDIT = "lease_audit"
 TOMBSTONES = "lease_tombstones"
+#: One heartbeat document per waiting process (leases.queue.presence).
+PRESENCE = "lease_presence"
 TOMBSTONE_SECONDS = 7 * 24 * 3600
 
 # What the engine needs from MongoDB, set on its client whatever the URI says (keyword
@@ -218,6 +220,10 @@ def audit() -> Collection:
 
 def tombstones() -> Collection:
     return db()[TOMBSTONES]
+
+
+def presence() -> Collection:
+    return db()[PRESENCE]
 
 
 def ensure_indexes(database: Database | None = None) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 import leases
 from leases import service
-from leases.queue import grants, slots, waiting, wakeups
+from leases.queue import grants, slots, waiting, wakeups, watch
 from leases.store import client as store, entries
 from tests import helpers
 from tests.helpers import PYTHON, REPO, child_env, define, lease_request, quiet_handler_fixture, wait_for
@@ -294,7 +294,7 @@ def test_given_publish_reaches_nobody_while_the_waiters_keep_alive_then_none_is_
     first.join(10)
     # Then: neither was dropped as gone; the first in line is granted by its own poll, and
     # the second still waits with its ticket and holder document, next in line.
-    assert first.lease is not None
+    assert first.lease is not None, first.error
     assert store.tombstones().count_documents({"reason": "waiter-gone"}) == 0
     assert queued_ids() == [second.ticket]
     assert store.holders().find_one({"_id": second.ticket})["state"] == "PENDING"
@@ -371,44 +371,35 @@ def test_given_a_waiter_killed_after_its_grant_and_before_it_claimed_then_the_ne
             child.kill()
 
 
-class _TimedEvent(wakeups.threading.Event):
-    """The waiter's wake-up event, recording how long each sleep may last."""
-
-    def __init__(self):
-        super().__init__()
-        self.timeouts: list[float] = []
-
-    def wait(self, timeout=None):
-        self.timeouts.append(timeout)
-        return super().wait(timeout)
-
-
 @pytest.mark.parametrize("listening", [True, False])
-def test_given_no_wake_up_can_reach_a_waiter_then_it_looks_within_the_claim_window(settings, monkeypatch, listening):
-    # With Redis down a slot handed to a ticket is claimed only by the waiter's own look: a
-    # waiter that slept its 1 s poll let the 500 ms claim window pass, and another waiter's
-    # repair ended the grant as unclaimed (the slot then idled until the next poll).
+def test_given_no_wake_up_can_reach_a_waiter_then_its_process_looks_within_the_claim_window(settings, monkeypatch,
+                                                                                          listening):
+    # With Redis down a slot handed to a ticket is claimed only by a look at the gate: a look
+    # every 1 s poll let the 500 ms claim window pass, and another waiter's repair ended the
+    # grant as unclaimed (the slot then idled until the next poll). The looks are the
+    # process's watcher's (one read per gate for all its waiters).
     settings.LEASES_WAIT_POLL_MS = 1000
-    events: list[_TimedEvent] = []
-
-    def register(ticket_id, event=None):
-        events.append(_TimedEvent())
-        return events[-1]
-
-    monkeypatch.setattr(wakeups, "register", register)
     monkeypatch.setattr(wakeups, "listening", lambda: listening)
+    looks: list[float] = []
+    real_look = watch.look
+
+    def look(gate_key):
+        looks.append(time.monotonic())
+        return real_look(gate_key)
+
+    monkeypatch.setattr(watch, "look", look)
     put("res", "levels: {global: 1}\nwaitMs: 10000")
     held = leases.acquire(req(user="h"))
     with pytest.raises(leases.LeaseBusy):
-        leases.acquire(req(user="w", wait_ms=1600))
+        leases.acquire(req(user="w", wait_ms=2600))
     held.release()
-    (event,) = events
-    sleeps = event.timeouts[:-1]  # the last one is cut to the time left
-    assert sleeps, event.timeouts
-    if listening:  # woken by the grant's message: the poll is only the safety net
-        assert min(sleeps) >= waiting.poll_ms() / 1000.0
+    gaps = sorted(b - a for a, b in zip(looks, looks[1:]))
+    assert gaps, looks
+    typical = gaps[len(gaps) // 2]  # the median: one late wake-up of a loaded machine is not the period
+    if listening:  # woken by the grant's message: the look is only the safety net
+        assert typical >= waiting.poll_ms() / 1000.0 * 0.9, gaps
     else:
-        assert max(sleeps) <= grants.claim_ms() / 1000.0 / 2, sleeps
+        assert typical <= grants.claim_ms() / 1000.0 / 2 + 0.05, gaps
 
 
 def test_given_this_processs_subscriber_is_subscribed_then_it_is_listening():

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from ... import ids
 from ...ids import validation
 from ...queue import estimates, order
 from ...store import client as store, shapes
+from ...store.documents import TicketDoc
 
 GLOBAL_BLOCK_NOTE = "blocked at the global level, shared with other tenants"
 
@@ -139,7 +140,7 @@ def list_waiters(tenant_id: str | None = None, resource: str | None = None) -> W
         items.append(WaiterView(
             ticket_id=str(ticket.get("id", "")), resource=gate.get("resource", ""), gate=gate["_id"],
             tenant_id=shapes.tenant(ticket), project_id=shapes.project(ticket), user_id=shapes.user(ticket),
-            position=place, waiting_since=ticket.get("at"), last_seen=ticket.get("seen") or ticket.get("at"),
+            position=place, waiting_since=ticket.get("at"), last_seen=order.last_seen(cast(TicketDoc, ticket)),
             ttl_ms=int(ticket.get("ttl", 0)), stale=stale, level=level,
             blocked_key=key if visible else None, blocked_count=count, blocked_cap=cap,
             priority=shapes.priority_name(ticket),

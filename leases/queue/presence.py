@@ -1,0 +1,216 @@
+"""Liveness of waiting: one heartbeat per process keeps all of its tickets alive.
+
+A ticket names the process that waits on it (``w``, its wake-up id). Each process with at
+least one waiter writes one small document of its own, ``{_id: w, seen}`` in
+``lease_presence``, every quarter of the ticket TTL (``seen`` is MongoDB's clock); a ticket
+is as alive as the later of its own ``seen`` (written when it was queued) and its
+process's heartbeat. So the store's cost of keeping tickets alive grows with the number of
+waiting processes, not of waiting requests, and nothing is written to the gate while a
+request waits. A process paused or killed misses its heartbeats: all its tickets go stale
+together, within the ticket TTL, as a single waiter's did.
+
+A ticket kept for an HTTP client (no process waits on it) is alive while its client polls:
+each poll moves its holder's deadline (``expiresAt``) on by the poll bound, so its last
+keep-alive is that deadline minus its TTL; no heartbeat of its own is written.
+
+Whoever runs the order rule looks the heartbeats up through a per-process cache
+(:func:`seen_of`), refreshed at most every fifth of the ticket TTL, with one ``find`` for
+all the processes and kept tickets it does not know fresh: a beat every quarter TTL seen
+through a cache a fifth TTL old is under half a TTL old, so a live process's tickets are
+never judged suspect, let alone stale.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from datetime import datetime, timedelta
+from typing import Any
+
+import pymongo.errors
+
+from ..conf import lease_settings
+from ..store import client as store
+from ..store.documents import TicketDoc
+
+log = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_waiting = 0  # waiters of this process that need its heartbeat
+_wanted = threading.Condition(_lock)
+_thread: threading.Thread | None = None
+_thread_pid: int | None = None
+_beats = 0  # heartbeats written by this process (tests and benches read it)
+
+# Process id or kept ticket id → (last keep-alive on MongoDB's clock or None, monotonic time
+# it was read). A kept ticket is keyed by its id (``k:`` prefix).
+_cache: dict[str, tuple[datetime | None, float]] = {}
+_cache_lock = threading.Lock()
+CACHE_LIMIT = 10_000
+KEPT = "k:"
+
+
+def ttl_ms() -> int:
+    return int(lease_settings.TICKET_TTL_MS)
+
+
+def beat_period_s() -> float:
+    """How often a process with waiters writes its heartbeat: a quarter of the ticket TTL."""
+    return max(0.05, ttl_ms() / 4000.0)
+
+
+def refresh_s() -> float:
+    """How old a heartbeat read may be before a reader reads it again: a fifth of the TTL."""
+    return max(0.04, ttl_ms() / 5000.0)
+
+
+def enter(waker: str) -> None:
+    """A waiter of this process (wake-up id ``waker``) starts waiting: make sure the process
+    beats (the first waiter starts the thread, fork-aware). Pair with :func:`leave`."""
+    global _waiting, _thread, _thread_pid
+    with _lock:
+        if _thread_pid != os.getpid():
+            _waiting, _thread = 0, None
+        _waiting += 1
+        if _thread is None or not _thread.is_alive():
+            _thread = threading.Thread(target=_run, args=(waker,), name="lease-presence", daemon=True)
+            _thread_pid = os.getpid()
+            _thread.start()
+        _wanted.notify_all()
+
+
+def leave() -> None:
+    """A waiter of this process stopped waiting; the last one lets the heartbeat rest."""
+    global _waiting
+    with _lock:
+        _waiting = max(0, _waiting - 1)
+
+
+def beats() -> int:
+    """How many heartbeats this process wrote so far."""
+    return _beats
+
+
+def beat(waker: str) -> None:
+    """Write this process's heartbeat now (one upsert of its own small document).
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed.
+    """
+    global _beats
+    store.presence().update_one({"_id": waker}, {"$currentDate": {"seen": True}}, upsert=True)
+    _beats += 1
+
+
+def _run(waker: str) -> None:
+    while True:
+        with _lock:
+            while _waiting <= 0:
+                _wanted.wait()
+        # A ticket is born alive (its own ``seen``): the first beat is due a period later,
+        # and a process whose requests wait less than that never writes one.
+        time.sleep(beat_period_s())
+        with _lock:
+            if _waiting <= 0:
+                continue
+        try:
+            with pymongo.timeout(max(0.5, beat_period_s())):
+                beat(waker)
+        except pymongo.errors.PyMongoError as exc:
+            # A missed beat costs liveness only if the outage outlasts the TTL; the waiters
+            # notice their tickets pruned and queue again.
+            log.info("presence heartbeat failed (%s)", exc)
+
+
+def key_of(ticket: TicketDoc) -> str | None:
+    """Whose keep-alive keeps ``ticket``: its process (``w``), or for a kept ticket (no
+    process, a TTL of its own) its holder; None for a ticket that names neither."""
+    waker = ticket.get("w")
+    if isinstance(waker, str) and waker:
+        return waker
+    token = ticket.get("id")
+    return f"{KEPT}{token}" if isinstance(token, str) and token else None
+
+
+def seen_of(ticket: TicketDoc) -> datetime | None:
+    """The last keep-alive of ``ticket`` by its process's heartbeat or its client's poll
+    (MongoDB's clock), from the cache; None when none is known. Never raises: a failed read
+    keeps what was known (the ticket's own ``seen`` then decides)."""
+    key = key_of(ticket)
+    if key is None:
+        return None
+    now = time.monotonic()
+    with _cache_lock:
+        known = _cache.get(key)
+    if known is not None and now - known[1] < refresh_s():
+        return _kept_seen(ticket, known[0]) if key.startswith(KEPT) else known[0]
+    _refresh(key, now)
+    with _cache_lock:
+        known = _cache.get(key)
+    seen = known[0] if known else None
+    return _kept_seen(ticket, seen) if key.startswith(KEPT) else seen
+
+
+def prefetch(tickets: list[TicketDoc]) -> None:
+    """Read, in one go, the keep-alives of ``tickets`` the cache does not know fresh (the
+    order rule asks for all the tickets of a gate: one command instead of one per process)."""
+    now = time.monotonic()
+    with _cache_lock:
+        missing = [k for k in {key_of(t) for t in tickets} if k is not None
+                   and (k not in _cache or now - _cache[k][1] >= refresh_s())]
+    if missing:
+        _refresh_keys(set(missing), now)
+
+
+def _kept_seen(ticket: TicketDoc, deadline: datetime | None) -> datetime | None:
+    # A kept ticket's holder deadline is its last poll plus the poll bound (its ``ttl``).
+    if deadline is None:
+        return None
+    return deadline - timedelta(milliseconds=int(ticket.get("ttl") or 0))
+
+
+def _refresh(key: str, now: float) -> None:
+    """Read ``key`` and every cached key due for a refresh, in one command per collection."""
+    with _cache_lock:
+        due = {k for k, (_, at) in _cache.items() if now - at >= refresh_s()}
+        if len(_cache) > CACHE_LIMIT:
+            for k in sorted(_cache, key=lambda k: _cache[k][1])[: len(_cache) - CACHE_LIMIT // 2]:
+                _cache.pop(k, None)
+                due.discard(k)
+    due.add(key)
+    _refresh_keys(due, now)
+
+
+def _refresh_keys(due: set[str], now: float) -> None:
+    processes = [k for k in due if not k.startswith(KEPT)]
+    kept = [k[len(KEPT):] for k in due if k.startswith(KEPT)]
+    found: dict[str, datetime | None] = dict.fromkeys(due)
+    try:
+        with pymongo.timeout(max(0.5, refresh_s())):
+            if processes:
+                for doc in store.presence().find({"_id": {"$in": processes}}, {"seen": 1}):
+                    found[str(doc["_id"])] = doc.get("seen")
+            if kept:
+                for doc in store.holders().find({"_id": {"$in": kept}, "state": "PENDING"}, {"expiresAt": 1}):
+                    found[f"{KEPT}{doc['_id']}"] = doc.get("expiresAt")
+    except pymongo.errors.PyMongoError as exc:
+        log.info("presence read failed (%s); tickets are judged by their own keep-alive", exc)
+        return
+    stamp = time.monotonic()
+    with _cache_lock:
+        for k, seen in found.items():
+            _cache[k] = (seen, stamp)
+
+
+def forget() -> None:
+    """Drop what this process knows of heartbeats (tests that change the clock's view)."""
+    with _cache_lock:
+        _cache.clear()
+
+
+def sweep_filter(before: datetime) -> dict[str, Any]:
+    """The heartbeat documents not written since ``before`` (processes gone: the sweep
+    deletes them)."""
+    return {"seen": {"$lt": before}}
