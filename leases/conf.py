@@ -49,6 +49,10 @@ DEFAULTS: dict[str, Any] = {
     "HTTP_MAX_WAIT_MS": 5000,
     "TICKET_TTL_MS": 3000,
     "WAIT_POLL_MS": 1000,
+    # The most tickets one resource's queue (its gate) holds: a request that finds it full
+    # is answered Busy at once (HTTP 429, ``queueFull``) instead of queueing, so the gate
+    # document — the resource's hottest — stays bounded however many ask.
+    "QUEUE_LIMIT": 1000,
     "REPAIR_INTERVAL_MS": 500,
     # A slot handed to a waiting ticket by the release that freed it must be claimed (its
     # holder marked HELD) within this long, or it goes to the next ticket.

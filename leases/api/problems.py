@@ -72,6 +72,8 @@ def from_error(error: LeaseError) -> JsonResponse:
             retry_after = max(BUSY_RETRY_AFTER_SECONDS, math.ceil(error.retry_after))
         extra = {"resource": error.resource, "level": error.level, "scope": error.scope,
                  "count": error.count, "cap": error.cap, "retryAfterSeconds": retry_after}
+        if error.queue_full:
+            extra["queueFull"] = True
     reason = getattr(error, "reason", None)
     if isinstance(error, LeaseExpired) and reason:
         extra["reason"] = reason

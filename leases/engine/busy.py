@@ -15,7 +15,7 @@ from .funnel import Attempt, _Blocked
 
 
 def busy(attempt: Attempt, blocked: _Blocked, *, position: int | None = None,
-         gate: CounterDoc | None = None, placed: bool = True) -> LeaseBusy:
+         gate: CounterDoc | None = None, placed: bool = True, queue_full: bool = False) -> LeaseBusy:
     """The Busy answer of ``attempt``, blocked at ``blocked``; ``gate`` is the gate as last
     seen (default: the blocking counter, when that is the gate) and ``placed`` whether the
     attempt still has its place there, for the retry delay (:func:`retry_after_s`)."""
@@ -23,7 +23,8 @@ def busy(attempt: Attempt, blocked: _Blocked, *, position: int | None = None,
     count = None if counter is None else int(counter.get("count", 0))
     return LeaseBusy(resource=attempt.definition.resource, level=blocked.spec.level, scope=blocked.spec.scope,
                      count=count, cap=blocked.spec.cap, position=position,
-                     retry_after=retry_after_s(attempt, counter if gate is None else gate, placed=placed))
+                     retry_after=retry_after_s(attempt, counter if gate is None else gate, placed=placed),
+                     queue_full=queue_full)
 
 
 def retry_after_s(attempt: Attempt, gate: CounterDoc | None, *, placed: bool = True) -> float:

@@ -130,8 +130,11 @@ class Waiter:
                 self.raw_estimate_ms = estimates.raw_wait_ms(self.gate, self.attempt.token, self.gate["clock"])
                 if self.raw_estimate_ms is not None:
                     self.estimate_s = self.raw_estimate_ms * estimates.calibration(self.gate) / 1000.0
+            # Decide on the gate once queued; after that only on a fresh look at it (ours, on a
+            # nudge or our own timer, or after a wake-up), never on our own timer's gate again:
+            # that would be a decision per waiter per tick on a gate a moment old.
+            lease = self._decide()
             while True:
-                lease = self._decide()
                 if lease is not None:
                     outcome = "granted"
                     return lease
@@ -181,15 +184,21 @@ class Waiter:
                     elif wakeups.take_look(self.attempt.token):
                         lease = self._look()
                     else:
-                        lease = self._try(woken=True)
-                    if lease is not None:
-                        outcome = "granted"
-                        return lease
+                        # Our turn, the waker says: book; if that did not make a lease, look.
+                        lease = self._try(woken=True) or self._look()
                     continue
                 lease = self._look() if look_soon or self._watcher_silent() else self._keep_holder()
-                if lease is not None:
-                    outcome = "granted"
-                    return lease
+        except waiting.QueueFull as full:
+            # Refused at once, before it waited: the gate stays bounded however many ask.
+            outcome = "queue-full"
+            self.gate = full.gate
+            try:
+                with store_bound():
+                    self.attempt.discard()
+            except pymongo.errors.PyMongoError as exc:
+                log.info("clean-up of %s failed (%s); its holder expires by itself", self.attempt.token, exc)
+            raise busy(self.attempt, _Blocked(self.attempt.gate, full.gate), gate=full.gate, placed=False,
+                       queue_full=True) from None
         finally:
             watch.remove(self.gate_key, self.attempt.token)
             presence.leave()

@@ -31,7 +31,8 @@ class LeaseBusy(LeaseError):
     DEFAULT_RETRY_AFTER_S = 1.0
 
     def __init__(self, *, resource: str, level: str, scope: str, count: int | None, cap: int,
-                 position: int | None = None, retry_after: float | None = None):
+                 position: int | None = None, retry_after: float | None = None, queue_full: bool = False):
+        self.queue_full = queue_full  # refused at once: the resource's queue holds LEASES_QUEUE_LIMIT tickets
         self.resource = resource
         self.level = level
         self.scope = scope
@@ -40,6 +41,7 @@ class LeaseBusy(LeaseError):
         self.position = position
         self.retry_after: float = self.DEFAULT_RETRY_AFTER_S if retry_after is None else float(retry_after)
         where = f", queue position {position}" if position is not None else ""
+        where += ", queue full" if queue_full else ""
         super().__init__(
             f"lease busy: resource {resource!r} level {level} scope {scope!r} holds {count}/{cap}{where}"
         )

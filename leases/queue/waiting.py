@@ -93,15 +93,41 @@ def queue_likely(gate_key: str) -> bool:
     return seen is not None and time.monotonic() - seen < QUEUE_HINT_S
 
 
+class QueueFull(Exception):
+    """The gate's queue holds ``LEASES_QUEUE_LIMIT`` tickets: the request is not queued."""
+
+    def __init__(self, gate: CounterDoc):
+        super().__init__(f"queue of {gate.get('_id')} is full")
+        self.gate = gate
+
+
+def queue_limit() -> int:
+    """The most tickets a gate's queue holds (``LEASES_QUEUE_LIMIT``, at least 1)."""
+    return max(1, int(lease_settings.QUEUE_LIMIT))
+
+
 def enqueue(gate_key: str, ticket: TicketDoc) -> CounterDoc | None:
     """Append ``ticket`` to the gate's queue (idempotent); the gate after, None if missing.
 
     Raises:
+        QueueFull: the queue holds ``LEASES_QUEUE_LIMIT`` tickets and not this one.
         pymongo.errors.PyMongoError: the store failed.
     """
-    return store.counters().find_one_and_update(
-        *commands.enqueue(gate_key, dict(ticket)), return_document=ReturnDocument.AFTER,
-    ) or keep_alive(gate_key, ticket["id"])
+    for _ in range(2):  # the second try: the queue moved between the push and the read
+        after = store.counters().find_one_and_update(
+            *commands.enqueue(gate_key, dict(ticket), queue_limit()), return_document=ReturnDocument.AFTER)
+        if after is not None:
+            return after
+        # Queued already (its process's heartbeat keeps it alive), or the queue is full, or
+        # there is no gate yet.
+        gate = read_gate(gate_key)
+        if gate is None:
+            return None
+        if shapes.ticket_in(gate, ticket["id"]) is not None:
+            return gate
+        if len(gate.get("queue") or ()) >= queue_limit():
+            raise QueueFull(gate)
+    return None
 
 
 def keep_alive(gate_key: str, ticket_id: str, *, ttl_ms: int | None = None,

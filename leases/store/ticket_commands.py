@@ -29,14 +29,17 @@ def mine(ticket_id: str) -> Mine:
     return [{"mine.id": ticket_id}]
 
 
-def enqueue(gate_key: str, ticket: dict[str, Any]) -> Command:
+def enqueue(gate_key: str, ticket: dict[str, Any], limit: int | None = None) -> Command:
     """Append ``ticket`` to the gate's queue.
 
-    Invariant: *one ticket per id* — the filter requires the id not queued yet, so a
-    repeated enqueue matches nothing (the caller then keeps the queued one alive).
+    Invariants: *one ticket per id* — the filter requires the id not queued yet, so a
+    repeated enqueue matches nothing (the caller then reads the queued one); *a bounded
+    queue* — with ``limit``, a queue that holds ``limit`` tickets already matches nothing.
     """
-    return ({"_id": gate_key, "queue.id": {"$ne": ticket["id"]}},
-            {"$push": {"queue": ticket}, "$currentDate": {"clock": True}})
+    query: dict[str, Any] = {"_id": gate_key, "queue.id": {"$ne": ticket["id"]}}
+    if limit is not None:
+        query[f"queue.{max(0, int(limit) - 1)}"] = {"$exists": False}
+    return query, {"$push": {"queue": ticket}, "$currentDate": {"clock": True}}
 
 
 def keep_alive(gate_key: str, ticket_id: str, *, ttl_ms: int | None = None,

@@ -1,0 +1,142 @@
+"""Liveness per process (leases.queue.presence) and one look per gate and process
+(leases.queue.watch): what waiting costs the store does not grow with the waiters."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from functools import partial
+
+import pytest
+
+import leases
+from leases.queue import order, presence, waiting, watch
+from leases.store import client as store
+from tests import helpers
+from tests.helpers import PYTHON, REPO, child_env, define, lease_request, quiet_handler_fixture, wait_for
+
+handler = quiet_handler_fixture("test")
+req = partial(lease_request, pod="")
+GATE = "res|global|*"
+
+
+def queued(key=GATE):
+    return helpers.queued_ids(key)
+
+
+def test_given_twenty_waiters_in_one_process_then_one_heartbeat_and_one_read_a_period_keep_them_all(settings):
+    # Given: a held cap-1 resource and 20 waiting threads of this process, a short ticket TTL.
+    settings.LEASES_TICKET_TTL_MS = 800
+    settings.LEASES_WAIT_POLL_MS = 200
+    define("res", "levels: {global: 1}\nwaitMs: 20000")
+    held = leases.acquire(req(user="h"))
+    waiters = [helpers.queue_up(req(user=f"w{i}"), GATE) for i in range(20)]
+    try:
+        # When: they wait three ticket TTLs.
+        beats_before = presence.beats()
+        with helpers.counted_commands(all_threads=True) as counter:
+            time.sleep(3 * 0.8)
+        beats = presence.beats() - beats_before
+        # Then: none of them was dropped as stale, though none wrote its ticket; the
+        # waiting cost a heartbeat a quarter TTL and a gate read a poll, for all 20.
+        assert sorted(queued()) == sorted(w.ticket for w in waiters)
+        assert all(w.is_alive() for w in waiters)
+        assert counter.commands == [], counter.commands  # the waiters' own threads sent nothing
+        reads = counter.background.count("aggregate")
+        assert 1 <= beats <= 2.4 / presence.beat_period_s() + 2, counter.background
+        assert 1 <= reads <= 2.4 / 0.2 + 2, counter.background
+    finally:
+        held.release()
+        for waiter in waiters:
+            waiter.join(20)
+            assert waiter.lease is not None, waiter.error
+            waiter.lease.release()
+
+
+PAUSED_CHILD = """
+import django; django.setup()
+from django.conf import settings
+settings.LEASES_TICKET_TTL_MS = 800
+settings.LEASES_WAIT_POLL_MS = 200
+import threading, leases
+from leases.revocation import handlers
+class Q(handlers.LeaseHandler):
+    type = "test"
+    def on_revoked(self, holder): pass
+handlers.register_handler(Q())
+def wait(i):
+    lease = leases.acquire(leases.LeaseRequest(type="test", lease="res", tenant_id="acme", project_id="p1",
+                                               user_id=f"child{i}", pod=""))
+    print("granted", flush=True)
+    lease.release()
+threads = [threading.Thread(target=wait, args=(i,)) for i in range(3)]
+for t in threads: t.start()
+for t in threads: t.join()
+"""
+
+
+def test_given_a_waiting_process_paused_past_the_ticket_ttl_then_its_tickets_go_stale_together_and_come_back(
+        settings):
+    settings.LEASES_TICKET_TTL_MS = 800
+    define("res", "levels: {global: 1}\nwaitMs: 30000")
+    held = leases.acquire(req(user="h"))
+    child = subprocess.Popen([PYTHON, "-c", PAUSED_CHILD], cwd=REPO, env=child_env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_for(lambda: len(queued()) == 3, 30), child.stderr.read() if child.poll() is not None else ""
+        first = sorted(queued())
+        # When: the whole process stops for more than the TTL.
+        child.send_signal(signal.SIGSTOP)
+        time.sleep(0.8 * 1.5)
+        presence.forget()
+        gate = waiting.read_gate(GATE)
+        # Then: all three of its tickets are stale at once (one heartbeat kept them all)...
+        assert sorted(order.stale_ids(gate, gate["clock"])) == first
+        waiting.prune(gate)
+        assert queued() == []
+        # ...and once it runs again its waiters notice and queue again, with new holders.
+        child.send_signal(signal.SIGCONT)
+        assert wait_for(lambda: len(queued()) == 3, 20), queued()
+        held.release()
+        out = [child.stdout.readline().strip() for _ in range(3)]
+        assert out == ["granted"] * 3
+        assert child.wait(20) == 0
+    finally:
+        if child.poll() is None:
+            child.send_signal(signal.SIGCONT)
+            child.kill()
+
+
+def test_given_a_full_queue_then_a_newcomer_is_refused_at_once_and_leaves_nothing(settings):
+    # Given: a held cap-1 resource whose queue holds its limit (2 tickets).
+    settings.LEASES_QUEUE_LIMIT = 2
+    define("res", "levels: {global: 1}\nwaitMs: 20000")
+    held = leases.acquire(req(user="h"))
+    waiters = [helpers.queue_up(req(user=f"w{i}"), GATE) for i in range(2)]
+    try:
+        # When: a third asks, ready to wait 20 s.
+        started = time.monotonic()
+        with pytest.raises(leases.LeaseBusy) as refused:
+            leases.acquire(req(user="late"))
+        # Then: it is told at once that the queue is full; its holder is gone and the queue
+        # still holds the two.
+        assert time.monotonic() - started < 5
+        assert refused.value.queue_full and "queue full" in str(refused.value)
+        assert store.holders().count_documents({"userId": "late"}) == 0
+        assert sorted(queued()) == sorted(w.ticket for w in waiters)
+    finally:
+        held.release()
+        for waiter in waiters:
+            waiter.join(20)
+            assert waiter.lease is not None, waiter.error
+            waiter.lease.release()
+
+
+def test_given_no_waiter_on_a_gate_any_more_then_the_watcher_stops_reading_it():
+    watch.add("some|global|*", "tk-1")
+    watch.remove("some|global|*", "tk-1")
+    before = watch.reads()
+    time.sleep(waiting.poll_ms() / 1000.0 * 1.5)
+    assert watch.latest("some|global|*", 60) is None
+    assert watch.reads() == before
