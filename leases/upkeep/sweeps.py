@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 
 from ..definitions import caps
 from ..pods.liveness import LeasePodLiveness, liveness as default_liveness
-from ..queue import slots, waiting
+from ..queue import presence, slots, waiting
 from ..revocation import listener
 from ..revocation.handlers import RevokedHolder
 from ..store import client as store, counter_commands, entries
@@ -208,6 +208,18 @@ def prune_pods(*, now: datetime | None = None, older_than: timedelta = timedelta
     return removed
 
 
+def prune_presence(*, now: datetime | None = None, older_than: timedelta = timedelta(hours=1)) -> int:
+    """Forget the heartbeats of waiting processes silent for longer than ``older_than``
+    (:mod:`leases.queue.presence`: one document per process that ever waited; a ticket is
+    stale after the ticket TTL, so an hour-old heartbeat keeps nobody alive).
+
+    Raises:
+        pymongo.errors.PyMongoError: the store is unreachable.
+    """
+    now = now if now is not None else store.server_now()
+    return store.presence().delete_many(presence.sweep_filter(now - older_than)).deleted_count
+
+
 def sweep(*, limit: int = reaper.REAP_BATCH, reconcile_counters: bool = True) -> tuple[int, bool]:
     """One bounded sweep round: idle reap, dead-pod reap, reconcile.
 
@@ -225,6 +237,7 @@ def sweep(*, limit: int = reaper.REAP_BATCH, reconcile_counters: bool = True) ->
     if reconcile_counters:
         corrected, rec_more = reconcile(now=now)
     prune_pods(now=now)
+    prune_presence(now=now)
     if idle or pod or corrected:
         log.info("sweep: idle %d, pod %d, reconcile %d", idle, pod, corrected)
     return idle + pod + corrected, idle_more or pod_more or rec_more

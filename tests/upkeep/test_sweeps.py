@@ -135,3 +135,13 @@ def test_given_an_entry_left_by_a_crash_after_the_holder_delete_then_the_sweep_r
     assert sweeps.sweep() == (0, False)
     assert world.holders == []  # a pulled entry is no revocation
     live.release()
+
+
+def test_given_heartbeats_of_waiting_processes_then_the_sweep_forgets_only_those_silent_for_an_hour():
+    from leases.queue import presence
+
+    presence.beat("proc-live")
+    presence.beat("proc-gone")
+    store.presence().update_one({"_id": "proc-gone"}, {"$set": {"seen": store.server_now() - timedelta(hours=2)}})
+    assert sweeps.prune_presence() == 1
+    assert [d["_id"] for d in store.presence().find({})] == ["proc-live"]
