@@ -320,19 +320,22 @@ def _in_one_bulk(gate: CounterDoc, ticket: TicketDoc, booking: str, grant: tuple
 
 def undo(gate_key: str, keys: Sequence[str], booking: str, ticket: TicketDoc, fence_slot: str | None) -> None:
     """Undo a grant of ``ticket`` in one ordered bulk: its entry ``booking`` pulled by value
-    from each counter of ``keys``, then the ticket queued again as it was (its arrival kept).
-    The gate's fence slot the grant recorded (``fence_slot``) is freed with the gate's pull:
-    the ticket queues again with the same entry, which a later grant may record on another
-    slot. Pulls by value and an enqueue that skips a queued ticket: a second undo changes
-    nothing.
+    from each narrower counter of ``keys``, then from the gate with the ticket queued again
+    as it was (its arrival kept) in the same update (:func:`leases.store.ticket_commands.requeue`).
+    The gate's fence slot the grant recorded (``fence_slot``) is freed with that pull: the
+    ticket queues again with the same entry, which a later grant may record on another slot.
+
+    Only while the gate still books the entry is the ticket queued again: an entry somebody
+    else gave back first (the waiter whose claim found the grant undone, the release of a
+    lease claimed before the undo) left the slot naming it, and its ticket names a holder
+    that is gone or written again. Pulls by value: a second undo changes nothing.
 
     Raises:
         pymongo.errors.PyMongoError: the store failed (what is left booked for the
             ``PENDING`` holder is repair's).
     """
-    ops = [UpdateOne(*counter_commands.pull(key, booking, fence_slot=fence_slot if key == gate_key else None))
-           for key in keys]
-    ops.append(UpdateOne(*ticket_commands.enqueue(gate_key, dict(ticket))))
+    ops = [UpdateOne(*counter_commands.pull(key, booking)) for key in keys if key != gate_key]
+    ops.append(UpdateOne(*ticket_commands.requeue(gate_key, booking, dict(ticket), fence_slot=fence_slot)))
     store.counters().bulk_write(ops, ordered=True)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from .counter_commands import claim_field
+from .counter_commands import claim_field, pull
 
 Command = tuple[dict[str, Any], dict[str, Any]]
 #: The array filter naming one ticket (``queue.$[mine]``), with its id.
@@ -40,6 +40,26 @@ def enqueue(gate_key: str, ticket: dict[str, Any], limit: int | None = None) -> 
     if limit is not None:
         query[f"queue.{max(0, int(limit) - 1)}"] = {"$exists": False}
     return query, {"$push": {"queue": ticket}, "$currentDate": {"clock": True}}
+
+
+def requeue(gate_key: str, booking: str, ticket: dict[str, Any], *, fence_slot: str | None = None) -> Command:
+    """The gate's part of a grant's undo: pull the ticket's entry ``booking`` (freeing the
+    fence slot the grant recorded, ``fence_slot``: :func:`leases.store.counter_commands.pull`)
+    and queue ``ticket`` again as it was, in one update.
+
+    Invariant: *a ticket is queued again only with the entry it was granted taken back* —
+    the filter requires the entry still booked, so when somebody else has given it back
+    first (its waiter, after a claim that found the grant undone; its lease's release, after
+    a claim before the undo; repair) the ticket is not queued again: its ``attemptId`` names
+    a holder that is gone or written again, and a later grant would book that entry once
+    more — on another fence slot than the one it still names, which that one pull did not
+    clear: one booking on two slots. Whoever took the entry back decides (a waiter queues
+    again with a holder of its own). *One ticket per id* — as :func:`enqueue`.
+    """
+    query, update = pull(gate_key, booking, fence_slot=fence_slot)
+    query["queue.id"] = {"$ne": ticket["id"]}
+    update["$push"] = {"queue": ticket}
+    return query, update
 
 
 def keep_alive(gate_key: str, ticket_id: str, *, ttl_ms: int | None = None,

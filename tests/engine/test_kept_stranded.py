@@ -85,15 +85,15 @@ def test_given_a_kept_ticket_whose_grant_stopped_half_way_and_was_never_undone_t
     assert gate_tokens(NARROW) != []
     # When: h releases; its hand-off books the gate for w and stops at the full project
     # level, and the undo fails (the store drops it).
-    real_enqueue = ticket_commands.enqueue
+    real_requeue = ticket_commands.requeue
 
     def undo_lost(*args, **kwargs):
         raise pymongo.errors.AutoReconnect("connection closed during the undo")
 
-    monkeypatch.setattr(ticket_commands, "enqueue", undo_lost)
+    monkeypatch.setattr(ticket_commands, "requeue", undo_lost)
     with pytest.raises(leases.LeaseError):
         held.release()
-    monkeypatch.setattr(ticket_commands, "enqueue", real_enqueue)
+    monkeypatch.setattr(ticket_commands, "requeue", real_requeue)
     go.set()
     newcomer.join(10)
     # The grant is stranded half-way: the gate books w, w is not queued, p2 does not book it.

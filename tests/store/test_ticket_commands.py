@@ -15,6 +15,16 @@ def test_given_a_ticket_then_enqueue_pushes_it_only_when_its_id_is_not_queued():
                                                    "$currentDate": {"clock": True}})
 
 
+def test_given_an_undone_grant_then_requeue_queues_its_ticket_only_with_its_gate_entry_pulled():
+    query, update = commands.requeue("g", "a/p/u/at1/tok", {"id": "tok", "t": "a"}, fence_slot="fence.s1")
+    # Only while the gate books the entry (nobody gave it back first) and the ticket is not queued.
+    assert query == {"_id": "g", "holders": "a/p/u/at1/tok", "queue.id": {"$ne": "tok"}}
+    assert update["$pull"] == {"holders": "a/p/u/at1/tok"} and update["$inc"] == {"count": -1}
+    assert update["$push"] == {"queue": {"id": "tok", "t": "a"}}
+    assert update["$set"] == {"fence.s1.e": ""}  # the slot freed, its generation kept
+    assert update["$currentDate"]["clock"] is True
+
+
 def test_given_a_kept_ticket_then_keep_alive_matches_only_a_ticket_live_at_the_time_given():
     query, update = commands.keep_alive("g", "tok", ttl_ms=3000, live_at=NOW)
     assert query == {"_id": "g", "queue": {"$elemMatch": {"id": "tok", "seen": {"$gte": NOW - timedelta(seconds=3)}}}}
