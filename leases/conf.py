@@ -53,6 +53,9 @@ DEFAULTS: dict[str, Any] = {
     # is answered Busy at once (HTTP 429, ``queueFull``) instead of queueing, so the gate
     # document — the resource's hottest — stays bounded however many ask.
     "QUEUE_LIMIT": 1000,
+    # The most of those the gate document itself holds (its head, where the order rule
+    # decides); the rest wait in their own documents (leases.queue.backlog).
+    "QUEUE_HEAD": 32,
     "REPAIR_INTERVAL_MS": 500,
     # A slot handed to a waiting ticket by the release that freed it must be claimed (its
     # holder marked HELD) within this long, or it goes to the next ticket.

@@ -32,7 +32,7 @@ class CommandCounter(monitoring.CommandListener):
         # grants: counted apart from the work under test.
         self.background: list[str] = []
 
-    PER_PROCESS = ("lease-watch", "lease-presence")
+    PER_PROCESS = ("lease-watch", "lease-presence", "lease-presence-read")
 
     def started(self, event: monitoring.CommandStartedEvent) -> None:
         # Handshakes and heartbeats are not command events; endSessions is client cleanup.

@@ -8,7 +8,7 @@ from typing import Any
 from pymongo import ReturnDocument
 
 from ..queue import slots, waiting
-from ..store import client as store
+from ..store import client as store, shapes
 from ..store.documents import CounterDoc
 
 
@@ -32,7 +32,7 @@ async def give_back(keys: list[str], booking: str, *, record: dict[str, Any] | N
     gate = await counters.find_one_and_update(*slots.gate_pull(gate_key, booking, record, fence=fence),
                                               return_document=ReturnDocument.AFTER)
     waiting.note_queue(gate)
-    if gate is not None and gate.get("queue"):
+    if shapes.has_waiters(gate):
         await asyncio.to_thread(waiting.hand_off, gate)
     return gate
 

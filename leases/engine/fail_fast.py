@@ -8,6 +8,7 @@ the gate, once; book again if that freed something.
 from __future__ import annotations
 
 from ..queue import order, waiting
+from ..store import shapes
 from .busy import busy
 from .funnel import Attempt, _Blocked
 from .lease import Lease
@@ -27,8 +28,8 @@ def fail_fast(attempt: Attempt, blocked: _Blocked) -> Lease:
         retry = False
         if blocked.spec is attempt.gate and order.stale_ids(counter, counter["clock"]):
             counter = waiting.prune(counter)
-            retry = not counter.get("queue") and not waiting.is_full(counter)
-        if waiting.is_full(counter) or (blocked.spec is attempt.gate and counter.get("queue")):
+            retry = not shapes.has_waiters(counter) and not waiting.is_full(counter)
+        if waiting.is_full(counter) or (blocked.spec is attempt.gate and shapes.has_waiters(counter)):
             retry = waiting.repair(counter, counter["clock"])
         if retry:
             try:

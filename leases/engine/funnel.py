@@ -22,7 +22,7 @@ from .. import ids
 from ..definitions import caps
 from ..definitions.model import LeaseDefinition, LevelSpec
 from ..queue import fences, shares, slots, waiting
-from ..store import client as store, entries, holder_commands as commands
+from ..store import client as store, entries, holder_commands as commands, shapes
 from ..store.documents import CounterDoc, TicketDoc
 from ..store.shapes import new_ticket, ticket_in
 from .intervals import choose_interval
@@ -197,13 +197,13 @@ class Attempt:
                                          now=counter["clock"] + timedelta(days=1))
                     read = {**counter, "holders": booked_by.get(spec.key, [])}  # as converted: propose from it
                 elif plan is not None and spec.key == plan.key and proposals < fences.PROPOSALS and not (
-                        waiting.is_full(counter) or counter is None or counter.get("queue")):
+                        waiting.is_full(counter) or counter is None or shapes.has_waiters(counter)):
                     # Room, but another booking took the proposed slot (or a newer generation
                     # landed) since this process looked: propose again from what was just read.
                     proposals += 1
                     continue
                 elif spec.key in retried or waiting.is_full(counter) or (
-                        is_gate and not privileged and counter is not None and counter.get("queue")) or (
+                        is_gate and not privileged and counter is not None and shapes.has_waiters(counter)) or (
                         is_gate and privileged and counter is not None and not queued(counter, self.token)):
                     # A privileged take without its ticket queued (pruned) is refused for good.
                     raise _Blocked(spec, counter)

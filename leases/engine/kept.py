@@ -20,7 +20,7 @@ from ..conf import lease_settings
 from ..definitions import model as definitions
 from ..errors import LeaseExpired, LeaseUnavailable
 from ..ids import validation
-from ..queue import fences, grants, shares, waiting
+from ..queue import backlog, fences, grants, shares, waiting
 from ..store import client as store, entries, holder_commands
 from ..store.documents import CounterDoc, TicketDoc
 from ..store.shapes import arrived_at, ticket_in
@@ -148,7 +148,9 @@ def _queued_on(gate_key: str, ticket_id: str) -> CounterDoc | None:
         pymongo.errors.PyMongoError: the store failed.
     """
     gate = waiting.read_gate(gate_key)
-    return gate if gate is not None and ticket_in(gate, ticket_id) is not None else None
+    if gate is None:
+        return None
+    return gate if ticket_in(gate, ticket_id) is not None or backlog.has(ticket_id, gate_key) else None
 
 
 def _claim_granted(attempt: Attempt) -> Lease | CounterDoc | None:

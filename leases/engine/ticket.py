@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from ..definitions.model import LeaseDefinition
-from ..queue import estimates, order
+from ..queue import backlog, estimates, order
 from ..store.documents import CounterDoc, TicketDoc
 from ..store.shapes import ticket_deadline, ticket_in
 
@@ -34,11 +34,22 @@ class Ticket:
 
     @classmethod
     def of(cls, token: str, definition: LeaseDefinition, gate: CounterDoc, blocked: _Blocked | None) -> "Ticket":
+        """Where the ticket ``token`` stands at ``gate`` (as read, with its ``clock``): in its
+        head, or in its backlog (one more read: placed after the head, in arrival order).
+
+        Raises:
+            pymongo.errors.PyMongoError: the store failed (reading the backlog).
+        """
         now = gate["clock"]
         mine: TicketDoc = ticket_in(gate, token) or TicketDoc()
+        position = order.position(gate, token, now)
+        if not mine:
+            waiting_back = backlog.find(gate["_id"], token)
+            if waiting_back is not None:
+                mine, position = waiting_back
         return cls(id=token, resource=definition.resource, lease_name=definition.name,
                    level=order.blocking_level(gate, mine, now) if mine else (
                        blocked.spec.level if blocked else "global"),
-                   position=order.position(gate, token, now), server_time=now,
+                   position=position, server_time=now,
                    deadline=ticket_deadline({**mine, "seen": order.last_seen(mine)} if mine else mine, now),
                    estimated_grant_at=estimates.grant_at(gate, token, now))

@@ -24,7 +24,7 @@ from functools import partial
 import pymongo.errors
 
 from ..errors import LeaseBusy
-from ..queue import estimates, fences, grants, order, presence, shares, slots, waiting, wakeups, watch
+from ..queue import backlog, estimates, fences, grants, order, presence, shares, slots, waiting, wakeups, watch
 from ..store.documents import CounterDoc, TicketDoc
 from ..store.shapes import ticket_in
 from ..telemetry import history, metrics
@@ -185,7 +185,7 @@ class Waiter:
                         lease = self._look()
                     else:
                         # Our turn, the waker says: book; if that did not make a lease, look.
-                        lease = self._try(woken=True) or self._look()
+                        lease = self._try(woken=True) or self._look(read=True)
                     continue
                 lease = self._look() if look_soon or self._watcher_silent() else self._keep_holder()
         except waiting.QueueFull as full:
@@ -201,6 +201,7 @@ class Waiter:
                        queue_full=True) from None
         finally:
             watch.remove(self.gate_key, self.attempt.token)
+            backlog.forget(self.attempt.token)
             presence.leave()
             wakeups.unregister(self.attempt.token)
             metrics.WAITING.labels(resource=self.tag).dec()
@@ -219,11 +220,12 @@ class Waiter:
             gate = waiting.enqueue(self.gate_key, self._ticket())
         return gate
 
-    def _look(self) -> Lease | None:
-        """Look at the gate (the watcher's last read when fresh, else a read of our own) and
-        decide on it: claim a grant whose wake-up was lost, queue again when our ticket was
-        dropped, take our turn."""
-        fresh = watch.latest(self.gate_key, waiting.poll_ms() / 1000.0)
+    def _look(self, *, read: bool = False) -> Lease | None:
+        """Look at the gate (the watcher's last read when fresh, else — or with ``read``,
+        after a turn that did not make a lease — a read of our own) and decide on it: claim
+        a grant whose wake-up was lost, queue again when our ticket was dropped, take our
+        turn."""
+        fresh = None if read else watch.latest(self.gate_key, waiting.poll_ms() / 1000.0)
         self.gate = step(self.attempt, lambda: self._refresh(fresh))
         return self._decide()
 
@@ -236,16 +238,16 @@ class Waiter:
         """Woken by our own timer only: keep the waiting holder alive, from the watcher's
         last look at the gate (no command unless half the holder's TTL is gone)."""
         gate = watch.latest(self.gate_key, waiting.poll_ms() / 1000.0 * WATCH_SILENT_POLLS)
-        if gate is not None and ticket_in(gate, self.attempt.token) is not None:
+        if waiting.queued(gate, self.attempt.token):
             self.gate = step(self.attempt, lambda: self._touch_holder(gate))
         return None
 
     def _refresh(self, gate: CounterDoc | None = None) -> CounterDoc | None:
         """The gate (``gate``, else read now) with our ticket on it: queued again if it was
         dropped (this process stalled past the ticket TTL), the waiting holder kept alive."""
-        if gate is None or ticket_in(gate, self.attempt.token) is None:
+        if not waiting.queued(gate, self.attempt.token):
             gate = waiting.read_gate(self.gate_key)  # none yet, or the watcher's look is a moment old
-        if gate is None or ticket_in(gate, self.attempt.token) is None:
+        if not waiting.queued(gate, self.attempt.token):
             # Granted by a release whose wake-up was lost? Then the gate books our entry
             # (the next decision claims it); else we were pruned.
             if gate is not None and grants.granted_entry(gate, self.attempt.token) is not None:
@@ -274,7 +276,7 @@ class Waiter:
         """
         attempt = self.attempt
         until = attempt.holder_until()
-        if gate is None or until is None or ticket_in(gate, attempt.token) is None or (
+        if gate is None or until is None or not waiting.queued(gate, attempt.token) or (
                 gate["clock"] + timedelta(seconds=attempt.definition.ttl_seconds / 2) < until):
             return gate
         if attempt.keep_holder():
@@ -357,7 +359,7 @@ class Waiter:
         if gate is None:
             return None
         waiting.note_queue(gate)
-        if ticket_in(gate, self.attempt.token) is None:
+        if not waiting.queued(gate, self.attempt.token):
             grant = step(self.attempt, lambda: grants.grant_on(gate, self.attempt.token, self.attempt.keys[:-1]))
             if grant is not None and grant.complete:
                 # Granted, its wake-up lost or not yet read (and, with narrower levels, the
@@ -372,7 +374,7 @@ class Waiter:
         if self.attempt.token in picked:
             waiting.wake(gate, [t for t in picked if t != self.attempt.token])
             lease = self._try(woken=False)
-            if lease is None and self.gate is not None and again and ticket_in(self.gate, self.attempt.token) is None:
+            if lease is None and self.gate is not None and again and not waiting.queued(self.gate, self.attempt.token):
                 return self._decide(again=False)  # granted meanwhile, or pruned: decide on the gate now
             if lease is None:
                 # We sat out (a narrower level was full): pass the turn on right away.

@@ -179,12 +179,13 @@ def waits_behind(ticket: TicketDoc, sitting: list[TicketDoc]) -> bool:
     return False
 
 
-def last_seen(ticket: TicketDoc) -> datetime | None:
+def last_seen(ticket: TicketDoc, now: datetime | None = None) -> datetime | None:
     """The ticket's last keep-alive (MongoDB's clock): the later of its own ``seen`` (its
     queueing, or its keeping for an HTTP client) and its process's heartbeat or its
-    client's last poll (:func:`leases.queue.presence.seen_of`)."""
+    client's last poll (:func:`leases.queue.presence.seen_of`; ``now``, the decision's
+    clock, lets a young ticket's heartbeat be read in the background)."""
     own = ticket.get("seen") or ticket.get("at")
-    beat = presence.seen_of(ticket)
+    beat = presence.seen_of(ticket, now)
     if own is None or (beat is not None and beat > own):
         return beat
     return own
@@ -194,13 +195,13 @@ def is_suspect(ticket: TicketDoc, now: datetime) -> bool:
     """A ticket that missed its keep-alive (not seen for half its TTL): its waiter is
     probably dead. It goes after every fresh ticket, so a killed waiter picked for a free
     slot holds it idle for at most half a ticket TTL, not a whole one."""
-    seen = last_seen(ticket)
+    seen = last_seen(ticket, now)
     return seen is None or seen + timedelta(milliseconds=int(ticket.get("ttl", 0)) / 2) < now
 
 
 def is_stale(ticket: TicketDoc, now: datetime) -> bool:
     """A ticket whose waiter did not keep it alive within its TTL (MongoDB's clock)."""
-    seen = last_seen(ticket)
+    seen = last_seen(ticket, now)
     return seen is None or seen + timedelta(milliseconds=int(ticket.get("ttl", 0))) < now
 
 
@@ -248,7 +249,7 @@ def _order(gate: CounterDoc, now: datetime, limit: int | None) -> tuple[list[Tic
     held = Occupancy.of(gate.get("holders") or ())
     passes = Passes.of(gate)
     lead = starvation_lead(gate)
-    presence.prefetch(list(gate.get("queue") or ()))
+    presence.prefetch(list(gate.get("queue") or ()), now)
     remaining = [t for t in gate.get("queue") or () if not is_stale(t, now)]
     out: list[TicketDoc] = []
     while remaining and (limit is None or len(out) < limit):
@@ -368,5 +369,5 @@ def blocking_level(gate: CounterDoc, ticket: TicketDoc, now: datetime) -> str:
 
 def stale_ids(gate: CounterDoc, now: datetime) -> list[str]:
     """Ids of the tickets nobody keeps alive any more."""
-    presence.prefetch(list(gate.get("queue") or ()))
+    presence.prefetch(list(gate.get("queue") or ()), now)
     return [t["id"] for t in gate.get("queue") or () if is_stale(t, now)]

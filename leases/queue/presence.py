@@ -134,34 +134,84 @@ def key_of(ticket: TicketDoc) -> str | None:
     return f"{KEPT}{token}" if isinstance(token, str) and token else None
 
 
-def seen_of(ticket: TicketDoc) -> datetime | None:
+def _needs(ticket: TicketDoc, key: str, mono: float, now: datetime | None) -> str:
+    """Whether a lookup of ``key`` may use the cache as it is ("fresh"), should refresh it in
+    the background ("later": a decision on a release's critical path must not wait for a
+    read), or must read now ("now")."""
+    with _cache_lock:
+        known = _cache.get(key)
+    if known is not None:
+        age = mono - known[1]
+        return "fresh" if age < refresh_s() else "later" if age < 2 * refresh_s() else "now"
+    # Not known yet: a ticket queued (or kept) within half its TTL is judged fresh by its own
+    # ``seen`` whatever its process does, so its heartbeat can be read in the background.
+    own = ticket.get("seen") or ticket.get("at")
+    young = now is not None and isinstance(own, datetime) and own + timedelta(
+        milliseconds=int(ticket.get("ttl") or 0) / 2) > now
+    return "later" if young else "now"
+
+
+def seen_of(ticket: TicketDoc, now: datetime | None = None) -> datetime | None:
     """The last keep-alive of ``ticket`` by its process's heartbeat or its client's poll
-    (MongoDB's clock), from the cache; None when none is known. Never raises: a failed read
-    keeps what was known (the ticket's own ``seen`` then decides)."""
+    (MongoDB's clock), from the cache; None when none is known. ``now``: MongoDB's clock of
+    the decision (a young ticket's heartbeat is then read in the background). Never raises: a
+    failed read keeps what was known (the ticket's own ``seen`` then decides)."""
     key = key_of(ticket)
     if key is None:
         return None
-    now = time.monotonic()
-    with _cache_lock:
-        known = _cache.get(key)
-    if known is not None and now - known[1] < refresh_s():
-        return _kept_seen(ticket, known[0]) if key.startswith(KEPT) else known[0]
-    _refresh(key, now)
+    mono = time.monotonic()
+    need = _needs(ticket, key, mono, now)
+    if need == "now":
+        _refresh(key, mono)
+    elif need == "later":
+        _later({key})
     with _cache_lock:
         known = _cache.get(key)
     seen = known[0] if known else None
     return _kept_seen(ticket, seen) if key.startswith(KEPT) else seen
 
 
-def prefetch(tickets: list[TicketDoc]) -> None:
+def prefetch(tickets: list[TicketDoc], now: datetime | None = None) -> None:
     """Read, in one go, the keep-alives of ``tickets`` the cache does not know fresh (the
-    order rule asks for all the tickets of a gate: one command instead of one per process)."""
-    now = time.monotonic()
+    order rule asks for all the tickets of a gate: one command instead of one per process);
+    those that can wait (see :func:`seen_of`) in the background."""
+    mono = time.monotonic()
+    needs: dict[str, set[str]] = {"now": set(), "later": set(), "fresh": set()}
+    for ticket in tickets:
+        key = key_of(ticket)
+        if key is not None:
+            needs[_needs(ticket, key, mono, now)].add(key)
+    if needs["now"]:
+        _refresh_keys(needs["now"], mono)
+    if needs["later"]:
+        _later(needs["later"])
+
+
+_pending: set[str] = set()
+_reader: threading.Thread | None = None
+#: The background reader's thread name (command counts put it with the per-process work).
+READER = "lease-presence-read"
+
+
+def _later(keys: set[str]) -> None:
+    """Have the background reader refresh ``keys`` (one thread, started when needed)."""
+    global _reader
     with _cache_lock:
-        missing = [k for k in {key_of(t) for t in tickets} if k is not None
-                   and (k not in _cache or now - _cache[k][1] >= refresh_s())]
-    if missing:
-        _refresh_keys(set(missing), now)
+        _pending.update(keys)
+        if _reader is not None and _reader.is_alive():
+            return
+        _reader = threading.Thread(target=_read_pending, name=READER, daemon=True)
+        _reader.start()
+
+
+def _read_pending() -> None:
+    while True:
+        with _cache_lock:
+            keys = set(_pending)
+            _pending.clear()
+        if not keys:
+            return
+        _refresh_keys(keys, time.monotonic())
 
 
 def _kept_seen(ticket: TicketDoc, deadline: datetime | None) -> datetime | None:

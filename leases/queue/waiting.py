@@ -35,7 +35,7 @@ from ..revocation.handlers import RevokedHolder
 from ..store import client as store, entries, holder_commands, shapes, ticket_commands as commands
 from ..store.documents import CounterDoc, HolderDoc, TicketDoc
 from ..store.tombstones import ticket_tombstones
-from . import fences, grants, order, slots, wakeups
+from . import backlog, fences, grants, order, slots, wakeups
 
 #: Ends a holder (deletes it, returns its slots, tombstones it): the engine's
 #: :func:`leases.engine.holders.end`. The queue sits below the engine, so the engine hands
@@ -81,7 +81,7 @@ def note_queue(gate: CounterDoc | None) -> None:
     if gate is None:
         return
     fences.note(gate)
-    if gate.get("queue"):
+    if shapes.has_waiters(gate):
         _queued_seen[gate["_id"]] = time.monotonic()
     else:
         _queued_seen.pop(gate["_id"], None)
@@ -113,21 +113,34 @@ def enqueue(gate_key: str, ticket: TicketDoc) -> CounterDoc | None:
         QueueFull: the queue holds ``LEASES_QUEUE_LIMIT`` tickets and not this one.
         pymongo.errors.PyMongoError: the store failed.
     """
-    for _ in range(2):  # the second try: the queue moved between the push and the read
+    for _ in range(2):  # the second try: the head emptied between the push and the read
         after = store.counters().find_one_and_update(
-            *commands.enqueue(gate_key, dict(ticket), queue_limit()), return_document=ReturnDocument.AFTER)
+            *commands.enqueue(gate_key, dict(ticket), min(backlog.head_limit(), queue_limit())),
+            return_document=ReturnDocument.AFTER)
         if after is not None:
+            backlog.forget(ticket["id"])
             return after
-        # Queued already (its process's heartbeat keeps it alive), or the queue is full, or
-        # there is no gate yet.
+        # Queued already (its process's heartbeat keeps it alive), the head full or older
+        # tickets in the backlog, or no gate yet.
         gate = read_gate(gate_key)
         if gate is None:
             return None
         if shapes.ticket_in(gate, ticket["id"]) is not None:
             return gate
-        if len(gate.get("queue") or ()) >= queue_limit():
+        head = len(gate.get("queue") or ())
+        if head + backlog.count(gate) >= queue_limit():
             raise QueueFull(gate)
+        if head < min(backlog.head_limit(), queue_limit()) and not backlog.count(gate):
+            continue
+        return backlog.add(gate, ticket)
     return None
+
+
+def queued(gate: CounterDoc | None, ticket_id: str) -> bool:
+    """Whether ``ticket_id`` waits at ``gate``: in its head, or — a ticket of this process —
+    in its backlog (:func:`leases.queue.backlog.placed`)."""
+    return gate is not None and (shapes.ticket_in(gate, ticket_id) is not None
+                                 or backlog.placed(ticket_id, gate["_id"]))
 
 
 def keep_alive(gate_key: str, ticket_id: str, *, ttl_ms: int | None = None,
@@ -139,9 +152,12 @@ def keep_alive(gate_key: str, ticket_id: str, *, ttl_ms: int | None = None,
     Raises:
         pymongo.errors.PyMongoError: the store failed.
     """
-    return store.counters().find_one_and_update(
+    gate = store.counters().find_one_and_update(
         *commands.keep_alive(gate_key, ticket_id, ttl_ms=ttl_ms, live_at=live_at),
         array_filters=commands.mine(ticket_id), return_document=ReturnDocument.AFTER)
+    if gate is None and ttl_ms is not None and backlog.keep_for_polls(gate_key, ticket_id, ttl_ms):
+        return read_gate(gate_key)  # kept in the backlog: the gate as it is
+    return gate
 
 
 def mark_blocked(gate_key: str, ticket_id: str, level: str) -> None:
@@ -160,7 +176,8 @@ def dequeue(gate_key: str, ticket_id: str) -> None:
     Raises:
         pymongo.errors.PyMongoError: the store failed (the ticket then goes stale by itself).
     """
-    store.counters().update_one(*commands.dequeue(gate_key, ticket_id))
+    if not store.counters().update_one(*commands.dequeue(gate_key, ticket_id)).modified_count:
+        backlog.remove(gate_key, ticket_id)  # not in the head: in the backlog, if anywhere
 
 
 def leave(gate_key: str, ticket_id: str) -> CounterDoc | None:
@@ -170,6 +187,11 @@ def leave(gate_key: str, ticket_id: str) -> CounterDoc | None:
     Raises:
         pymongo.errors.PyMongoError: the store failed (the ticket then goes stale by itself).
     """
+    if backlog.remove(gate_key, ticket_id):
+        # It waited in the backlog until now: nobody granted it. The gate as it is, with the
+        # ticket as queued (what the callers ask of the gate "just before").
+        gate = read_gate(gate_key) or CounterDoc(_id=gate_key)
+        return cast(CounterDoc, {**gate, "queue": [*shapes.queue_of(gate), {"id": ticket_id}]})
     return store.counters().find_one_and_update(*commands.dequeue(gate_key, ticket_id),
                                                 return_document=ReturnDocument.BEFORE)
 
@@ -249,8 +271,11 @@ def hand_off(gate: CounterDoc | None, *, skip: str | None = None) -> list[str]:
     Returns:
         The ids picked (``skip``, the caller's own ticket, is not woken).
     """
-    if not gate or not gate.get("queue") or gate.get("clock") is None:
+    if not shapes.has_waiters(gate) or gate is None or gate.get("clock") is None:
         return []
+    if backlog.due(gate):
+        # The head emptied to half: bring in whom the order rule picks next from the backlog.
+        gate = backlog.safe_promote(gate) or gate
     try:
         picked = order.next_grants(gate, gate["clock"])
         # Book the freed slots for the picks that can take them in one update (the direct

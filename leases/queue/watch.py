@@ -23,7 +23,7 @@ import time
 import pymongo.errors
 
 from ..store.documents import CounterDoc
-from . import grants, order, waiting, wakeups
+from . import backlog, grants, order, waiting, wakeups
 
 log = logging.getLogger(__name__)
 
@@ -121,8 +121,17 @@ def look(gate_key: str) -> CounterDoc | None:
     with _lock:
         mine = set(_gates.get(gate_key) or ())
     queued = {t.get("id") for t in gate.get("queue") or ()}
-    for token in mine - queued:
-        wakeups.nudge(token)
+    absent = sorted(mine - queued)
+    try:
+        # Ours placed in the backlog wait there: check they still do (promoted ones are in
+        # the head by now, or granted; dropped ones must queue again).
+        waiting_back = backlog.verify(gate_key, absent)
+    except pymongo.errors.PyMongoError as exc:
+        log.info("watcher: reading the backlog of %s failed (%s)", gate_key, exc)
+        return gate
+    for token in absent:
+        if token not in waiting_back:
+            wakeups.nudge(token)
     return gate
 
 
@@ -134,6 +143,13 @@ def act(gate: CounterDoc) -> CounterDoc:
         pymongo.errors.PyMongoError: the store failed.
     """
     now = gate["clock"]
+    with _lock:
+        ours_back = any(backlog.placed(t, gate["_id"]) for t in _gates.get(gate["_id"]) or ())
+    if backlog.due(gate) or (ours_back and len(gate.get("queue") or ()) <= backlog.head_limit() // 2):
+        # The head emptied to half (or we placed tickets the gate does not count: a writer
+        # died between its two commands): promote from the backlog.
+        gate = backlog.safe_promote(gate, force=ours_back) or gate
+        note(gate)
     if order.stale_ids(gate, now):
         gate = waiting.prune(gate)
         note(gate)

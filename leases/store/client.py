@@ -27,6 +27,8 @@ AUDIT = "lease_audit"
 TOMBSTONES = "lease_tombstones"
 #: One heartbeat document per waiting process (leases.queue.presence).
 PRESENCE = "lease_presence"
+#: The tickets of a long queue beyond its gate's head (leases.queue.backlog).
+TICKETS = "lease_tickets"
 TOMBSTONE_SECONDS = 7 * 24 * 3600
 
 # What the engine needs from MongoDB, set on its client whatever the URI says (keyword
@@ -226,6 +228,10 @@ def presence() -> Collection:
     return db()[PRESENCE]
 
 
+def tickets() -> Collection:
+    return db()[TICKETS]
+
+
 def ensure_indexes(database: Database | None = None) -> None:
     """Create the engine's indexes; idempotent, run lazily once per process.
 
@@ -245,6 +251,7 @@ def ensure_indexes(database: Database | None = None) -> None:
     )
     database[TOMBSTONES].create_index([("at", 1)], name="at_ttl", expireAfterSeconds=TOMBSTONE_SECONDS)
     database[AUDIT].create_index([("tenantId", 1), ("at", -1)], name="tenant_at")
+    database[TICKETS].create_index([("g", 1), ("at", 1)], name="gate_at")
     for ensure in tuple(_index_hooks):  # e.g. history's TTL, which follows LEASES_HISTORY_HOURS
         ensure(database)
     _indexed.add(database.name)

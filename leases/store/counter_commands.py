@@ -63,6 +63,7 @@ def take_slot(key: str, booking: str, *, cap: int, seeded: dict[str, Any], gate:
     query: dict[str, Any] = {"_id": key, "count": {"$lt": cap}, "holders": {"$ne": booking, "$exists": True}}
     if gate and not privileged:
         query["queue.0"] = {"$exists": False}
+        query["bk"] = {"$not": {"$gt": 0}}  # nor in its backlog (leases.queue.backlog)
     elif gate and ticket is not None:
         query["queue"] = {"$elemMatch": {"id": ticket}}
     if clauses:
@@ -215,4 +216,5 @@ def drop_idle(doc: dict[str, Any]) -> dict[str, Any]:
     has a ``fence`` (its generations must outlive it, or a fence could be issued twice).
     """
     return {"_id": doc["_id"], "count": doc.get("count"), "updatedAt": doc.get("updatedAt"),
-            "holders.0": {"$exists": False}, "queue.0": {"$exists": False}, "fence": {"$exists": False}}
+            "holders.0": {"$exists": False}, "queue.0": {"$exists": False}, "fence": {"$exists": False},
+            "bk": {"$not": {"$gt": 0}}}

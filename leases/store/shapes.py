@@ -36,6 +36,15 @@ def queue_of(gate: CounterDoc) -> list[TicketDoc]:
     return list(gate.get("queue") or ())
 
 
+def has_waiters(gate: Mapping[str, Any] | None) -> bool:
+    """Whether anyone waits at the gate: tickets in its head (``queue``) or its backlog
+    (counted in ``bk``: :mod:`leases.queue.backlog`)."""
+    if not gate:
+        return False
+    backlog = gate.get("bk")
+    return bool(gate.get("queue")) or (isinstance(backlog, int) and not isinstance(backlog, bool) and backlog > 0)
+
+
 def ticket_in(gate: CounterDoc, token: str) -> TicketDoc | None:
     """The ticket of request ``token`` in the gate's queue, or None when it is not queued."""
     return next((t for t in gate.get("queue") or () if t.get("id") == token), None)

@@ -34,9 +34,13 @@ def enqueue(gate_key: str, ticket: dict[str, Any], limit: int | None = None) -> 
 
     Invariants: *one ticket per id* — the filter requires the id not queued yet, so a
     repeated enqueue matches nothing (the caller then reads the queued one); *a bounded
-    queue* — with ``limit``, a queue that holds ``limit`` tickets already matches nothing.
+    head* — with ``limit``, a queue that holds ``limit`` tickets already matches nothing, and
+    so does a gate whose backlog holds tickets (``bk``): they arrived first, and the
+    newcomer goes behind them (:mod:`leases.queue.backlog`).
     """
-    query: dict[str, Any] = {"_id": gate_key, "queue.id": {"$ne": ticket["id"]}}
+    query: dict[str, Any] = {"_id": gate_key, "queue.id": {"$ne": ticket["id"]},
+                             # Nobody waits in the backlog (leases.queue.backlog): they are older.
+                             "bk": {"$not": {"$gt": 0}}}
     if limit is not None:
         query[f"queue.{max(0, int(limit) - 1)}"] = {"$exists": False}
     return query, {"$push": {"queue": ticket}, "$currentDate": {"clock": True}}

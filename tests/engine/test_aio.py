@@ -54,7 +54,9 @@ def run(coro):
 
 
 def gate_queue():
-    return [t["id"] for t in (store.counters().find_one({"_id": "aio|global|*"}) or {}).get("queue") or ()]
+    """The tickets waiting at the gate: its head, then its backlog (leases.queue.backlog)."""
+    head = [t["id"] for t in (store.counters().find_one({"_id": "aio|global|*"}) or {}).get("queue") or ()]
+    return head + [d["_id"] for d in store.tickets().find({"g": "aio|global|*"}, {"_id": 1}).sort("at", 1)]
 
 
 def count(key):

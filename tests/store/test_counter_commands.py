@@ -13,9 +13,10 @@ SEED = commands.seed(resource="res", level="global", scope="*", tenant_id=None, 
 
 def test_given_a_newcomer_at_the_gate_then_it_books_under_the_cap_once_and_only_while_nobody_queues():
     query, update = commands.take_slot("g", "t/p/u/a/tok", cap=3, seeded=SEED, gate=True)
-    # Then: never above cap, never the same entry twice, no barging past a queue.
+    # Then: never above cap, never the same entry twice, no barging past a queue (its head
+    # in the gate, nor its backlog the gate counts).
     assert query == {"_id": "g", "count": {"$lt": 3}, "holders": {"$ne": "t/p/u/a/tok", "$exists": True},
-                     "queue.0": {"$exists": False}}
+                     "queue.0": {"$exists": False}, "bk": {"$not": {"$gt": 0}}}
     # And: the push and the count move together; a first use creates the counter.
     assert update == {"$push": {"holders": "t/p/u/a/tok"}, "$inc": {"count": 1}, "$currentDate": {"updatedAt": True},
                       "$setOnInsert": SEED}

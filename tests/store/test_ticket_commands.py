@@ -9,10 +9,15 @@ from leases.store import ticket_commands as commands, tombstones
 NOW = datetime(2026, 12, 5, 8)
 
 
-def test_given_a_ticket_then_enqueue_pushes_it_only_when_its_id_is_not_queued():
+def test_given_a_ticket_then_enqueue_pushes_it_only_when_its_id_is_not_queued_and_nobody_waits_in_the_backlog():
     assert commands.enqueue("g", {"id": "tok", "t": "a"}) == (
-        {"_id": "g", "queue.id": {"$ne": "tok"}}, {"$push": {"queue": {"id": "tok", "t": "a"}},
-                                                   "$currentDate": {"clock": True}})
+        {"_id": "g", "queue.id": {"$ne": "tok"}, "bk": {"$not": {"$gt": 0}}},
+        {"$push": {"queue": {"id": "tok", "t": "a"}}, "$currentDate": {"clock": True}})
+
+
+def test_given_a_head_limit_then_enqueue_pushes_only_into_a_head_below_it():
+    query, _ = commands.enqueue("g", {"id": "tok"}, limit=32)
+    assert query["queue.31"] == {"$exists": False}
 
 
 def test_given_an_undone_grant_then_requeue_queues_its_ticket_only_with_its_gate_entry_pulled():

@@ -15,7 +15,7 @@ from ... import ids
 from ...ids import validation
 from ...queue import estimates, order
 from ...store import client as store, shapes
-from ...store.documents import TicketDoc
+from ...store.documents import CounterDoc, TicketDoc
 
 GLOBAL_BLOCK_NOTE = "blocked at the global level, shared with other tenants"
 
@@ -80,6 +80,51 @@ def _level_key(resource: str, level: str, ticket: dict[str, Any]) -> str | None:
     return ids.counter_key(resource, level, ids.scope(level, t, p, u))
 
 
+def _backlog_rows(tenant: str | None, gates: list[dict[str, Any]], now: datetime, *,
+                  resource: str | None) -> list[tuple[dict[str, Any], dict[str, Any], int | None, bool]]:
+    """The tickets of long queues waiting beyond their gate's head (``leases.queue.backlog``),
+    as rows: placed after the head in arrival order (the order rule ranks only the head; a
+    ticket of the backlog is promoted as the rule would pick it, so its place is an
+    estimate). A tenant's view selects its own tickets in the query.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store is unreachable.
+    """
+    query: dict[str, Any] = {"ticket.t": tenant} if tenant is not None else {}
+    docs = list(store.tickets().find(query, {"g": 1, "ticket": 1}).sort("at", 1))
+    if not docs:
+        return []
+    by_id = {g["_id"]: g for g in gates}
+    missing = sorted({d["g"] for d in docs} - set(by_id))
+    if missing:
+        by_id.update((g["_id"], g) for g in store.counters().find(
+            {"_id": {"$in": missing}}, {"queue": 1, "holders": 1, "cap": 1, "count": 1, "resource": 1, "level": 1}))
+    # The place: after the whole head, counting every ticket of the backlog ahead of it
+    # (another tenant's too: it is the place this ticket really has).
+    ahead: dict[str, int] = {}
+    if tenant is not None:
+        ahead_query = {"g": {"$in": sorted({d["g"] for d in docs})}}
+        everyone = list(store.tickets().find(ahead_query, {"g": 1, "at": 1}).sort("at", 1))
+    else:
+        everyone = docs
+    rank: dict[str, int] = {}
+    for doc in everyone:
+        ahead[doc["g"]] = ahead.get(doc["g"], 0) + 1
+        rank[doc["_id"]] = ahead[doc["g"]]
+    rows: list[tuple[dict[str, Any], dict[str, Any], int | None, bool]] = []
+    for doc in docs:
+        gate = by_id.get(doc["g"])
+        ticket = doc.get("ticket")
+        if gate is None or not isinstance(ticket, dict) or (resource is not None and gate.get("resource") != resource):
+            continue
+        stale = order.is_stale(cast(TicketDoc, ticket), now)
+        if stale and tenant is not None:
+            continue
+        place: int | None = len(gate.get("queue") or ()) + rank.get(doc["_id"], 0)
+        rows.append((gate, {**ticket, "lvl": order.blocking_level(cast(CounterDoc, gate), cast(TicketDoc, ticket), now)}, place, stale))
+    return rows
+
+
 def list_waiters(tenant_id: str | None = None, resource: str | None = None) -> WaiterList:
     """Waiting tickets with their place in the queue and the level that blocks them.
 
@@ -119,6 +164,7 @@ def list_waiters(tenant_id: str | None = None, resource: str | None = None) -> W
             # hit when it queued: a newcomer that saw a queue queues before booking any).
             ticket = {**ticket, "lvl": order.blocking_level(gate, ticket, now)}
             rows.append((gate, ticket, places.get(ticket.get("id")), stale))
+    rows.extend(_backlog_rows(tenant, gates, now, resource=query.get("resource")))
     # The numbers of the blocking levels: one read, and in a tenant's view bound to its own
     # counters, so the global counter's numbers are never fetched for it.
     keys = {k for gate, ticket, _, _ in rows
@@ -144,7 +190,7 @@ def list_waiters(tenant_id: str | None = None, resource: str | None = None) -> W
             ttl_ms=int(ticket.get("ttl", 0)), stale=stale, level=level,
             blocked_key=key if visible else None, blocked_count=count, blocked_cap=cap,
             priority=shapes.priority_name(ticket),
-            estimated_grant_at=None if stale or place is None else grant_times[gate["_id"]].get(str(ticket.get("id", "")))))
+            estimated_grant_at=None if stale or place is None else grant_times.get(gate["_id"], {}).get(str(ticket.get("id", "")))))
     items.sort(key=lambda w: (w.resource, w.gate, w.position is None, w.position or 0,
                               w.waiting_since or now, w.ticket_id))
     return WaiterList(items, now)

@@ -1,0 +1,258 @@
+"""The backlog: the tickets of a long queue beyond its gate's head, one document each.
+
+The gate counter is the resource's hottest document: every booking, release and hand-off
+rewrites it, and a document's cost to the store grows with its size (on the embedded server
+a write costs about 20 µs more per ticket it holds). So the gate holds only the head of the
+queue — at most ``LEASES_QUEUE_HEAD`` tickets (32) — and the order rule decides among them;
+a request that finds the head full, or older tickets already in the backlog, waits in
+``lease_tickets`` (``{_id: ticket id, g: gate key, at: arrival, ticket}``), and the gate
+counts them (``bk``). Every decision on the gate then costs the same with 1,000 waiters as
+with 32.
+
+Whoever looks at a gate whose head has emptied to half (a process's watcher, a release's
+hand-off) promotes tickets from the backlog into the head: one claim on the gate
+(``promotedAt``, so one promoter at a time), one read of the backlog, one delete and one push.
+The tickets promoted are those the order rule would pick next: within each lane (tenant,
+project, class, and user when the user is capped) the oldest, ranked by the rule with the
+head — so a tenant arriving behind another's thousand tickets is in the head at the next
+promotion, not after them. Stale tickets found there (their process stopped beating) are
+dropped like the gate's, holders and tombstones included.
+
+The bound: the gate holds at most the head limit of tickets; the backlog, with the head, at
+most ``LEASES_QUEUE_LIMIT`` (a newcomer beyond is Busy at once); a promotion reads at most
+that many small documents, once per half a head of grants.
+
+A waiter of this process placed in the backlog is remembered here (:func:`placed`) so that
+it does not take its absence from the gate for a grant or a drop; this process's watcher
+checks those tickets still exist (:func:`verify`) and forgets the ones promoted or dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import defaultdict
+from datetime import datetime, timedelta
+from typing import Any
+
+import pymongo.errors
+from pymongo import ReturnDocument
+
+from ..conf import lease_settings
+from ..store import client as store, shapes, ticket_commands as commands
+from ..store.documents import CounterDoc, TicketDoc
+from ..store.tombstones import ticket_tombstones
+from . import order
+
+log = logging.getLogger(__name__)
+
+#: The least time between two promotions on one gate (the claim's throttle).
+PROMOTE_EVERY = timedelta(milliseconds=100)
+
+_lock = threading.Lock()
+_placed: dict[str, str] = {}  # ticket id -> gate key: this process's tickets in a backlog
+
+
+def head_limit() -> int:
+    """The most tickets a gate's queue holds in the gate document (``LEASES_QUEUE_HEAD``)."""
+    return max(2, int(lease_settings.QUEUE_HEAD))
+
+
+def count(gate: CounterDoc | None) -> int:
+    """The tickets the gate counts in its backlog (``bk``)."""
+    value = (gate or {}).get("bk")
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def placed(ticket_id: str, gate_key: str | None = None) -> bool:
+    """Whether this process placed ``ticket_id`` in a backlog (of ``gate_key``) and has not
+    seen it promoted or dropped yet."""
+    with _lock:
+        where = _placed.get(ticket_id)
+    return where is not None and (gate_key is None or where == gate_key)
+
+
+def forget(ticket_id: str) -> None:
+    with _lock:
+        _placed.pop(ticket_id, None)
+
+
+def add(gate: CounterDoc, ticket: TicketDoc) -> CounterDoc:
+    """Place ``ticket`` in the backlog of ``gate`` (idempotent: a ticket already there is
+    written again) and count it on the gate; returns the gate with ``bk`` as counted.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed (the ticket may be placed and not
+            counted: promotion counts again).
+    """
+    doc = {"_id": ticket["id"], "g": gate["_id"], "at": ticket.get("at"), "ticket": dict(ticket)}
+    created = store.tickets().replace_one({"_id": ticket["id"]}, doc, upsert=True).upserted_id is not None
+    with _lock:
+        _placed[ticket["id"]] = gate["_id"]
+    if not created:
+        return gate
+    after = store.counters().find_one_and_update({"_id": gate["_id"]}, {"$inc": {"bk": 1}, "$currentDate": {"clock": True}},
+                                                 return_document=ReturnDocument.AFTER)
+    return after or gate
+
+
+def has(ticket_id: str, gate_key: str) -> bool:
+    """Whether ``ticket_id`` waits in the backlog of ``gate_key`` (a read).
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed.
+    """
+    return store.tickets().find_one({"_id": ticket_id, "g": gate_key}, {"_id": 1}) is not None
+
+
+def remove(gate_key: str, ticket_id: str) -> bool:
+    """Take ``ticket_id`` out of the backlog of ``gate_key``; True when it was there (then
+    nobody can promote or grant it any more).
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed.
+    """
+    forget(ticket_id)
+    if not store.tickets().delete_one({"_id": ticket_id, "g": gate_key}).deleted_count:
+        return False
+    store.counters().update_one({"_id": gate_key, "bk": {"$gt": 0}}, {"$inc": {"bk": -1}})
+    return True
+
+
+def keep_for_polls(gate_key: str, ticket_id: str, ttl_ms: int) -> bool:
+    """A ticket in the backlog kept for an HTTP client: its TTL the poll bound, no process
+    waiting on it (as :func:`leases.store.ticket_commands.keep_alive` does in the head).
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed.
+    """
+    forget(ticket_id)
+    return bool(store.tickets().update_one({"_id": ticket_id, "g": gate_key},
+                                           {"$set": {"ticket.ttl": int(ttl_ms), "ticket.w": None}}).matched_count)
+
+
+def verify(gate_key: str, ticket_ids: list[str]) -> set[str]:
+    """Of this process's tickets it placed in the backlog of ``gate_key``, forget those that
+    are not there any more (promoted, or dropped as stale); returns the ones still there.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed.
+    """
+    mine = [t for t in ticket_ids if placed(t, gate_key)]
+    if not mine:
+        return set()
+    there = {d["_id"] for d in store.tickets().find({"_id": {"$in": mine}, "g": gate_key}, {"_id": 1})}
+    for ticket_id in set(mine) - there:
+        forget(ticket_id)
+    return there
+
+
+def due(gate: CounterDoc) -> bool:
+    """Whether ``gate``'s head has emptied to half while its backlog holds tickets."""
+    return count(gate) > 0 and len(gate.get("queue") or ()) <= head_limit() // 2
+
+
+def _lane(ticket: TicketDoc) -> tuple[Any, ...]:
+    caps = ticket.get("caps") or {}
+    return (shapes.tenant(ticket), shapes.project(ticket), shapes.priority_rank(ticket),
+            shapes.user(ticket) if "user" in caps else "")
+
+
+def promote(gate: CounterDoc, *, force: bool = False) -> CounterDoc | None:
+    """Move the tickets the order rule picks next from the backlog into the gate's head
+    (see the module's text); ``force``: also when the gate's count says the backlog is empty
+    (a process knows it placed tickets there). Never more than one promoter per gate at a
+    time and per :data:`PROMOTE_EVERY`.
+
+    Returns:
+        The gate after the promotion, or None when nothing was promoted.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed (tickets taken out of the backlog and
+            not pushed are put back; if that fails too their waiters queue again).
+    """
+    now: datetime | None = gate.get("clock")
+    room = head_limit() - len(gate.get("queue") or ())
+    if now is None or room <= 0 or not (due(gate) or force):
+        return None
+    claimed = gate.get("promotedAt")
+    if isinstance(claimed, datetime) and claimed > now - PROMOTE_EVERY:
+        return None
+    if not store.counters().update_one({"_id": gate["_id"], "promotedAt": claimed},
+                                       {"$currentDate": {"promotedAt": True}}).matched_count:
+        return None  # another process promotes right now
+    limit = max(1, int(lease_settings.QUEUE_LIMIT))
+    docs = list(store.tickets().find({"g": gate["_id"]}, {"ticket": 1}).sort("at", 1).limit(limit))
+    waiting = [d["ticket"] for d in docs if isinstance(d.get("ticket"), dict)]
+    if not waiting:
+        if count(gate):  # the count drifted (a writer died between its two commands)
+            store.counters().update_one({"_id": gate["_id"], "bk": gate.get("bk")}, {"$set": {"bk": 0}})
+        return None
+    head = list(gate.get("queue") or ())
+    queued = {t.get("id") for t in head}
+    stale = [t for t in waiting if order.is_stale(t, now)]
+    stale_ids = {t.get("id") for t in stale}
+    lanes: dict[tuple[Any, ...], list[TicketDoc]] = defaultdict(list)
+    for ticket in waiting:  # oldest first: each lane's next ones, as the rule takes them
+        if ticket.get("id") not in stale_ids and ticket.get("id") not in queued and len(lanes[_lane(ticket)]) < room:
+            lanes[_lane(ticket)].append(ticket)
+    candidates = [t for lane in lanes.values() for t in lane]
+    ranked = order.ranked({**gate, "queue": head + candidates}, now, limit=len(head) + room)
+    chosen = [t for t in ranked if t.get("id") not in queued][:room]
+    gone = [str(t["id"]) for t in chosen] + [str(t["id"]) for t in stale]
+    taken = store.tickets().delete_many({"_id": {"$in": gone}, "g": gate["_id"]}).deleted_count
+    after = store.counters().find_one_and_update(
+        {"_id": gate["_id"], "queue.id": {"$nin": [t["id"] for t in chosen]}},
+        {"$push": {"queue": {"$each": chosen}}, "$inc": {"bk": -taken}, "$currentDate": {"clock": True}},
+        return_document=ReturnDocument.AFTER)
+    if after is None:
+        # A ticket chosen was queued in the head meanwhile: put them all back, counted.
+        store.tickets().insert_many([{"_id": t["id"], "g": gate["_id"], "at": t.get("at"), "ticket": t}
+                                     for t in chosen], ordered=False)
+        store.counters().update_one({"_id": gate["_id"]}, {"$inc": {"bk": len(chosen) - taken}})
+        return None
+    if stale:
+        ids = [str(t["id"]) for t in stale]
+        store.holders().delete_many(commands.pruned_holders(ids))
+        store.tombstones().bulk_write(ticket_tombstones({**gate, "queue": stale}, ids, "ticket-expired"),
+                                      ordered=False)
+        log.info("backlog %s: dropped %d stale tickets", gate["_id"], len(stale))
+    return after
+
+
+def find(gate_key: str, ticket_id: str) -> tuple[TicketDoc, int] | None:
+    """``ticket_id``'s ticket in the backlog of ``gate_key`` and its place: after the whole
+    head, in arrival order among the backlog (the rule promotes by its own order, so the
+    place is an estimate); None when it is not there.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed.
+    """
+    doc = store.tickets().find_one({"_id": ticket_id, "g": gate_key})
+    if doc is None or not isinstance(doc.get("ticket"), dict):
+        return None
+    ahead = store.tickets().count_documents({"g": gate_key, "at": {"$lt": doc.get("at")}})
+    gate = store.counters().find_one({"_id": gate_key}, {"queue.id": 1}) or {}
+    return doc["ticket"], len(gate.get("queue") or ()) + ahead + 1
+
+
+def tickets_of(gate_key: str) -> list[TicketDoc]:
+    """The tickets waiting in the backlog of ``gate_key``, oldest first (a read; Insights).
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed.
+    """
+    return [d["ticket"] for d in store.tickets().find({"g": gate_key}, {"ticket": 1}).sort("at", 1)
+            if isinstance(d.get("ticket"), dict)]
+
+
+def safe_promote(gate: CounterDoc | None, *, force: bool = False) -> CounterDoc | None:
+    """:func:`promote`, never raising (a failed promotion is tried again at the next look)."""
+    if gate is None:
+        return None
+    try:
+        return promote(gate, force=force)
+    except pymongo.errors.PyMongoError as exc:
+        log.info("promotion on %s failed (%s); tried again at the next look", gate.get("_id"), exc)
+        return None
+

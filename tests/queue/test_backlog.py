@@ -1,0 +1,135 @@
+"""The backlog (leases.queue.backlog): a long queue keeps only its head in the gate document."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+
+import leases
+from leases.queue import backlog
+from leases.store import client as store
+from tests import helpers
+from tests.helpers import define, lease_request, quiet_handler_fixture, wait_for
+
+handler = quiet_handler_fixture("test")
+req = partial(lease_request, pod="")
+GATE = "res|global|*"
+
+
+def gate_doc():
+    return store.counters().find_one({"_id": GATE}) or {}
+
+
+def waiting_ids():
+    return set(helpers.queued_ids(GATE)) | {d["_id"] for d in store.tickets().find({"g": GATE}, {"_id": 1})}
+
+
+def release_as_granted(waiters):
+    """Release each lease as soon as it is granted (in grant order); returns that order."""
+    order = []
+    while len(order) < len(waiters):
+        granted = wait_for(lambda: [w for w in waiters if w.lease is not None and w not in order], 20)
+        assert granted, [w.error for w in waiters]
+        order.append(granted[0])
+        granted[0].lease.release()
+    return order
+
+
+def line_up(request):
+    """A waiter for ``request``, returned once its ticket waits (in the head or the backlog)."""
+    before = waiting_ids()
+    waiter = helpers.Waiter(request)
+    waiter.start()
+    new = wait_for(lambda: waiting_ids() - before, 10, step=0.01)
+    assert new, "the waiter never queued"
+    (waiter.ticket,) = new
+    return waiter
+
+
+def test_given_more_waiters_than_the_head_then_the_gate_holds_the_head_and_a_later_tenant_is_not_behind_the_backlog(
+        settings):
+    # Given: a head of 2 tickets; tenant a queues four, then tenant b two, on a held cap 1.
+    settings.LEASES_QUEUE_HEAD = 2
+    define("res", "levels: {global: 1}\nwaitMs: 30000")
+    held = leases.acquire(req(tenant="h", user="h"))
+    waiters = [line_up(req(tenant="a", user=f"a{i}")) for i in range(4)]
+    waiters += [line_up(req(tenant="b", user=f"b{i}")) for i in range(2)]
+    # Then: the gate document holds two tickets and counts four in the backlog.
+    gate = gate_doc()
+    assert [t["t"] for t in gate["queue"]] == ["a", "a"] and gate["bk"] == 4
+    assert store.tickets().count_documents({"g": GATE}) == 4
+    # When: every lease is released as soon as it is granted.
+    held.release()
+    order = release_as_granted(waiters)
+    # Then: all six are granted in turn, and tenant b's first grant does not wait behind the
+    # backlog of tenant a (it comes within the first three), the backlog empties.
+    tenants = [w.request.tenant_id for w in order]
+    assert sorted(tenants) == ["a"] * 4 + ["b"] * 2
+    assert "b" in tenants[:3], tenants
+    assert store.tickets().count_documents({"g": GATE}) == 0
+    assert backlog.count(gate_doc()) == 0
+
+
+def test_given_a_waiter_in_the_backlog_when_its_wait_ends_then_it_leaves_the_backlog_and_is_busy(settings):
+    settings.LEASES_QUEUE_HEAD = 2
+    define("res", "levels: {global: 1}\nwaitMs: 30000")
+    held = leases.acquire(req(user="h"))
+    waiters = [line_up(req(user=f"w{i}")) for i in range(2)]
+    try:
+        with pytest.raises(leases.LeaseBusy) as refused:
+            leases.acquire(req(user="late", wait_ms=1500))
+        assert refused.value.queue_full is False
+        assert store.tickets().count_documents({"g": GATE}) == 0
+        assert backlog.count(gate_doc()) == 0
+        assert store.holders().count_documents({"userId": "late"}) == 0
+    finally:
+        held.release()
+        for waiter in waiters:
+            waiter.join(20)
+            assert waiter.lease is not None, waiter.error
+            waiter.lease.release()
+
+
+def test_given_tickets_in_the_backlog_then_lease_waiters_lists_them_after_the_head_and_a_tenant_sees_only_its_own(
+        settings):
+    from leases.ops.reads.waiters import list_waiters
+
+    settings.LEASES_QUEUE_HEAD = 2
+    define("res", "levels: {global: 1}\nwaitMs: 30000")
+    held = leases.acquire(req(tenant="h", user="h"))
+    waiters = [line_up(req(tenant="a", user=f"a{i}")) for i in range(3)] + [line_up(req(tenant="b", user="b0"))]
+    try:
+        everyone = list_waiters()
+        assert [(w.tenant_id, w.position) for w in everyone.items] == [("a", 1), ("a", 2), ("a", 3), ("b", 4)]
+        mine = list_waiters(tenant_id="b")
+        assert [(w.tenant_id, w.user_id, w.position) for w in mine.items] == [("b", "b0", 4)]
+    finally:
+        held.release()
+        release_as_granted(waiters)
+
+
+def test_given_a_kept_ticket_in_the_backlog_then_its_polls_place_it_after_the_head_and_it_is_granted_in_turn(settings):
+    from leases import service
+
+    settings.LEASES_QUEUE_HEAD = 2
+    define("res", "levels: {global: 1}\nwaitMs: 30000")
+    scope = {"tenantId": "acme"}
+    held = leases.acquire(req(user="h"))
+    waiters = [line_up(req(user=f"w{i}")) for i in range(2)]
+    # When: an HTTP client's request queues behind the full head, its ticket kept for polls.
+    ticket = service.acquire_or_ticket(req(user="k", wait_ms=0), keep_ms=5000)
+    # Then: it waits in the backlog, third in line, alive to its poll deadline.
+    assert isinstance(ticket, service.Ticket)
+    assert store.tickets().count_documents({"_id": ticket.id}) == 1
+    assert ticket.position == 3 and ticket.deadline > ticket.server_time
+    polled = service.resume(ticket.id, scope=scope, keep_ms=5000)
+    assert isinstance(polled, service.Ticket) and polled.position == 3
+    # When: the two ahead are granted and released: then a poll claims its lease.
+    held.release()
+    release_as_granted(waiters)
+    lease = wait_for(lambda: (lambda r: r if isinstance(r, service.Lease) else None)(
+        service.resume(ticket.id, scope=scope, keep_ms=5000)), 15, step=0.2)
+    assert lease is not None
+    assert lease.release() is True
+    assert store.tickets().count_documents({}) == 0
