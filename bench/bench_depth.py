@@ -312,7 +312,8 @@ def threads_child(index, waiters, hold, grace, idle_delay, seconds, ready_q, sta
 
     start, end, cutoff, extra = _window(index, rec, waiters, make_thread, seconds, grace, ready_q, start_event,
                                         start_value)
-    commands, names = _in_window(counter, start, end)
+    # The idle scenario measures from IDLE_SETTLE_S after the waiters queued.
+    commands, names = _in_window(counter, start + (idle_delay + IDLE_SETTLE_S if idle_delay else 0.0), end)
     _finish(result_q, rec.result(index, cutoff, commands=commands, names=names, **extra))
 
 
@@ -844,9 +845,11 @@ def run_depth(mode: str, depth: int, args, zk: ZooKeeper | None, http: dict | No
         assert http is not None
         clients = spread(waiters, split(depth, min(args.http_clients, depth)))
         layout_text = f"{len(clients)} clients"
+        gunicorn = _gunicorn_pids(http["url"])
+        layout_text += f"; server CPU: store + {len(gunicorn)} gunicorn processes"
         run = run_processes(http_child, [(i, http["url"], http["keys"], g, HOLD_S, grace, 0.0, args.http_threads)
                                          for i, g in enumerate(clients)], args.seconds, grace,
-                            pids=_server_pids() + _gunicorn_pids(http["url"]), **common)
+                            pids=_server_pids() + gunicorn, **common)
     ours = figures(run, waiters, depth, layout_text)
     theirs = None
     if zk is not None:
