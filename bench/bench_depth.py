@@ -222,6 +222,17 @@ def sync_waiter(rec: Recorder, waiter: Waiter, acquire, release, start: float, e
             return
 
 
+def _warm_up(step) -> None:
+    """One warm-up cycle, tried three times: a store still busy with the previous run must not
+    keep a child from reporting ready (its failures then show in the window's errors)."""
+    for _ in range(3):
+        try:
+            step()
+            return
+        except Exception:  # noqa: BLE001
+            time.sleep(1.0)
+
+
 def _finish(result_q, result: dict) -> None:
     """Send the figures and leave at once: waiters still blocked are abandoned (their tickets go
     stale by TTL), no clean-up may hang the exit."""
@@ -262,14 +273,14 @@ def _window(index, rec, waiters, make_thread, seconds, grace, ready_q, start_eve
 
 
 def _store_client(counter: CommandCounter):
+    """The engine's client as settings build it (timeouts, pool), with ``counter`` listening."""
     import pymongo
-    from django.conf import settings
 
     from leases.definitions import invalidation
     from leases.store import client as store
 
-    client = pymongo.MongoClient(settings.MONGODB_URI, event_listeners=[counter], tz_aware=False,
-                                 appname="bench-depth")
+    uri, options = store.client_options()
+    client = pymongo.MongoClient(uri, **{**options, "appname": "bench-depth"}, event_listeners=[counter])
     store.set_client(client)
     # Until config invalidation listens, every acquire re-reads the definition (one more command).
     invalidation.wait_listening()
@@ -298,7 +309,7 @@ def threads_child(index, waiters, hold, grace, idle_delay, seconds, ready_q, sta
     counter = CommandCounter(timed=True)
     _store_client(counter)
     for resource in sorted({w.resource for w in waiters}):  # counters exist, definitions cached
-        leases.acquire(_request(next(w for w in waiters if w.resource == resource))).release()
+        _warm_up(lambda r=resource: leases.acquire(_request(next(w for w in waiters if w.resource == r))).release())
     rec = Recorder()
 
     def make_thread(waiter, go, box):
@@ -324,8 +335,7 @@ def kazoo_child(index, hosts, waiters, hold, grace, idle_delay, seconds, ready_q
     zk = KazooClient(hosts=hosts, timeout=10.0)
     zk.start(timeout=30)
     warm = zk.Semaphore(f"/bench/{waiters[0].resource}", identifier="warm", max_leases=CAP)
-    warm.acquire(timeout=60)
-    warm.release()
+    _warm_up(lambda: warm.acquire(timeout=30) and warm.release())
     rec = Recorder()
 
     def make_thread(waiter, go, box):
@@ -351,7 +361,6 @@ def aio_child(index, waiters, hold, grace, idle_delay, seconds, ready_q, start_e
 
     django.setup()
     import pymongo
-    from django.conf import settings
 
     import leases
     from leases.store import client as store
@@ -359,8 +368,9 @@ def aio_child(index, waiters, hold, grace, idle_delay, seconds, ready_q, start_e
     register_bench_handler()
     counter = CommandCounter(timed=True)
     _store_client(counter)  # the queue's store steps run on the sync engine
-    store.set_async_client_factory(lambda: pymongo.AsyncMongoClient(settings.MONGODB_URI, event_listeners=[counter],
-                                                                    tz_aware=False, appname="bench-depth-aio"))
+    uri, options = store.client_options()
+    store.set_async_client_factory(lambda: pymongo.AsyncMongoClient(uri, **{**options, "appname": "bench-depth-aio"},
+                                                                    event_listeners=[counter]))
     rec = Recorder()
 
     async def waiter_task(waiter: Waiter, start: float, end: float) -> None:
@@ -390,7 +400,12 @@ def aio_child(index, waiters, hold, grace, idle_delay, seconds, ready_q, start_e
                 return
 
     async def main() -> None:
-        await (await leases.aacquire(_request(waiters[0]))).arelease()  # counters, definition, async client
+        for _ in range(3):  # counters, definition, async client; a saturated store must not stop the run
+            try:
+                await (await leases.aacquire(_request(waiters[0]))).arelease()
+                break
+            except Exception:  # noqa: BLE001
+                await asyncio.sleep(1.0)
         rss_before = rss_bytes()
         box: dict[str, float] = {}
         go = asyncio.Event()
@@ -651,6 +666,7 @@ class Figures:
     p99: float | None = None
     p99_open: bool = False  # the p99 includes waits still open at the cutoff (a lower bound)
     open_waits: int = 0
+    waits: int = 0  # granted waits (and open ones) behind the percentiles
     ideal: float = 0.0
     commands: float | None = None  # clients' store commands a grant
     ops: float | None = None  # server opcounters a grant
@@ -690,6 +706,7 @@ def figures(run: Run, waiters: list[Waiter], depth: int, layout_text: str, hold:
     f.p50 = percentile(waits + open_waits, 0.5)
     f.p99 = p99
     f.open_waits = len(open_waits)
+    f.waits = len(waits) + len(open_waits)
     f.p99_open = bool(open_waits) and p99 is not None and p99 >= min(open_waits)
     commands = [r["commands"] for r in run.results]
     if grants and commands and None not in commands:
@@ -748,9 +765,12 @@ def _errors(errors: Counter) -> str:
 
 
 def _p99(f: Figures) -> str:
+    """p99 / ideal; with few granted waits (fewer than the waiters) their number, since the
+    failed acquires are not waits."""
     if f.p99 is None:
         return "—"
-    return f"{'≥ ' if f.p99_open else ''}{f.p99:.2f} / {f.ideal:.2f} s"
+    few = f" (n = {f.waits})" if f.waits < f.depth else ""
+    return f"{'≥ ' if f.p99_open else ''}{f.p99:.2f} / {f.ideal:.2f} s{few}"
 
 
 def _shares(f: Figures) -> str:
@@ -772,7 +792,8 @@ def print_mode(mode: str, rows: list[tuple[Figures, Figures | None]], seconds: f
           "| server CPU a grant | gate document | errors | kazoo: utilisation / wait p99 / ZooKeeper CPU a grant |")
     print("|---:|---:|---:|---:|---:|---:|---|---|")
     for ours, zk in rows:
-        theirs = "—" if zk is None else (f"{_s(zk.utilisation)} / {_s(zk.p99)} s / {_per_grant_ms(zk.cpu, zk.grants)}"
+        theirs = "—" if zk is None else (f"{_s(zk.utilisation)} / {'≥ ' if zk.p99_open else ''}{_s(zk.p99)} s / "
+                                         f"{_per_grant_ms(zk.cpu, zk.grants)}"
                                          + (f"; errors {_errors(zk.errors)}" if zk.errors else ""))
         print(f"| {ours.depth} ({ours.layout}) | {_s(ours.utilisation)} | {_p99(ours)} | {_s(ours.commands, 1)}; "
               f"{_s(ours.ops, 1)} | {_per_grant_ms(ours.cpu, ours.grants)} | {_bytes(ours.gate)} | "
@@ -947,7 +968,7 @@ def run_resources(args) -> None:
     sys.stdout.flush()
 
 
-def _http_server(stack) -> dict:
+def _http_server(stack, args) -> dict:
     """gunicorn on this store with one API key per tenant."""
     from insights.models import Tenant
     from leases.api import keys
@@ -957,15 +978,11 @@ def _http_server(stack) -> dict:
     for tenant in TENANTS:
         Tenant.objects.get_or_create(slug=tenant, defaults={"name": tenant})  # keys name existing tenants
         keyset[tenant] = keys.create_key(tenant_id=tenant, name="bench-depth", acting_user="bench")[1]
-    return {"url": stack.enter_context(running_server(workers=ARGS.http_workers, threads=ARGS.http_server_threads)),
+    return {"url": stack.enter_context(running_server(workers=args.http_workers, threads=args.http_server_threads)),
             "keys": keyset}
 
 
-ARGS: argparse.Namespace
-
-
 def main() -> None:
-    global ARGS
     from contextlib import ExitStack
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -985,7 +1002,7 @@ def main() -> None:
     parser.add_argument("--http-threads", type=int, default=16, help="http mode: threads a client process")
     parser.add_argument("--http-workers", type=int, default=4, help="http mode: gunicorn workers")
     parser.add_argument("--http-server-threads", type=int, default=8, help="http mode: threads a gunicorn worker")
-    args = ARGS = parser.parse_args()
+    args = parser.parse_args()
     modes = [m.strip() for m in args.mode.split(",") if m.strip()]
     if any(m not in ("threads", "aio", "http") for m in modes):
         parser.error("modes: threads, aio, http")
@@ -1021,7 +1038,7 @@ def main() -> None:
     try:
         with ExitStack() as stack:
             for mode in modes if depths else []:
-                http = _http_server(stack) if mode == "http" else None
+                http = _http_server(stack, args) if mode == "http" else None
                 rows = []
                 for depth in depths:
                     try:
