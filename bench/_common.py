@@ -32,17 +32,23 @@ class CpuSampler:
                  at_mark: Callable[[int], None] | None = None) -> None:
         self.readings: list[float | None] = [None] * len(marks)
         self._pids = list(pids)
+        self._last: dict[int, float] = {}
         self._thread = threading.Thread(target=self._run, args=(list(marks), at_mark), daemon=True)
         self._thread.start()
 
     def _read(self) -> float | None:
+        """The pids' CPU seconds summed; a pid gone since an earlier reading (a gunicorn worker
+        restarted) counts with its last reading, one never read makes the figure unknown."""
         if not self._pids:
             return None
         total = 0.0
         for pid in self._pids:
             used = cpu_seconds(pid)
             if used is None:
-                return None
+                used = self._last.get(pid)
+                if used is None:
+                    return None
+            self._last[pid] = used
             total += used
         return total
 

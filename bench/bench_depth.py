@@ -94,7 +94,9 @@ MAX_PROCS = 8
 READY_TIMEOUT_S = 300.0
 START_DELAY_S = 1.0  # between "everyone is ready" and the window: the start time reaches all
 REPORT_TIMEOUT_S = 60.0  # after the grace: the children still have to send their figures
-ERROR_PAUSE_S = 0.05  # a waiter whose acquire failed tries again after this
+# A waiter whose acquire failed tries again after this (``--error-pause``; the children read it
+# from the environment).
+ERROR_PAUSE_S = float(os.environ.get("BENCH_DEPTH_ERROR_PAUSE_S", "0.05"))
 THREAD_STACK = 512 * 1024
 HTTP_TYPE = "tex"  # registered in every process of config.settings (the gunicorn workers too)
 IDLE_SETTLE_S = 3.0  # idle scenario: between the waiters' arrival and the measured stretch
@@ -493,7 +495,9 @@ def http_child(index, base_url, keys, waiters, hold, grace, idle_delay, workers,
             elif action == "poll":
                 response = call("GET", f"tickets/{state['ticket']}", waiter)
             else:  # release
-                releasing = time.time()
+                # Called when due (as a thread calls release() after its hold), even when the
+                # release pool got to it later: a busy client must not count as a longer hold.
+                releasing = state["granted"] + hold
                 response = call("DELETE", f"leases/{state['token']}", waiter)
                 if response.status_code >= 400:
                     rec.errors["release " + error_name(error_from(response))] += 1
@@ -527,10 +531,12 @@ def http_child(index, base_url, keys, waiters, hold, grace, idle_delay, workers,
                         _, _, action, waiter, state = heapq.heappop(plan)
                         break
                     cond.wait(min(cutoff, plan[0][0] if plan else cutoff) - now)
-            pool.submit(step, action, waiter, state)
+            # Releases have threads of their own: polls stuck on a slow server must not delay them.
+            (releasers if action == "release" else pool).submit(step, action, waiter, state)
 
     rss_before = rss_bytes()
     pool = ThreadPoolExecutor(max_workers=workers)
+    releasers = ThreadPoolExecutor(max_workers=4)
     ready_q.put(index)
     start_event.wait()
     start = box["start"] = start_value.value
@@ -962,6 +968,8 @@ def run_resources(args) -> None:
     print(f"| gate documents at the end: largest | {_bytes(max(run.gate) if run.gate else None)} |")
     print(f"| Jain over tenants | {_s(f.jain_tenants, 3)} |")
     print(f"| client memory a waiting thread | {_bytes(f.memory)} |")
+    print(f"| clients' CPU in the window (share of a core; {n} threads on {os.cpu_count()} CPUs) | "
+          f"{_core(f.client_cpu, args.seconds)} |")
     print(f"| errors | {_errors(f.errors)} |")
     print(f"| processes without figures | {run.lost} |")
     print()
@@ -992,6 +1000,8 @@ def main() -> None:
     parser.add_argument("--grace", type=float, default=None,
                         help="seconds after the window for the last waits (default 1.5 × FIFO ideal + 5, ≤ 120)")
     parser.add_argument("--no-zk", action="store_true", help="skip the kazoo/ZooKeeper side")
+    parser.add_argument("--error-pause", type=float, default=ERROR_PAUSE_S,
+                        help="seconds a waiter pauses after a failed acquire before it tries again (default 0.05)")
     parser.add_argument("--idle-waiters", type=int, default=0, help="waiting-alone scenario with N waiters")
     parser.add_argument("--hold-minutes", type=float, default=0.0,
                         help="waiting-alone scenario: minutes the holders hold after the waiters queued "
@@ -1003,6 +1013,7 @@ def main() -> None:
     parser.add_argument("--http-workers", type=int, default=4, help="http mode: gunicorn workers")
     parser.add_argument("--http-server-threads", type=int, default=8, help="http mode: threads a gunicorn worker")
     args = parser.parse_args()
+    os.environ["BENCH_DEPTH_ERROR_PAUSE_S"] = str(args.error_pause)  # the children's pause
     modes = [m.strip() for m in args.mode.split(",") if m.strip()]
     if any(m not in ("threads", "aio", "http") for m in modes):
         parser.error("modes: threads, aio, http")
@@ -1032,7 +1043,7 @@ def main() -> None:
     store_note = "MongoDB: " + ("MONGODB_URI" if external else "embedded server (own process)")
     print(f"hold {HOLD_S * 1000:g} ms; window {args.seconds:g} s a run; modes {', '.join(modes)}; depths "
           f"{depth_text or '—'}; {store_note}; ZooKeeper: {zk.hosts if zk else 'none (' + zk_note + ')'}; "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start; "
+          f"error pause {args.error_pause:g} s; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start; "
           f"server speed {calibration(store.client_options()[0])}\n")
     sys.stdout.flush()
     try:
