@@ -58,7 +58,8 @@ Scenarios beside the depths:
 Run (embedded server unless MONGODB_URI is set)::
 
     python bench/bench_depth.py [--mode threads,aio,http] [--depths 12,96,384,1000]
-        [--seconds 30] [--no-zk] [--grace S]
+        [--seconds 30] [--no-zk] [--grace S] [--error-pause 0.05]
+        [--http-clients 4 --http-threads 16 --http-workers 4 --http-server-threads 8]
     python bench/bench_depth.py --idle-waiters 1000 [--hold-minutes 2]
     python bench/bench_depth.py --resources 100 --per-resource 100
 
