@@ -49,15 +49,9 @@ asserts nothing, it measures.
 from __future__ import annotations
 
 import argparse
-import atexit
 import multiprocessing
 import os
-import shutil
-import socket
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 from bisect import bisect_left, bisect_right
 from collections import Counter, defaultdict
@@ -65,7 +59,8 @@ from dataclasses import dataclass, field
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _setup  # noqa: E402
-from _setup import CommandCounter, cpu_seconds, register_bench_handler, setup  # noqa: E402
+from _common import CpuSampler, ZooKeeper, calibration, jain, percentile  # noqa: E402
+from _setup import CommandCounter, register_bench_handler, setup  # noqa: E402
 
 HOLD_S = 0.1  # loads B, C and the who-goes-next loads; load A: each of --holds
 WAIT_MS = 60000
@@ -355,12 +350,12 @@ def run_processes(target, argsets, seconds, *, server_pid: int | None = None) ->
             ready += 1
         start_value.value = time.time() + START_DELAY_S
         start_event.set()
-        sampler = _CpuSampler(server_pid, start_value.value, seconds)
+        sampler = CpuSampler([server_pid] if server_pid is not None else [], [start_value.value, start_value.value + seconds])
         deadline = time.monotonic() + START_DELAY_S + seconds + DRAIN_TIMEOUT_S
         results = [result_q.get(timeout=max(0.1, deadline - time.monotonic())) for _ in procs]
         for proc in procs:
             proc.join(timeout=30)
-        return sorted(results, key=lambda r: r["index"]), sampler.result()
+        return sorted(results, key=lambda r: r["index"]), sampler.used(0, 1)
     finally:
         for proc in procs:
             if proc.is_alive():
@@ -368,50 +363,7 @@ def run_processes(target, argsets, seconds, *, server_pid: int | None = None) ->
                 proc.join(timeout=5)
 
 
-class _CpuSampler:
-    """Reads a server process's CPU time at the window's start and end (wall clock, as the
-    children's), from a thread of its own: the server is what short holds wait on, so the
-    table shows how busy it was and what a grant cost it."""
-
-    def __init__(self, pid: int | None, start: float, seconds: float) -> None:
-        self.used: float | None = None
-        self._thread: threading.Thread | None = None
-        if pid is not None:
-            self._thread = threading.Thread(target=self._run, args=(pid, start, seconds), daemon=True)
-            self._thread.start()
-
-    def _run(self, pid: int, start: float, seconds: float) -> None:
-        time.sleep(max(0.0, start - time.time()))
-        first = cpu_seconds(pid)
-        time.sleep(max(0.0, start + seconds - time.time()))
-        last = cpu_seconds(pid)
-        if first is not None and last is not None:
-            self.used = last - first
-
-    def result(self) -> float | None:
-        if self._thread is not None:
-            self._thread.join()
-        return self.used
-
-
 # --- figures --------------------------------------------------------------------------------
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Linear interpolation between closest ranks; ``None`` for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q
-    low = int(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
-
-
-def jain(values: list[float]) -> float | None:
-    """Jain's fairness index (Σx)² / (n·Σx²): 1 when all equal, 1/n when one takes all."""
-    squares = sum(v * v for v in values)
-    return (sum(values) ** 2) / (len(values) * squares) if squares else None
 
 
 @dataclass(frozen=True)
@@ -550,86 +502,6 @@ def figures(load: Load, results: list[dict], cap: int, seconds: float, hold: flo
 # --- ZooKeeper ------------------------------------------------------------------------------
 
 
-class ZooKeeper:
-    """A standalone ZooKeeper server on a free port with a throw-away data dir."""
-
-    CLASSPATHS = ("/usr/share/java/zookeeper.jar",)  # Debian: the jar's manifest lists its deps
-
-    def __init__(self) -> None:
-        self.process: subprocess.Popen | None = None
-        self.dir = tempfile.mkdtemp(prefix="bench-zk-")
-        self.port = 0
-
-    @property
-    def hosts(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self, timeout: float = 30.0) -> None:
-        """Raises: RuntimeError with the reason when ZooKeeper cannot be started."""
-        java = shutil.which("java")
-        if java is None:
-            raise RuntimeError("no java on PATH")
-        jar = os.environ.get("ZK_CLASSPATH") or next((p for p in self.CLASSPATHS if os.path.exists(p)), None)
-        if jar is None:
-            raise RuntimeError("no ZooKeeper jar (apt-get install -y zookeeper, or set ZK_CLASSPATH)")
-        try:
-            import kazoo  # noqa: F401
-        except ImportError:
-            raise RuntimeError("kazoo is not installed (pip install -e '.[bench]')") from None
-        from leases.store.embedded import free_port
-
-        self.port = free_port()
-        data = os.path.join(self.dir, "data")
-        os.makedirs(data)
-        cfg = os.path.join(self.dir, "zoo.cfg")
-        with open(cfg, "w") as f:
-            f.write(f"tickTime=2000\ndataDir={data}\nclientPort={self.port}\nclientPortAddress=127.0.0.1\n"
-                    "maxClientCnxns=0\nadmin.enableServer=false\n4lw.commands.whitelist=ruok\n")
-        log = open(os.path.join(self.dir, "server.log"), "ab")  # noqa: SIM115 - closed in stop()
-        self._log = log
-        log4j = [p for p in ("/usr/share/java/log4j-1.2.jar",) if os.path.exists(p)]
-        self.process = subprocess.Popen(
-            [java, "-Xmx256m", "-cp", ":".join([jar, *log4j]),
-             "org.apache.zookeeper.server.quorum.QuorumPeerMain", cfg],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        atexit.register(self.stop)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"ZooKeeper exited with {self.process.returncode}: {self._tail()}")
-            if self._ruok():
-                return
-            time.sleep(0.2)
-        raise RuntimeError(f"ZooKeeper did not answer ruok within {timeout:.0f}s: {self._tail()}")
-
-    def _ruok(self) -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
-                sock.sendall(b"ruok")
-                return sock.recv(16) == b"imok"
-        except OSError:
-            return False
-
-    def _tail(self) -> str:
-        try:
-            with open(os.path.join(self.dir, "server.log"), errors="replace") as f:
-                return f.read()[-1500:]
-        except OSError:
-            return ""
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
-        if getattr(self, "_log", None) is not None and not self._log.closed:
-            self._log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
 # --- project side ---------------------------------------------------------------------------
 
 
@@ -694,13 +566,6 @@ def _cpu(used: float | None, grants: int, seconds: float) -> str:
 def _ideal(load: Load, cap: int, hold: float) -> float:
     """FIFO ideal wait: (waiters − cap) ÷ cap × hold."""
     return (len(load.procs) - cap) / cap * hold
-
-
-def _calibration(uri: str) -> str:
-    """The server's speed as :func:`_setup.calibrate_server` finds it, for the header."""
-    wall, cpu = _setup.calibrate_server(uri, _setup.SERVER_PID)
-    return (f"{wall:.2f} ms a fixed cycle of 4 writes by one client"
-            + (f", {cpu:.2f} ms of the server's CPU" if cpu is not None else ""))
 
 
 def print_table(load: Load, cap: int, seconds: float, uncontended: int, ours: Figures,
@@ -945,7 +810,7 @@ def main() -> None:
           f"waitMs {WAIT_MS}; MongoDB: {'MONGODB_URI' if external else 'embedded server (own process)'}; "
           f"ZooKeeper: {zk.hosts if zk else 'none (' + zk_note + ')'}; "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start; "
-          f"server speed {_calibration(store.client_options()[0])}\n")
+          f"server speed {calibration(store.client_options()[0])}\n")
     baseline: dict[str, float] = {}
     summary: list[tuple[float, Load, int, Figures, Figures | None]] = []
     try:
