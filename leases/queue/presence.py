@@ -105,15 +105,19 @@ def beat(waker: str) -> None:
 
 
 def _run(waker: str) -> None:
+    last = time.monotonic()
     while True:
         with _lock:
             while _waiting <= 0:
                 _wanted.wait()
-        # A ticket is born alive (its own ``seen``): the first beat is due a period later,
-        # and a process whose requests wait less than that never writes one.
-        time.sleep(beat_period_s())
-        with _lock:
-            if _waiting <= 0:
+                # A ticket is born alive (its own ``seen``): the first beat after a rest is due
+                # a period later, and a process whose requests wait less never writes one.
+                last = time.monotonic()
+            due = last + beat_period_s() - time.monotonic()
+            if due > 0:
+                # On the condition, not asleep: a new waiter (enter) wakes it, so a period
+                # changed meanwhile (the TTL setting) takes effect at once.
+                _wanted.wait(due)
                 continue
         try:
             with pymongo.timeout(max(0.5, beat_period_s())):
@@ -122,6 +126,7 @@ def _run(waker: str) -> None:
             # A missed beat costs liveness only if the outage outlasts the TTL; the waiters
             # notice their tickets pruned and queue again.
             log.info("presence heartbeat failed (%s)", exc)
+        last = time.monotonic()
 
 
 def key_of(ticket: TicketDoc) -> str | None:
@@ -140,15 +145,21 @@ def _needs(ticket: TicketDoc, key: str, mono: float, now: datetime | None) -> st
     read), or must read now ("now")."""
     with _cache_lock:
         known = _cache.get(key)
-    if known is not None:
-        age = mono - known[1]
-        return "fresh" if age < refresh_s() else "later" if age < 2 * refresh_s() else "now"
-    # Not known yet: a ticket queued (or kept) within half its TTL is judged fresh by its own
-    # ``seen`` whatever its process does, so its heartbeat can be read in the background.
+    if known is not None and mono - known[1] < refresh_s():
+        # Read within a fifth of the TTL: a live process beats every quarter, so what was
+        # read then keeps its tickets short of suspect.
+        return "fresh"
+    # Older, or never read: a newer read can only show the ticket more alive. So when what is
+    # known already keeps it short of suspect (its own ``seen``, a young ticket's, or an older
+    # beat), the decision stands and the read is done in the background; else read now.
     own = ticket.get("seen") or ticket.get("at")
-    young = now is not None and isinstance(own, datetime) and own + timedelta(
+    beat = known[0] if known is not None else None
+    if key.startswith(KEPT):
+        beat = _kept_seen(ticket, beat)
+    latest = max((t for t in (own, beat) if isinstance(t, datetime)), default=None)
+    alive = now is not None and latest is not None and latest + timedelta(
         milliseconds=int(ticket.get("ttl") or 0) / 2) > now
-    return "later" if young else "now"
+    return "later" if alive else "now"
 
 
 def seen_of(ticket: TicketDoc, now: datetime | None = None) -> datetime | None:

@@ -3,7 +3,8 @@
 Kinds (the ``kind`` of a :class:`tests.checker.history.Fault`):
 
 * ``holder-stop`` / ``waiter-stop`` — SIGSTOP of a client process that holds a lease / waits
-  in ``acquire``, for longer than the TTL, then SIGCONT. Whether it held or waited is read
+  in ``acquire``, for longer than the TTL (a waiter: also than the ticket TTL, so its
+  process's heartbeat lapses, its tickets are dropped and it queues again), then SIGCONT. Whether it held or waited is read
   from its own history file *after* it stopped (the file cannot move then); a stop that found
   it doing neither is recorded as ``client-stop`` and ended at once.
 * ``stall`` — the stop-the-world pause between a successful check and the use: the client

@@ -105,6 +105,14 @@ class RunConfig:
         """A holder, waiter or stall stop: longer than the TTL (the issue's 2.6–3.6 s for TTL 2 s)."""
         return rng.uniform(self.ttl_s + 0.6, self.ttl_s + 1.6)
 
+    def waiter_stop_seconds(self, rng: random.Random) -> float:
+        """A whole waiting process stopped past the ticket TTL too (its process's heartbeat
+        lapses, so all its tickets go stale and it must queue again when continued)."""
+        from leases.conf import lease_settings
+
+        longest = max(self.ttl_s, int(lease_settings.TICKET_TTL_MS) / 1000)
+        return rng.uniform(longest + 0.5, longest + 1.5)
+
 
 @dataclass
 class RunResult:
@@ -247,8 +255,8 @@ def _inject(kind: str, clients: Clients, log: f.FaultLog, rng: random.Random, co
             if pool:
                 name = rng.choice(pool)
                 want = kind.split("-")[0]
-                if f.stop_client(log, clients.run_dir, name, clients.procs[name].pid, config.stop_seconds(rng),
-                                 want) == kind:
+                seconds = config.stop_seconds(rng) if want == "holder" else config.waiter_stop_seconds(rng)
+                if f.stop_client(log, clients.run_dir, name, clients.procs[name].pid, seconds, want) == kind:
                     return True
         time.sleep(0.05)
     return False

@@ -27,16 +27,16 @@ def queued(key=GATE):
 
 def test_given_twenty_waiters_in_one_process_then_one_heartbeat_and_one_read_a_period_keep_them_all(settings):
     # Given: a held cap-1 resource and 20 waiting threads of this process, a short ticket TTL.
-    settings.LEASES_TICKET_TTL_MS = 800
+    settings.LEASES_TICKET_TTL_MS = 1500
     settings.LEASES_WAIT_POLL_MS = 200
     define("res", "levels: {global: 1}\nwaitMs: 20000")
     held = leases.acquire(req(user="h"))
     waiters = [helpers.queue_up(req(user=f"w{i}"), GATE) for i in range(20)]
     try:
-        # When: they wait three ticket TTLs.
+        # When: they wait two ticket TTLs.
         beats_before = presence.beats()
         with helpers.counted_commands(all_threads=True) as counter:
-            time.sleep(3 * 0.8)
+            time.sleep(2 * 1.5)
         beats = presence.beats() - beats_before
         # Then: none of them was dropped as stale, though none wrote its ticket; the
         # waiting cost a heartbeat a quarter TTL and a gate read a poll, for all 20.
@@ -44,8 +44,8 @@ def test_given_twenty_waiters_in_one_process_then_one_heartbeat_and_one_read_a_p
         assert all(w.is_alive() for w in waiters)
         assert counter.commands == [], counter.commands  # the waiters' own threads sent nothing
         reads = counter.background.count("aggregate")
-        assert 1 <= beats <= 2.4 / presence.beat_period_s() + 2, counter.background
-        assert 1 <= reads <= 2.4 / 0.2 + 2, counter.background
+        assert 1 <= beats <= 3.0 / presence.beat_period_s() + 2, counter.background
+        assert 1 <= reads <= 3.0 / 0.2 + 2, counter.background
     finally:
         held.release()
         for waiter in waiters:

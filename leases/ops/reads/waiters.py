@@ -13,7 +13,7 @@ from typing import Any, cast
 
 from ... import ids
 from ...ids import validation
-from ...queue import estimates, order
+from ...queue import backlog, estimates, order
 from ...store import client as store, shapes
 from ...store.documents import CounterDoc, TicketDoc
 
@@ -80,8 +80,8 @@ def _level_key(resource: str, level: str, ticket: dict[str, Any]) -> str | None:
     return ids.counter_key(resource, level, ids.scope(level, t, p, u))
 
 
-def _backlog_rows(tenant: str | None, gates: list[dict[str, Any]], now: datetime, *,
-                  resource: str | None) -> list[tuple[dict[str, Any], dict[str, Any], int | None, bool]]:
+def _backlog_rows(tenant: str | None, gates: list[dict[str, Any]],
+                  now: datetime) -> list[tuple[dict[str, Any], dict[str, Any], int | None, bool]]:
     """The tickets of long queues waiting beyond their gate's head (``leases.queue.backlog``),
     as rows: placed after the head in arrival order (the order rule ranks only the head; a
     ticket of the backlog is promoted as the rule would pick it, so its place is an
@@ -90,15 +90,13 @@ def _backlog_rows(tenant: str | None, gates: list[dict[str, Any]], now: datetime
     Raises:
         pymongo.errors.PyMongoError: the store is unreachable.
     """
-    query: dict[str, Any] = {"ticket.t": tenant} if tenant is not None else {}
+    by_id = {g["_id"]: g for g in gates}
+    query: dict[str, Any] = {"g": {"$in": sorted(by_id)}}
+    if tenant is not None:
+        query["ticket.t"] = tenant
     docs = list(store.tickets().find(query, {"g": 1, "ticket": 1}).sort("at", 1))
     if not docs:
         return []
-    by_id = {g["_id"]: g for g in gates}
-    missing = sorted({d["g"] for d in docs} - set(by_id))
-    if missing:
-        by_id.update((g["_id"], g) for g in store.counters().find(
-            {"_id": {"$in": missing}}, {"queue": 1, "holders": 1, "cap": 1, "count": 1, "resource": 1, "level": 1}))
     # The place: after the whole head, counting every ticket of the backlog ahead of it
     # (another tenant's too: it is the place this ticket really has).
     ahead: dict[str, int] = {}
@@ -115,7 +113,7 @@ def _backlog_rows(tenant: str | None, gates: list[dict[str, Any]], now: datetime
     for doc in docs:
         gate = by_id.get(doc["g"])
         ticket = doc.get("ticket")
-        if gate is None or not isinstance(ticket, dict) or (resource is not None and gate.get("resource") != resource):
+        if gate is None or not isinstance(ticket, dict):
             continue
         stale = order.is_stale(cast(TicketDoc, ticket), now)
         if stale and tenant is not None:
@@ -140,13 +138,16 @@ def list_waiters(tenant_id: str | None = None, resource: str | None = None) -> W
         pymongo.errors.PyMongoError: the store is unreachable.
     """
     tenant = validation.optional(tenant_id, validation.entity_id, "tenant id")
-    query: dict[str, Any] = {"queue.t": tenant} if tenant is not None else {"queue.id": {"$exists": True}}
+    # The gates where it waits in the head, and those with a backlog (leases.queue.backlog),
+    # where it may wait beyond the head: their heads are filtered below like the others.
+    query: dict[str, Any] = {"$or": [{"queue.t": tenant} if tenant is not None else {"queue.id": {"$exists": True}},
+                                     {"bk": {"$gt": 0}}]}
     if (r := validation.optional(resource, validation.resource_name)) is not None:
         query["resource"] = r
     # Everything the order rule and the estimate read, the calibration (``er``) included:
     # the listing shows the figure the waiter's own 202 body and LeaseBusy show.
     gates = list(store.counters().find(query, {"queue": 1, "holders": 1, "cap": 1, "count": 1, "resource": 1,
-                                               "level": 1, "vt": 1, "vf": 1, "holds": 1, "er": 1}))
+                                               "level": 1, "vt": 1, "vf": 1, "holds": 1, "er": 1, "bk": 1}))
     now = store.server_now()
     rows: list[tuple[dict[str, Any], dict[str, Any], int | None, bool]] = []
     grant_times: dict[str, dict[str, datetime]] = {}
@@ -164,7 +165,8 @@ def list_waiters(tenant_id: str | None = None, resource: str | None = None) -> W
             # hit when it queued: a newcomer that saw a queue queues before booking any).
             ticket = {**ticket, "lvl": order.blocking_level(gate, ticket, now)}
             rows.append((gate, ticket, places.get(ticket.get("id")), stale))
-    rows.extend(_backlog_rows(tenant, gates, now, resource=query.get("resource")))
+    if any(backlog.count(cast(CounterDoc, gate)) for gate in gates):
+        rows.extend(_backlog_rows(tenant, [g for g in gates if backlog.count(cast(CounterDoc, g))], now))
     # The numbers of the blocking levels: one read, and in a tenant's view bound to its own
     # counters, so the global counter's numbers are never fetched for it.
     keys = {k for gate, ticket, _, _ in rows
