@@ -23,6 +23,12 @@ from typing import Any
 DEFAULTS: dict[str, Any] = {
     # Store
     "MONGO_TIMEOUT_MS": 2000,
+    # How many store steps (an acquire's attempt, a turn, a release) one process runs at
+    # once; the others wait their turn in the process, up to LEASES_STORE_ADMISSION_MS, so a
+    # burst of requests queues in the clients instead of piling onto the store until every
+    # command times out. 0: no limit.
+    "STORE_CONCURRENCY": 8,
+    "STORE_ADMISSION_MS": 30000,
     # The Django database alias (a django-mongodb-backend one) of the lease apps' models;
     # leases.routers.LeasesRouter sends them there.
     "DATABASE": "default",

@@ -9,6 +9,7 @@ caller gets ``LeaseUnavailable``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -17,7 +18,7 @@ import pymongo.errors
 
 from ..conf import lease_settings
 from ..errors import LeaseUnavailable
-from ..store import client as store
+from ..store import admission, client as store
 from .funnel import Attempt, _Vanished
 
 log = logging.getLogger(__name__)
@@ -29,15 +30,20 @@ def store_bound() -> Any:
     return pymongo.timeout(int(lease_settings.MONGO_TIMEOUT_MS) / 1000.0)
 
 
-def step(attempt: Attempt, fn: Any) -> Any:
+def step(attempt: Attempt, fn: Any, *, admit: bool = True) -> Any:
     """Run one store step under one bound; on a store failure roll the attempt back (same
     bound: what it cannot undo is left to reap and repair) and answer LeaseUnavailable.
 
+    ``admit``: the step waits its turn among this process's steps first
+    (:mod:`leases.store.admission`), its bound starting once it runs; a step that completes
+    a grant (a claim) goes at once — it frees the way, and its window is short.
+
     Raises:
-        LeaseUnavailable: the store failed, or the holder vanished mid-acquire.
+        LeaseUnavailable: the store failed, the step was not admitted in time, or the holder
+            vanished mid-acquire.
     """
     try:
-        with store_bound():
+        with admission.admitted() if admit else contextlib.nullcontext(), store_bound():
             try:
                 return fn()
             except (pymongo.errors.PyMongoError, _Vanished) as exc:

@@ -308,7 +308,7 @@ class Waiter:
                 return None
             return self._granted(lease)
 
-        return step(attempt, run)
+        return step(attempt, run, admit=False)
 
     def _granted(self, lease: Lease) -> Lease:
         """``lease``, told how its wait estimate came out."""

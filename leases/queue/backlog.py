@@ -79,7 +79,9 @@ def forget(ticket_id: str) -> None:
 
 def add(gate: CounterDoc, ticket: TicketDoc) -> CounterDoc:
     """Place ``ticket`` in the backlog of ``gate`` (idempotent: a ticket already there is
-    written again) and count it on the gate; returns the gate with ``bk`` as counted.
+    written again) and count it on the gate; returns the gate as it is now (with its
+    ``clock``; ``gate`` itself, which may be a stand-in naming only its key, when the gate
+    document is gone).
 
     Raises:
         pymongo.errors.PyMongoError: the store failed (the ticket may be placed and not
@@ -89,8 +91,9 @@ def add(gate: CounterDoc, ticket: TicketDoc) -> CounterDoc:
     created = store.tickets().replace_one({"_id": ticket["id"]}, doc, upsert=True).upserted_id is not None
     with _lock:
         _placed[ticket["id"]] = gate["_id"]
-    if not created:
-        return gate
+    if not created:  # placed before (its waiter queues again): counted already
+        docs = list(store.counters().aggregate(commands.read_with_clock(gate["_id"])))
+        return docs[0] if docs else gate
     after = store.counters().find_one_and_update({"_id": gate["_id"]}, {"$inc": {"bk": 1}, "$currentDate": {"clock": True}},
                                                  return_document=ReturnDocument.AFTER)
     return after or gate

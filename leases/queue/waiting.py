@@ -85,6 +85,24 @@ def note_queue(gate: CounterDoc | None) -> None:
         _queued_seen[gate["_id"]] = time.monotonic()
     else:
         _queued_seen.pop(gate["_id"], None)
+    head = len(gate.get("queue") or ())
+    if backlog.count(gate) or head >= backlog.head_limit():
+        _backlog_seen[gate["_id"]] = (time.monotonic(), head + backlog.count(gate))
+    else:
+        _backlog_seen.pop(gate["_id"], None)
+
+
+# Gate key → (monotonic time, tickets waiting) when this process last saw its head full or
+# its backlog in use: a newcomer then goes to the backlog at once, without the push into the
+# head that would be refused and the read after it (two commands on the gate less).
+_backlog_seen: dict[str, tuple[float, int]] = {}
+
+
+def backlog_likely(gate_key: str) -> bool:
+    """Whether this process saw the gate's backlog in use (or its head full) within the last
+    second, with room left in the queue."""
+    seen = _backlog_seen.get(gate_key)
+    return seen is not None and time.monotonic() - seen[0] < QUEUE_HINT_S and seen[1] < queue_limit() - 1
 
 
 def queue_likely(gate_key: str) -> bool:
@@ -113,6 +131,8 @@ def enqueue(gate_key: str, ticket: TicketDoc) -> CounterDoc | None:
         QueueFull: the queue holds ``LEASES_QUEUE_LIMIT`` tickets and not this one.
         pymongo.errors.PyMongoError: the store failed.
     """
+    if backlog_likely(gate_key):
+        return backlog.add(CounterDoc(_id=gate_key), ticket)
     for _ in range(2):  # the second try: the head emptied between the push and the read
         after = store.counters().find_one_and_update(
             *commands.enqueue(gate_key, dict(ticket), min(backlog.head_limit(), queue_limit())),

@@ -1,0 +1,74 @@
+"""Admission of store steps: at most ``LEASES_STORE_CONCURRENCY`` at once per process.
+
+A burst of requests (500 Celery tasks, a class opening its sessions at 9:00) would otherwise
+send all their commands at once: the store answers them in turn, each command waits behind
+all the others, and past ``LEASES_MONGO_TIMEOUT_MS`` every one of them times out — a
+``LeaseUnavailable`` for everyone and, with the retries, an outage caused by demand. Here
+each process runs a few steps at a time and the rest wait their turn in the process (before
+their store timeout starts), so the store's queue stays short and its answers fast; the
+burst drains at the store's own pace.
+
+Only the acquire path's steps are admitted (:func:`leases.engine.step.step`): releases,
+claims and renewals end or complete grants and go at once, so a burst of newcomers never
+holds up the slots they wait for. A step within a step is admitted with its outer step. The
+wait is bounded (``LEASES_STORE_ADMISSION_MS``, 30 s): past it the step fails as the store
+would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+
+import pymongo.errors
+
+from ..conf import lease_settings
+
+_local = threading.local()
+_lock = threading.Lock()
+_gate: tuple[int, int, threading.BoundedSemaphore] | None = None  # (pid, size, semaphore)
+
+
+def _semaphore() -> threading.BoundedSemaphore | None:
+    global _gate
+    size = int(lease_settings.STORE_CONCURRENCY)
+    if size <= 0:
+        return None
+    with _lock:
+        if _gate is None or _gate[0] != os.getpid() or _gate[1] != size:
+            _gate = (os.getpid(), size, threading.BoundedSemaphore(size))
+        return _gate[2]
+
+
+def _in_event_loop() -> bool:
+    # A coroutine must never block its loop on the semaphore (the holder of a slot may be
+    # another coroutine of the same loop): the async executor's steps run in its threads.
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def admitted() -> Iterator[None]:
+    """Run the block as one admitted store step of this process.
+
+    Raises:
+        pymongo.errors.ExecutionTimeout: not admitted within ``LEASES_STORE_ADMISSION_MS``
+            (the callers treat it as a store failure).
+    """
+    depth = getattr(_local, "depth", 0)
+    semaphore = None if depth or _in_event_loop() else _semaphore()
+    if semaphore is not None and not semaphore.acquire(timeout=int(lease_settings.STORE_ADMISSION_MS) / 1000.0):
+        raise pymongo.errors.ExecutionTimeout("too many store steps in flight in this process (LEASES_STORE_CONCURRENCY)")
+    _local.depth = depth + 1
+    try:
+        yield
+    finally:
+        _local.depth = depth
+        if semaphore is not None:
+            semaphore.release()
