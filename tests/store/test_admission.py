@@ -1,0 +1,92 @@
+"""leases.store.admission: a process runs a few acquire steps at once; the rest wait their turn."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pymongo.errors
+import pytest
+
+from leases.store import admission
+
+
+def test_given_a_concurrency_of_two_then_six_steps_run_two_at_a_time_and_all_complete(settings):
+    settings.LEASES_STORE_CONCURRENCY = 2
+    running, most, done = [0], [0], []
+    lock = threading.Lock()
+
+    def a_step():
+        with admission.admitted():
+            with lock:
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+            time.sleep(0.05)
+            with lock:
+                running[0] -= 1
+        done.append(1)
+
+    threads = [threading.Thread(target=a_step) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert most[0] == 2 and len(done) == 6
+
+
+def test_given_a_step_within_a_step_then_it_is_admitted_with_its_outer_step(settings):
+    settings.LEASES_STORE_CONCURRENCY = 1
+    with admission.admitted():
+        with admission.admitted():  # would wait for itself otherwise
+            pass
+
+
+def test_given_every_slot_taken_past_the_admission_bound_then_the_step_fails_as_a_store_timeout(settings):
+    settings.LEASES_STORE_CONCURRENCY = 1
+    settings.LEASES_STORE_ADMISSION_MS = 100
+    taken, release = threading.Event(), threading.Event()
+
+    def holder():
+        with admission.admitted():
+            taken.set()
+            release.wait(5)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert taken.wait(5)
+        started = time.monotonic()
+        with pytest.raises(pymongo.errors.ExecutionTimeout):
+            with admission.admitted():
+                pass
+        assert time.monotonic() - started < 2
+    finally:
+        release.set()
+        thread.join(5)
+
+
+def test_given_a_coroutine_then_it_never_waits_on_the_semaphore(settings):
+    # The one slot is held by another thread; a coroutine asking for admission would block
+    # its event loop (and then time out): it is not admitted at all.
+    settings.LEASES_STORE_CONCURRENCY = 1
+    settings.LEASES_STORE_ADMISSION_MS = 100
+    taken, release = threading.Event(), threading.Event()
+
+    def holder():
+        with admission.admitted():
+            taken.set()
+            release.wait(5)
+
+    async def in_a_loop():
+        with admission.admitted():
+            return True
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert taken.wait(5)
+        assert asyncio.run(in_a_loop())
+    finally:
+        release.set()
+        thread.join(5)
