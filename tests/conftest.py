@@ -29,6 +29,7 @@ Writing tests:
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -105,6 +106,20 @@ def _fresh_lease_store(mongo_db, django_db_blocker):
     _empty_collections(mongo_db)
     with django_db_blocker.unblock():
         yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _adoption_installs_early(request, tmp_path_factory):
+    """Start tests/test_adoption.py's installs (two venvs, pip) at the session's first test,
+    for the series whose adoption test is among the selected ones, so that they run beside
+    the rest of the suite instead of before that module's tests: the suite mostly waits (on
+    sleeps, bounds and child processes) and pip fits in beside it."""
+    adoption = sys.modules.get("tests.test_adoption")  # imported when collected
+    if adoption is not None:
+        adoption.start_installs(tmp_path_factory, adoption.selected_series(request.session.items))
+    yield
+    if adoption is not None:
+        adoption.stop_installs()
 
 
 @pytest.fixture
