@@ -29,6 +29,7 @@ Writing tests:
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -75,10 +76,27 @@ def mongo_db(django_db_setup, _mongo_client):
     return _mongo_client[connections["default"].settings_dict["NAME"]]
 
 
+def _non_empty(database, names: list[str]) -> list[str]:
+    """Which of ``names`` hold at least one document, in one command: a ``$limit: 1`` of each
+    collection, unioned. A test touches a few collections of the dozens the suite creates, and
+    each command to the embedded server is a round trip of milliseconds; a ``delete_many`` on
+    every collection before each of the ~1,500 tests was most of the per-test set-up time."""
+    if not names:
+        return []
+
+    def first(name: str) -> list[dict]:
+        return [{"$limit": 1}, {"$project": {"_id": 0, "c": {"$literal": name}}}]
+
+    pipeline = first(names[0]) + [{"$unionWith": {"coll": name, "pipeline": first(name)}} for name in names[1:]]
+    return [doc["c"] for doc in database[names[0]].aggregate(pipeline)]
+
+
 def _empty_collections(database) -> None:
-    for name in database.list_collection_names():
-        if name in KEEP_COLLECTIONS or name.startswith("system."):
-            continue
+    names = [name for name in database.list_collection_names()
+             if name not in KEEP_COLLECTIONS and not name.startswith("system.")]
+    # A write by another thread or process after the union looked is left, as one after the
+    # old one-by-one loop had passed its collection was: the clean-up was never atomic.
+    for name in _non_empty(database, names):
         database[name].delete_many({})
 
 
@@ -88,6 +106,20 @@ def _fresh_lease_store(mongo_db, django_db_blocker):
     _empty_collections(mongo_db)
     with django_db_blocker.unblock():
         yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _adoption_installs_early(request, tmp_path_factory):
+    """Start tests/test_adoption.py's installs (two venvs, pip) at the session's first test,
+    for the series whose adoption test is among the selected ones, so that they run beside
+    the rest of the suite instead of before that module's tests: the suite mostly waits (on
+    sleeps, bounds and child processes) and pip fits in beside it."""
+    adoption = sys.modules.get("tests.test_adoption")  # imported when collected
+    if adoption is not None:
+        adoption.start_installs(tmp_path_factory, adoption.selected_series(request.session.items))
+    yield
+    if adoption is not None:
+        adoption.stop_installs()
 
 
 @pytest.fixture

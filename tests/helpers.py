@@ -126,6 +126,17 @@ def private_redis():
                 process.wait(timeout=10)
 
 
+def discard_server(server) -> None:
+    """Stop a private in-memory store server of one test (``start_server(":memory:")``) whose
+    data is thrown away: SIGKILL (works on a SIGSTOPped one too), not its graceful stop, which
+    waits up to 2 s for its accept thread, up to 5 s for connections to drain and, past the 10 s
+    of ``EmbeddedServer.stop``, is killed anyway. Nothing of an in-memory server outlives it."""
+    if server.process.poll() is None:
+        server.process.kill()
+        server.process.wait(timeout=10)
+    server.stop()  # closes its log file
+
+
 def lease_request(lease: str = "res", *, lease_type: str = "test", tenant: str = "acme", project: str = "p1",
                   user: str = "u1", **fields):
     """A :class:`leases.LeaseRequest` with the suite's defaults: the caller passes only what differs.

@@ -238,27 +238,60 @@ class _Install:
         self.script = _host(INSTALL, tmp, python=interpreter)
         self.started = time.monotonic()
         env = {**_host_env("public"), "REPO": str(self.source)}  # the tutorial's REPO=$PWD, typed in the clone
-        self.process = subprocess.Popen(["bash", "-euo", "pipefail", "-c", self.script], cwd=tmp, env=env,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # Output to files, not pipes: the lines run for minutes before anyone reads them, and a
+        # full pipe would stop pip.
+        self.out, self.err = tmp / "install.out", tmp / "install.err"
+        with open(self.out, "w") as out, open(self.err, "w") as err:
+            self.process = subprocess.Popen(["bash", "-euo", "pipefail", "-c", self.script], cwd=tmp, env=env,
+                                            stdout=out, stderr=err)
 
     def wait(self) -> None:
-        """Wait for the lines to finish (at most STEP_TIMEOUT) and fail the step as ``_bash`` would."""
-        out, err = self.process.communicate(timeout=STEP_TIMEOUT)
-        print(f"$ bash -euo pipefail -c {self.script}  ({time.monotonic() - self.started:.1f} s, both series at once)")
+        """Wait for the lines to finish (at most STEP_TIMEOUT from now) and fail the step as ``_bash`` would."""
+        self.process.wait(timeout=STEP_TIMEOUT)
+        out, err = self.out.read_text(errors="replace"), self.err.read_text(errors="replace")
+        print(f"$ bash -euo pipefail -c {self.script}  ({time.monotonic() - self.started:.1f} s since it started, "
+              "both series at once)")
         assert self.process.returncode == 0, f"install failed ({self.process.returncode}):\n{out[-3000:]}\n{err[-5000:]}"
 
 
-@pytest.fixture(scope="module")
-def installs(tmp_path_factory):
-    """Every series' install lines at once: pip takes most of each run, and two series overlap on
-    two cores in little more than one's time (each in a directory, venv and clone of its own)."""
-    started = {param.values[0]: _Install(tmp_path_factory.mktemp(f"adoption-{param.id}"), param.values[1])
-               for param in SERIES if param.values[1] is not None}
-    yield started
-    for install in started.values():
+#: The installs started so far, by series: tests/conftest.py starts them when the session's
+#: first test sets up, so that pip (most of each series' run: ~2 min of the suite's wall time
+#: when it ran in this module's turn) overlaps the rest of the suite, which mostly waits on
+#: sleeps, windows and other processes and leaves the two cores room for it.
+_STARTED: dict[str, _Install] = {}
+
+
+def selected_series(items) -> set[str]:
+    """The series whose adoption test is among the session's selected ``items``."""
+    return {item.callspec.params["series"] for item in items
+            if getattr(item, "module", None) is sys.modules[__name__] and hasattr(item, "callspec")}
+
+
+def start_installs(tmp_path_factory, series: set[str]) -> dict[str, _Install]:
+    """Start the install lines of ``series`` (those with an interpreter) that have not started
+    yet; every install started so far, by series."""
+    for param in SERIES:
+        name, interpreter = param.values
+        if interpreter is not None and name not in _STARTED and name in series:
+            _STARTED[name] = _Install(tmp_path_factory.mktemp(f"adoption-{param.id}"), interpreter)
+    return _STARTED
+
+
+def stop_installs() -> None:
+    """Kill the install lines still running (a session that ends before this module's turn)."""
+    for install in _STARTED.values():
         if install.process.poll() is None:
             install.process.kill()
-            install.process.communicate()
+            install.process.wait()
+
+
+@pytest.fixture(scope="module")
+def installs(request, tmp_path_factory):
+    """Every selected series' install lines at once: pip takes most of each run, and two series
+    overlap on two cores in little more than one's time (each in a directory, venv and clone of
+    its own). Usually started long before (see ``_STARTED``)."""
+    yield start_installs(tmp_path_factory, selected_series(request.session.items))
+    stop_installs()
 
 
 @pytest.fixture

@@ -19,8 +19,6 @@ polls kept its slot for the lease's TTL). The longer runs are bench/bench_pauses
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 
 import pytest
@@ -29,6 +27,7 @@ from leases.definitions import model as definitions
 from leases.store import client as store
 from leases.store.embedded import start_server
 from tests.checker import harness, rules
+from tests.helpers import discard_server
 
 SLACK_S = 5.0  # busy bound: longest fault + TTL + this (a loaded 2-core machine)
 W_S = 12.0  # every live process is granted at least once per 12 s of its live time
@@ -45,10 +44,8 @@ def own_store(settings):
     try:
         yield server
     finally:
-        if server.process.poll() is None:
-            os.kill(server.pid, signal.SIGCONT)
         store.reset()
-        server.stop()
+        discard_server(server)
         definitions.cache.clear()
 
 

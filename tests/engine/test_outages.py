@@ -19,7 +19,7 @@ from leases.queue import waiting
 from leases.revocation import handlers
 from leases.store import client as store
 from leases.store.embedded import start_server
-from tests.helpers import define, lease_request
+from tests.helpers import define, discard_server, lease_request
 
 TIMEOUT_MS = 1500
 
@@ -76,7 +76,7 @@ def frozen_store(settings):
             thaw()
         handlers.unregister_handler("test")
         store.reset()
-        server.stop()
+        discard_server(server)
         definitions.cache.clear()
 
 

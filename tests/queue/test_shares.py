@@ -161,6 +161,7 @@ class Q(handlers.LeaseHandler):
 handlers.register_handler(Q())
 tenant, project, name, priority = sys.argv[1:5]
 print("ready", flush=True)
+sys.stdin.readline()  # the test says when: arrivals in a fixed order
 lease = leases.acquire(leases.LeaseRequest(type="test", lease="res", tenant_id=tenant, project_id=project,
                                            user_id=name, pod="", priority=priority or None))
 print("granted", name, time.time(), flush=True)
@@ -170,16 +171,26 @@ lease.release()
 
 
 def spawn_in_order(specs):
-    """One child process per (tenant, project, name, priority), each started once the one
-    before has its ticket in the queue (so the arrival order is fixed)."""
-    children = []
-    for tenant, project, name, priority in specs:
-        before = len(helpers.queued_ids(GATE))
-        child = subprocess.Popen([PYTHON, "-c", CHILD, tenant, project, name, priority or ""], cwd=REPO,
-                                 env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        children.append(child)
-        assert child.stdout.readline().strip() == "ready", child.stderr.read()
-        assert wait_for(lambda before=before: len(helpers.queued_ids(GATE)) > before, 30, 0.02), "child did not queue"
+    """One child process per (tenant, project, name, priority), all started at once (their
+    Django set-ups overlap), each told to ask once the one before has its ticket in the queue
+    (so the arrival order is fixed)."""
+    children = [subprocess.Popen([PYTHON, "-c", CHILD, tenant, project, name, priority or ""], cwd=REPO,
+                                 env=child_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+                for tenant, project, name, priority in specs]
+    try:
+        for child in children:
+            before = len(helpers.queued_ids(GATE))
+            assert child.stdout.readline().strip() == "ready", child.stderr.read()
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            assert wait_for(lambda before=before: len(helpers.queued_ids(GATE)) > before, 30, 0.02), (
+                "child did not queue")
+    except BaseException:
+        for child in children:  # the ones after a failed one are running too now
+            child.kill()
+            child.wait()
+        raise
     return children
 
 

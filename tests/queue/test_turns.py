@@ -18,13 +18,35 @@ from tests.helpers import PYTHON, REPO, child_env, wait_for
 GATE = "alt|global|*"
 
 
-def spawn(name, tenant, seconds, start_at, hold_ms):
+def spawn(name, tenant, seconds, start_at, hold_ms, run_dir):
     return subprocess.Popen([PYTHON, "-m", "tests.workers.alternator", name, tenant, str(seconds), str(start_at),
-                             str(hold_ms)], cwd=REPO,
+                             str(hold_ms), run_dir], cwd=REPO,
                             # A generous operation timeout: a loaded 2-core machine can stall
                             # the embedded server; this test is about turns, not timeouts.
                             env=child_env(LEASES_MONGO_TIMEOUT_MS="30000"), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
+
+
+def grants_so_far(run_dir, names):
+    """The grants the workers reported so far (``[asked, granted]``, by name), from their progress files."""
+    progress = {}
+    for name in names:
+        try:
+            with open(os.path.join(run_dir, name + ".grants")) as lines:
+                progress[name] = [[float(x) for x in line.split()] for line in lines if line.endswith("\n")]
+        except FileNotFoundError:
+            progress[name] = []
+    return progress
+
+
+def turns_since(run_dir, names, since):
+    """How many grants went to the workers after ``since`` and after both asked (this host's
+    epoch seconds), by their progress files."""
+    progress = grants_so_far(run_dir, names)
+    if not all(progress.values()):
+        return 0
+    first = max(g[0][0] for g in progress.values())  # the latest first ask: from then on both ask
+    return sum(1 for g in progress.values() for asked, granted in g if granted > max(since, first + 1.0))
 
 
 def results_of(procs, timeout):
@@ -69,19 +91,27 @@ def waiting(user):
     return any(t.get("u") == user for t in doc.get("queue") or ())
 
 
-def test_given_two_processes_of_one_tenant_on_a_tenant_cap_of_one_then_grants_alternate_strictly_also_after_a_pause():
+def test_given_two_processes_of_one_tenant_on_a_tenant_cap_of_one_then_grants_alternate_strictly_also_after_a_pause(
+        tmp_path):
     # Given: two processes of one tenant on {global: 2, tenant: 1}; each asks again as soon as
     # it releases (hold 50 ms), so one always waits at the tenant level for the other.
     config.put_document("_vance", "_tenant", document_path("alt"),
                         "levels: {global: 2, tenant: 1}\nttlSeconds: 2\nwaitMs: 15000")
-    seconds, start_at = 15.0, time.time() + 3.0
-    procs = [spawn("a1", "acme", seconds, start_at, 50), spawn("a2", "acme", seconds, start_at, 50)]
+    # The workers run until the stop file (60 s at most): each stretch of turns lasts until it
+    # holds TURNS grants, however fast or slow the machine is, instead of a fixed time (it was
+    # 15 s in all, ~4 s before the pause and ~5 s after it: 40-80 grants each on an idle machine).
+    # TURNS grants in a row with no repeat is the property; a process that re-took the slot
+    # while the other waited at the tenant level would show up as a repeat within a few turns.
+    seconds, start_at, turns = 60.0, time.time(), 40
+    run_dir = str(tmp_path)
+    names = ("a1", "a2")
+    procs = [spawn(name, "acme", seconds, start_at, 50, run_dir) for name in names]
     try:
-        time.sleep(max(0.0, start_at - time.time()) + 3.0)
-        # Both in the game for a while (on a loaded machine a worker's set-up may outlast the
-        # common start): each has held the slot, then 2 s more of turns.
+        # Both in the game (on a loaded machine a worker's set-up may take a while): each has
+        # held the slot, then TURNS turns while both ask.
         assert wait_for(lambda: holding("a1"), 30, 0.002) and wait_for(lambda: holding("a2"), 30, 0.002)
-        time.sleep(2.0)
+        assert wait_for(lambda: turns_since(run_dir, names, start_at) >= turns, 45, 0.05), grants_so_far(run_dir,
+                                                                                                          names)
         # When: a2 is paused while it waits, longer than the ticket TTL (its ticket is
         # pruned meanwhile, as a stopped process's must be), and continued.
         assert wait_for(lambda: waiting("a2"), 10, 0.002)
@@ -90,7 +120,11 @@ def test_given_two_processes_of_one_tenant_on_a_tenant_cap_of_one_then_grants_al
         time.sleep(3.6)
         resumed_at = time.time()
         os.kill(procs[1].pid, signal.SIGCONT)
-        results = results_of(procs, seconds + 60)
+        # Then TURNS turns again from one second after the pause (time for a2 to queue again).
+        assert wait_for(lambda: turns_since(run_dir, names, resumed_at + 1.0) >= turns, 45, 0.05), (
+            grants_so_far(run_dir, names))
+        open(os.path.join(run_dir, "stop"), "w").close()
+        results = results_of(procs, 60)
     finally:
         for p in procs:
             if p.poll() is None:
@@ -105,5 +139,6 @@ def test_given_two_processes_of_one_tenant_on_a_tenant_cap_of_one_then_grants_al
     first, last = both_asking(results)
     before = sequence(results, since=max(start_at, first) + 1.0, until=stopped_at)
     after = sequence(results, since=resumed_at + 1.0, until=last)
+    print(f"\nturns: {len(before)} grants before the pause, {len(after)} after it")
     assert len(before) > 10 and repeats(before) == [], before
     assert len(after) > 10 and repeats(after) == [], after

@@ -16,6 +16,7 @@ from leases.definitions.model import document_path
 from leases.revocation import handlers
 from leases.store import client as store
 from leases.store.embedded import start_server
+from tests.helpers import discard_server
 
 
 class Quiet(handlers.LeaseHandler):
@@ -31,7 +32,7 @@ def replica_set():
     try:
         yield server
     finally:
-        server.stop()
+        discard_server(server)
 
 
 @pytest.fixture
