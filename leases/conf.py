@@ -28,6 +28,8 @@ DEFAULTS: dict[str, Any] = {
     # burst of requests queues in the clients instead of piling onto the store until every
     # command times out. 0: no limit.
     "STORE_CONCURRENCY": 8,
+    # The longest an acquire step waits for its turn among its process's steps; past it the
+    # step fails as a store timeout would (LeaseUnavailable).
     "STORE_ADMISSION_MS": 30000,
     # The Django database alias (a django-mongodb-backend one) of the lease apps' models;
     # leases.routers.LeasesRouter sends them there.

@@ -188,7 +188,7 @@ class Waiter:
                         lease = self._try(woken=True) or self._look(read=True)
                     continue
                 lease = self._look() if look_soon or self._watcher_silent() else self._keep_holder()
-        except waiting.QueueFull as full:
+        except waiting._QueueFull as full:
             # Refused at once, before it waited: the gate stays bounded however many ask.
             outcome = "queue-full"
             self.gate = full.gate

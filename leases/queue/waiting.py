@@ -111,8 +111,10 @@ def queue_likely(gate_key: str) -> bool:
     return seen is not None and time.monotonic() - seen < QUEUE_HINT_S
 
 
-class QueueFull(Exception):
-    """The gate's queue holds ``LEASES_QUEUE_LIMIT`` tickets: the request is not queued."""
+class _QueueFull(Exception):
+    """The gate's queue holds ``LEASES_QUEUE_LIMIT`` tickets: the request is not queued.
+    Control flow between the queue and the waiter, which answers it as ``LeaseBusy``
+    (``queue_full``): it never reaches a caller."""
 
     def __init__(self, gate: CounterDoc):
         super().__init__(f"queue of {gate.get('_id')} is full")
@@ -128,7 +130,7 @@ def enqueue(gate_key: str, ticket: TicketDoc) -> CounterDoc | None:
     """Append ``ticket`` to the gate's queue (idempotent); the gate after, None if missing.
 
     Raises:
-        QueueFull: the queue holds ``LEASES_QUEUE_LIMIT`` tickets and not this one.
+        _QueueFull: the queue holds ``LEASES_QUEUE_LIMIT`` tickets and not this one.
         pymongo.errors.PyMongoError: the store failed.
     """
     if backlog_likely(gate_key):
@@ -149,7 +151,7 @@ def enqueue(gate_key: str, ticket: TicketDoc) -> CounterDoc | None:
             return gate
         head = len(gate.get("queue") or ())
         if head + backlog.count(gate) >= queue_limit():
-            raise QueueFull(gate)
+            raise _QueueFull(gate)
         if head < min(backlog.head_limit(), queue_limit()) and not backlog.count(gate):
             continue
         return backlog.add(gate, ticket)
