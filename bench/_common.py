@@ -5,6 +5,7 @@ server for the kazoo side, and the server-speed line of a table's header."""
 from __future__ import annotations
 
 import atexit
+import multiprocessing
 import os
 import shutil
 import socket
@@ -13,6 +14,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import _setup
 from _setup import cpu_seconds
@@ -174,3 +176,28 @@ def calibration(uri: str) -> str:
     wall, cpu = _setup.calibrate_server(uri, _setup.SERVER_PID)
     return (f"{wall:.2f} ms a fixed cycle of 4 writes by one client"
             + (f", {cpu:.2f} ms of the server's CPU" if cpu is not None else ""))
+
+
+class Spawned(NamedTuple):
+    """Client processes started together: they report on ``ready_q`` once warmed up, wait
+    for ``start_event``, read the common start time from ``start_value`` and put their
+    results on ``result_q``."""
+
+    procs: list[Any]
+    ready_q: Any
+    result_q: Any
+    start_event: Any
+    start_value: Any
+
+
+def spawn_clients(target: Any, argsets: list[tuple], seconds: float) -> Spawned:
+    """Start ``target(*args, seconds, ready_q, start_event, start_value, result_q)`` for each
+    of ``argsets`` in its own spawned process (daemons), as every multi-process bench does."""
+    ctx = multiprocessing.get_context("spawn")
+    ready_q, result_q = ctx.Queue(), ctx.Queue()
+    start_event, start_value = ctx.Event(), ctx.Value("d", 0.0)
+    procs = [ctx.Process(target=target, args=(*args, seconds, ready_q, start_event, start_value, result_q),
+                         daemon=True) for args in argsets]
+    for proc in procs:
+        proc.start()
+    return Spawned(procs, ready_q, result_q, start_event, start_value)

@@ -49,7 +49,6 @@ asserts nothing, it measures.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import sys
 import time
@@ -59,7 +58,7 @@ from dataclasses import dataclass, field
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _setup  # noqa: E402
-from _common import CpuSampler, ZooKeeper, calibration, jain, percentile  # noqa: E402
+from _common import CpuSampler, ZooKeeper, calibration, jain, percentile, spawn_clients  # noqa: E402
 from _setup import CommandCounter, register_bench_handler, setup  # noqa: E402
 
 HOLD_S = 0.1  # loads B, C and the who-goes-next loads; load A: each of --holds
@@ -335,13 +334,7 @@ def run_processes(target, argsets, seconds, *, server_pid: int | None = None) ->
 
     Also answers the CPU seconds the server process ``server_pid`` used inside the window
     (None without a pid, or when ``/proc`` could not be read)."""
-    ctx = multiprocessing.get_context("spawn")
-    ready_q, result_q = ctx.Queue(), ctx.Queue()
-    start_event, start_value = ctx.Event(), ctx.Value("d", 0.0)
-    procs = [ctx.Process(target=target, args=(*args, seconds, ready_q, start_event, start_value, result_q),
-                         daemon=True) for args in argsets]
-    for proc in procs:
-        proc.start()
+    procs, ready_q, result_q, start_event, start_value = spawn_clients(target, argsets, seconds)
     try:
         deadline = time.monotonic() + READY_TIMEOUT_S
         ready = 0

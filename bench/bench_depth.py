@@ -73,7 +73,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import heapq
-import multiprocessing
 import os
 import re
 import sys
@@ -84,7 +83,7 @@ from dataclasses import dataclass, field
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _setup  # noqa: E402
-from _common import CpuSampler, ZooKeeper, calibration, jain, percentile  # noqa: E402
+from _common import CpuSampler, ZooKeeper, calibration, jain, percentile, spawn_clients  # noqa: E402
 from _setup import CommandCounter, register_bench_handler, setup  # noqa: E402
 
 HOLD_S = 0.1
@@ -188,6 +187,17 @@ class Recorder:
                 "errors": dict(self.errors), **extra}
 
 
+def sit_out_window(start: float, seconds: float) -> tuple[float, int]:
+    """Sleep through the window ``[start, start + seconds)`` (wall clock) while this process's
+    threads work; answers its CPU seconds inside the window and its RSS in the middle."""
+    time.sleep(max(0.0, start - time.time()))
+    cpu = time.process_time()
+    time.sleep(max(0.0, start + seconds / 2 - time.time()))
+    rss_mid = rss_bytes()
+    time.sleep(max(0.0, start + seconds - time.time()))
+    return time.process_time() - cpu, rss_mid
+
+
 def rss_bytes() -> int:
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -262,12 +272,7 @@ def _window(index, rec, waiters, make_thread, seconds, grace, ready_q, start_eve
     start = box["start"] = start_value.value
     end = box["end"] = start + seconds
     go.set()
-    time.sleep(max(0.0, start - time.time()))
-    cpu = time.process_time()
-    time.sleep(max(0.0, start + seconds / 2 - time.time()))
-    rss_mid = rss_bytes()
-    time.sleep(max(0.0, end - time.time()))
-    cpu = time.process_time() - cpu
+    cpu, rss_mid = sit_out_window(start, seconds)
     cutoff = end + grace
     for thread in threads:
         thread.join(max(0.0, cutoff - time.time()))
@@ -547,12 +552,7 @@ def http_child(index, base_url, keys, waiters, hold, grace, idle_delay, workers,
         later(start, "post", waiter, {})
     dispatcher = threading.Thread(target=dispatch, args=(pool, cutoff), daemon=True)
     dispatcher.start()
-    time.sleep(max(0.0, start - time.time()))
-    cpu = time.process_time()
-    time.sleep(max(0.0, start + seconds / 2 - time.time()))
-    rss_mid = rss_bytes()
-    time.sleep(max(0.0, end - time.time()))
-    cpu = time.process_time() - cpu
+    cpu, rss_mid = sit_out_window(start, seconds)
     while time.time() < cutoff and (rec.pending or any(a == "release" for _, _, a, _, _ in list(plan))):
         time.sleep(0.1)
     _finish(result_q, rec.result(index, min(time.time(), cutoff), commands=None, names={}, rss_before=rss_before,
@@ -608,13 +608,7 @@ def run_processes(target, argsets, seconds: float, grace: float, *, pids: list[i
 
     ``marks`` are offsets from the start at which the servers' CPU is read (``window`` names
     the two that bound the measured window: opcounters there, the gates at its end)."""
-    ctx = multiprocessing.get_context("spawn")
-    ready_q, result_q = ctx.Queue(), ctx.Queue()
-    start_event, start_value = ctx.Event(), ctx.Value("d", 0.0)
-    procs = [ctx.Process(target=target, args=(*args, seconds, ready_q, start_event, start_value, result_q),
-                         daemon=True) for args in argsets]
-    for proc in procs:
-        proc.start()
+    procs, ready_q, result_q, start_event, start_value = spawn_clients(target, argsets, seconds)
     results: list[dict] = []
     try:
         deadline = time.monotonic() + READY_TIMEOUT_S

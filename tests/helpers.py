@@ -222,6 +222,18 @@ def queue_up(request, gate_key: str, timeout: float = 10.0) -> Waiter:
     return waiter
 
 
+def release_as_granted(waiters: list[Waiter]) -> list[Waiter]:
+    """Release each waiter's lease as soon as it is granted, in grant order (a waiter granted
+    later may wait for one granted earlier); returns that order."""
+    order: list[Waiter] = []
+    while len(order) < len(waiters):
+        granted = wait_for(lambda: [w for w in waiters if w.lease is not None and w not in order], 20)
+        assert granted, [w.error for w in waiters]
+        order.append(granted[0])
+        granted[0].lease.release()
+    return order
+
+
 def asleep(thread: threading.Thread) -> bool:
     """Whether a waiter's ``thread`` is between two decisions: its innermost frame of the
     engine is the waiting loop's sleep (``Waiter.wait`` on its wake-up event), not a decision

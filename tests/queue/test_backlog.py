@@ -25,17 +25,6 @@ def waiting_ids():
     return set(helpers.queued_ids(GATE)) | {d["_id"] for d in store.tickets().find({"g": GATE}, {"_id": 1})}
 
 
-def release_as_granted(waiters):
-    """Release each lease as soon as it is granted (in grant order); returns that order."""
-    order = []
-    while len(order) < len(waiters):
-        granted = wait_for(lambda: [w for w in waiters if w.lease is not None and w not in order], 20)
-        assert granted, [w.error for w in waiters]
-        order.append(granted[0])
-        granted[0].lease.release()
-    return order
-
-
 def line_up(request):
     """A waiter for ``request``, returned once its ticket waits (in the head or the backlog)."""
     before = waiting_ids()
@@ -61,7 +50,7 @@ def test_given_more_waiters_than_the_head_then_the_gate_holds_the_head_and_a_lat
     assert store.tickets().count_documents({"g": GATE}) == 4
     # When: every lease is released as soon as it is granted.
     held.release()
-    order = release_as_granted(waiters)
+    order = helpers.release_as_granted(waiters)
     # Then: all six are granted in turn, and tenant b's first grant does not wait behind the
     # backlog of tenant a (it comes within the first three), the backlog empties.
     tenants = [w.request.tenant_id for w in order]
@@ -106,7 +95,7 @@ def test_given_tickets_in_the_backlog_then_lease_waiters_lists_them_after_the_he
         assert [(w.tenant_id, w.user_id, w.position) for w in mine.items] == [("b", "b0", 4)]
     finally:
         held.release()
-        release_as_granted(waiters)
+        helpers.release_as_granted(waiters)
 
 
 def test_given_a_kept_ticket_in_the_backlog_then_its_polls_place_it_after_the_head_and_it_is_granted_in_turn(settings):
@@ -127,7 +116,7 @@ def test_given_a_kept_ticket_in_the_backlog_then_its_polls_place_it_after_the_he
     assert isinstance(polled, service.Ticket) and polled.position == 3
     # When: the two ahead are granted and released: then a poll claims its lease.
     held.release()
-    release_as_granted(waiters)
+    helpers.release_as_granted(waiters)
     lease = wait_for(lambda: (lambda r: r if isinstance(r, service.Lease) else None)(
         service.resume(ticket.id, scope=scope, keep_ms=5000)), 15, step=0.2)
     assert lease is not None

@@ -48,10 +48,7 @@ def test_given_twenty_waiters_in_one_process_then_one_heartbeat_and_one_read_a_p
         assert 1 <= reads <= 3.0 / 0.2 + 2, counter.background
     finally:
         held.release()
-        for waiter in waiters:
-            waiter.join(20)
-            assert waiter.lease is not None, waiter.error
-            waiter.lease.release()
+        helpers.release_as_granted(waiters)
 
 
 PAUSED_CHILD = """
@@ -127,10 +124,7 @@ def test_given_a_full_queue_then_a_newcomer_is_refused_at_once_and_leaves_nothin
         assert sorted(queued()) == sorted(w.ticket for w in waiters)
     finally:
         held.release()
-        for waiter in waiters:
-            waiter.join(20)
-            assert waiter.lease is not None, waiter.error
-            waiter.lease.release()
+        helpers.release_as_granted(waiters)
 
 
 def test_given_no_waiter_on_a_gate_any_more_then_the_watcher_stops_reading_it():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 
@@ -10,6 +11,26 @@ import pymongo.errors
 import pytest
 
 from leases.store import admission
+
+
+@contextlib.contextmanager
+def slot_held_elsewhere():
+    """Another thread holds an admitted step (the only slot, with a concurrency of 1)."""
+    taken, release = threading.Event(), threading.Event()
+
+    def holder():
+        with admission.admitted():
+            taken.set()
+            release.wait(5)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert taken.wait(5)
+        yield
+    finally:
+        release.set()
+        thread.join(5)
 
 
 def test_given_a_concurrency_of_two_then_six_steps_run_two_at_a_time_and_all_complete(settings):
@@ -45,25 +66,12 @@ def test_given_a_step_within_a_step_then_it_is_admitted_with_its_outer_step(sett
 def test_given_every_slot_taken_past_the_admission_bound_then_the_step_fails_as_a_store_timeout(settings):
     settings.LEASES_STORE_CONCURRENCY = 1
     settings.LEASES_STORE_ADMISSION_MS = 100
-    taken, release = threading.Event(), threading.Event()
-
-    def holder():
-        with admission.admitted():
-            taken.set()
-            release.wait(5)
-
-    thread = threading.Thread(target=holder)
-    thread.start()
-    try:
-        assert taken.wait(5)
+    with slot_held_elsewhere():
         started = time.monotonic()
         with pytest.raises(pymongo.errors.ExecutionTimeout):
             with admission.admitted():
                 pass
         assert time.monotonic() - started < 2
-    finally:
-        release.set()
-        thread.join(5)
 
 
 def test_given_a_coroutine_then_it_never_waits_on_the_semaphore(settings):
@@ -71,22 +79,10 @@ def test_given_a_coroutine_then_it_never_waits_on_the_semaphore(settings):
     # its event loop (and then time out): it is not admitted at all.
     settings.LEASES_STORE_CONCURRENCY = 1
     settings.LEASES_STORE_ADMISSION_MS = 100
-    taken, release = threading.Event(), threading.Event()
-
-    def holder():
-        with admission.admitted():
-            taken.set()
-            release.wait(5)
 
     async def in_a_loop():
         with admission.admitted():
             return True
 
-    thread = threading.Thread(target=holder)
-    thread.start()
-    try:
-        assert taken.wait(5)
+    with slot_held_elsewhere():
         assert asyncio.run(in_a_loop())
-    finally:
-        release.set()
-        thread.join(5)
