@@ -121,9 +121,11 @@ class Waiter:
         presence.enter(wakeups.process_id())
         metrics.WAITING.labels(resource=self.tag).inc()
         outcome = "error"
+        # Watched before it is queued: the watcher takes a ticket of this process that no
+        # waiter here waits on for an orphan (leases.queue.watch).
+        watch.add(self.gate_key, self.attempt.token)
         try:
             self.gate = step(self.attempt, self._enqueue)
-            watch.add(self.gate_key, self.attempt.token)
             watch.note(self.gate)
             self.queued_at = time.monotonic()
             if self.gate is not None:
@@ -200,6 +202,11 @@ class Waiter:
             raise busy(self.attempt, _Blocked(self.attempt.gate, full.gate), gate=full.gate, placed=False,
                        queue_full=True) from None
         finally:
+            if outcome == "error":
+                # The store failed mid-wait (the attempt was rolled back): its ticket would stay
+                # alive by this process's heartbeat with nobody waiting on it. Best effort; the
+                # watcher drops what is left (an orphan of this process).
+                waiting.safe_dequeue(self.gate_key, self.attempt.token)
             watch.remove(self.gate_key, self.attempt.token)
             backlog.forget(self.attempt.token)
             presence.leave()

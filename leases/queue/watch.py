@@ -105,6 +105,10 @@ def look(gate_key: str) -> CounterDoc | None:
         The gate as read, or None.
     """
     global _reads
+    with _lock:
+        # Who waits here before the read and after it: a waiter that ended, or began,
+        # meanwhile is in one of them, so its ticket is never taken for an orphan.
+        before = set(_gates.get(gate_key) or ())
     try:
         gate = waiting.read_gate(gate_key)
         _reads += 1
@@ -120,6 +124,15 @@ def look(gate_key: str) -> CounterDoc | None:
         log.info("watcher: acting on %s failed (%s)", gate_key, exc)
     with _lock:
         mine = set(_gates.get(gate_key) or ())
+    orphans = orphans_of(gate, mine | before)
+    if orphans:
+        # Tickets of this process that no waiter here waits on (a waiter whose store step
+        # failed after it queued): its heartbeat would keep them alive, first in line for
+        # ever. Dropped like a dead waiter's.
+        try:
+            gate = waiting.prune(gate, orphans, reason="waiter-gone")
+        except pymongo.errors.PyMongoError as exc:
+            log.info("watcher: dropping orphans on %s failed (%s)", gate_key, exc)
     queued = {t.get("id") for t in gate.get("queue") or ()}
     absent = sorted(mine - queued)
     try:
@@ -133,6 +146,14 @@ def look(gate_key: str) -> CounterDoc | None:
         if token not in waiting_back:
             wakeups.nudge(token)
     return gate
+
+
+def orphans_of(gate: CounterDoc, waiting_here: set[str]) -> list[str]:
+    """The ids of ``gate``'s head tickets this process's heartbeat keeps alive (their ``w``
+    is this process) but no waiter here waits on (``waiting_here``: waiters are watched before
+    they queue, so a ticket being queued is never one)."""
+    me = wakeups.process_id()
+    return [str(t["id"]) for t in gate.get("queue") or () if t.get("w") == me and t.get("id") not in waiting_here]
 
 
 def act(gate: CounterDoc) -> CounterDoc:

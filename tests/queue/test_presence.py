@@ -134,3 +134,27 @@ def test_given_no_waiter_on_a_gate_any_more_then_the_watcher_stops_reading_it():
     time.sleep(waiting.poll_ms() / 1000.0 * 1.5)
     assert watch.latest("some|global|*", 60) is None
     assert watch.reads() == before
+
+
+def test_given_a_ticket_of_this_process_that_no_waiter_waits_on_then_the_watcher_drops_it(settings):
+    # Given: a waiter of this process queued, and beside it a ticket of this process whose
+    # waiter is gone (its store step failed after it queued): the process's heartbeat would
+    # keep that one alive, first in line, for as long as the process waits on the gate.
+    from leases import service
+    from leases.queue import wakeups
+
+    settings.LEASES_WAIT_POLL_MS = 200
+    define("res", "levels: {global: 1}\nwaitMs: 20000")
+    held = leases.acquire(req(user="h"))
+    orphan, _ = service.prepare(req(user="gone"))
+    orphan.create_holder()
+    now = store.server_now()
+    waiting.enqueue(GATE, orphan.ticket("global", now, waker=wakeups.process_id()))
+    waiter = helpers.queue_up(req(user="w"), GATE)
+    # Then: the watcher drops the orphan (and its holder); the live waiter stays queued.
+    assert wait_for(lambda: queued() == [waiter.ticket], 10), queued()
+    assert store.holders().find_one({"_id": orphan.token}) is None
+    held.release()
+    waiter.join(10)
+    assert waiter.lease is not None, waiter.error
+    waiter.lease.release()
