@@ -151,10 +151,13 @@ def test_given_a_ticket_of_this_process_that_no_waiter_waits_on_then_the_watcher
     now = store.server_now()
     waiting.enqueue(GATE, orphan.ticket("global", now, waker=wakeups.process_id()))
     waiter = helpers.queue_up(req(user="w"), GATE)
-    # Then: the watcher drops the orphan (and its holder); the live waiter stays queued.
-    assert wait_for(lambda: queued() == [waiter.ticket], 10), queued()
-    assert store.holders().find_one({"_id": orphan.token}) is None
-    held.release()
-    waiter.join(10)
+    try:
+        # Then: the watcher drops the orphan, then its holder (the next command); the live
+        # waiter stays queued.
+        assert wait_for(lambda: queued() == [waiter.ticket], 10), queued()
+        assert wait_for(lambda: store.holders().find_one({"_id": orphan.token}) is None, 10)
+    finally:
+        held.release()
+        waiter.join(10)
     assert waiter.lease is not None, waiter.error
     waiter.lease.release()
