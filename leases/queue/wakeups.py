@@ -53,6 +53,8 @@ _publish_blocked_until = 0.0
 # Ticket id -> (entry, fence, MongoDB's clock at the grant) of a grant made for it
 # (leases.queue.grants), until its waiter takes it; only this process's registered waiters.
 _grants: dict[str, "Granted"] = {}
+# Ticket id -> monotonic time its grant's news arrived here (see take_grant).
+_received: dict[str, float] = {}
 # Ticket ids whose waiter this process's gate watcher asked to look at the gate again (its
 # ticket left the queue: granted, or pruned), until the waiter takes the request.
 _looks: set[str] = set()
@@ -109,6 +111,7 @@ def unregister(ticket_id: str) -> None:
     with _lock:
         _events.pop(ticket_id, None)
         _grants.pop(ticket_id, None)
+        _received.pop(ticket_id, None)
         _looks.discard(ticket_id)
 
 
@@ -134,15 +137,27 @@ def take_look(ticket_id: str) -> bool:
 
 
 def take_grant(ticket_id: str) -> Granted | None:
-    """What a wake-up said was granted to ``ticket_id``, once; None without."""
+    """What a wake-up said was granted to ``ticket_id``, once; None without. The grant's time
+    comes with it only while the news is fresh here (taken within a quarter of the claim
+    window of its arrival): a waiter that takes it later (its process busy, its thread slow
+    to run) claims before it answers, rather than answer a grant whose claim window may be
+    nearly gone (the fast answer, :func:`leases.engine.claims.claim_later`, needs the time)."""
+    from leases.conf import lease_settings
+
     with _lock:
-        return _grants.pop(ticket_id, None)
+        granted = _grants.pop(ticket_id, None)
+        received = _received.pop(ticket_id, None)
+    if granted is not None and received is not None and (
+            time.monotonic() - received > int(lease_settings.GRANT_CLAIM_MS) / 4000.0):
+        return granted._replace(at=None)
+    return granted
 
 
 def _note_grant(ticket_id: str, granted: Granted) -> None:
     with _lock:
         if ticket_id in _events:
             _grants[ticket_id] = granted
+            _received[ticket_id] = time.monotonic()
 
 
 _EPOCH = datetime(1970, 1, 1)

@@ -163,3 +163,19 @@ def test_given_a_grant_message_then_its_entry_fence_and_time_reach_the_waiter_on
         assert wakeups.take_grant("tk-g") == wakeups.Granted("e", "f", None)
     finally:
         wakeups.unregister("tk-g")
+
+
+def test_given_a_grant_taken_late_then_it_comes_without_its_time_so_the_waiter_claims_before_it_answers(settings):
+    from datetime import datetime
+
+    settings.LEASES_GRANT_CLAIM_MS = 400
+    at = datetime(2026, 12, 7, 1, 0)
+    for token, delay, expected in (("tk-fresh", 0.0, at), ("tk-late", 0.15, None)):
+        wakeups.register(token)
+        try:
+            wakeups._note_grant(token, wakeups.Granted("e", "f", at))
+            time.sleep(delay)  # past a quarter of the 400 ms window for the late one
+            granted = wakeups.take_grant(token)
+            assert granted is not None and granted.booking == "e" and granted.at == expected
+        finally:
+            wakeups.unregister(token)
