@@ -239,16 +239,6 @@ def find(gate_key: str, ticket_id: str) -> tuple[TicketDoc, int] | None:
     return doc["ticket"], len(gate.get("queue") or ()) + ahead + 1
 
 
-def tickets_of(gate_key: str) -> list[TicketDoc]:
-    """The tickets waiting in the backlog of ``gate_key``, oldest first (a read; Insights).
-
-    Raises:
-        pymongo.errors.PyMongoError: the store failed.
-    """
-    return [d["ticket"] for d in store.tickets().find({"g": gate_key}, {"ticket": 1}).sort("at", 1)
-            if isinstance(d.get("ticket"), dict)]
-
-
 def safe_promote(gate: CounterDoc | None, *, force: bool = False) -> CounterDoc | None:
     """:func:`promote`, never raising (a failed promotion is tried again at the next look)."""
     if gate is None:

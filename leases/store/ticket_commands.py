@@ -174,12 +174,6 @@ def dequeue(gate_key: str, ticket_id: str) -> Command:
     return {"_id": gate_key}, {"$pull": {"queue": {"id": ticket_id}}}
 
 
-def read_gate(gate_key: str) -> Command:
-    """Read the gate with ``clock`` stamped to MongoDB's time now (one command: the order
-    rule judges staleness on the server's clock, never a process's)."""
-    return {"_id": gate_key}, {"$currentDate": {"clock": True}}
-
-
 def prune(gate_key: str, ids: list[str]) -> Command:
     """Drop the tickets ``ids`` from the gate's queue (stale, or their waiters gone).
 
