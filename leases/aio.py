@@ -18,7 +18,7 @@ queue as steps (``leases.engine.acquire.contended_steps``): the fair queue's ord
 rollback are the engine's, not a second copy of them. Its store steps run in a small thread
 pool (each ends within the store bound); between them the request sleeps on the event loop
 until the process's Redis subscriber wakes it (a thread-safe bridge: no thread per waiter)
-or its keep-alive poll is due; ``waitMs`` bounds the whole wait as on the sync path. A
+or the process's gate watcher nudges it; ``waitMs`` bounds the whole wait as on the sync path. A
 caller cancelled while it waits leaves the queue at once (its ticket and holder document are
 dropped); a slot granted in that moment is released.
 

@@ -102,11 +102,9 @@ async def _uncontended(attempt: Any, *, queues: bool) -> Lease | None:
                                             priority=attempt.priority[1],
                                             interval_seconds=choose_interval(attempt.definition.ttl_seconds,
                                                                              attempt.request.interval_seconds)),
-                    upsert=True, projection={"acquiredAt": 1}, return_document=ReturnDocument.AFTER)
+                    upsert=True, projection={"acquiredAt": 1, "expiresAt": 1}, return_document=ReturnDocument.AFTER)
                 assert doc is not None  # an upsert returning the document after always has one
-                attempt.acquired_at = attempt.acquired_at or doc["acquiredAt"]
-                attempt.written_at = doc["acquiredAt"]
-                attempt.created_at = time.monotonic()
+                attempt.written(doc)
                 if queues and waiting.queue_likely(attempt.gate.key):
                     return None  # tickets wait at the gate: the push would be refused
                 plan = fences.plan(attempt.fence_spec, attempt.booking, floor=fences.floor_of(attempt.written_at))

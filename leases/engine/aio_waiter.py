@@ -5,7 +5,7 @@ queue as steps (:func:`leases.engine.acquire.contended_steps`): the fair queue's
 hand-off, repair and rollback are the engine's, not a second copy. Its store steps run in a
 small thread pool (each ends within the store bound); between them the request sleeps on
 the event loop until the process's Redis subscriber wakes it (a thread-safe bridge: no
-thread per waiter) or its keep-alive poll is due. A caller cancelled while it waits leaves
+thread per waiter) or the process's gate watcher nudges it. A caller cancelled while it waits leaves
 the queue at once; a slot granted in that moment is released.
 """
 

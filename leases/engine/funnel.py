@@ -63,7 +63,7 @@ class Attempt:
         self.created_at = 0.0  # monotonic, when the holder document was (re)written
         self.interval_seconds: int | None = None
         self.written_at: datetime | None = None  # MongoDB's clock then: a (re)queued ticket is seen then
-        self.kept_until: datetime | None = None  # the waiting holder's deadline as its waiter last moved it
+        self.holder_expires: datetime | None = None  # the holder's deadline as last written
         # (rank, class): resolved once from the definition, carried in the ticket; a resumed
         # ticket brings the one it queued with (``priority``).
         self.priority: tuple[int, str | None] = (
@@ -75,7 +75,7 @@ class Attempt:
         self.booking = slots.entry(self.request.tenant_id, self.request.project_id, self.request.user_id,
                                    self.token, attempt_id)
 
-    def create_holder(self) -> None:
+    def create_holder(self, wait_ms: int = 0) -> None:
         """Write the holder document (PENDING) on server time, so a waiter whose document
         was reaped while it waited writes it again before it books.
 
@@ -90,30 +90,31 @@ class Attempt:
         doc = store.holders().find_one_and_update(
             *commands.holder_upsert(self.token, definition=self.definition, request=self.request, pod=self.pod,
                                     keys=self.keys, attempt_id=attempt_id, priority=self.priority[1],
-                                    interval_seconds=interval),
+                                    interval_seconds=interval, wait_ms=wait_ms),
             upsert=True,
-            projection={"acquiredAt": 1},
+            projection={"acquiredAt": 1, "expiresAt": 1},
             return_document=ReturnDocument.AFTER,
         )
         assert doc is not None  # an upsert returning the document after always has one
-        self.acquired_at = self.acquired_at or doc["acquiredAt"]
+        self.written(doc)
         self.interval_seconds = interval  # the server-issued interval, as the holder has it
+
+    def written(self, doc: dict[str, Any]) -> None:
+        """Note the holder document as its upsert returned it (``acquiredAt``, ``expiresAt``)."""
+        self.acquired_at = self.acquired_at or doc["acquiredAt"]
         self.written_at = doc["acquiredAt"]
-        self.kept_until = None  # a new holder: its deadline is its writing's
+        expires = doc.get("expiresAt")
+        self.holder_expires = expires if isinstance(expires, datetime) else None
         self.created_at = time.monotonic()
 
     def holder_until(self) -> datetime | None:
         """The deadline of this attempt's ``PENDING`` holder on MongoDB's clock, as this
-        process last wrote it (its writing, or its waiter's refresh, :meth:`keep_holder`);
-        None when not known. The idle sweep cannot take it before then."""
-        if self.written_at is None:
-            return None
-        written = self.written_at + timedelta(seconds=self.definition.ttl_seconds)
-        return written if self.kept_until is None else max(written, self.kept_until)
+        process last wrote it; None when not known. The idle sweep cannot take it before then."""
+        return self.holder_expires
 
-    def keep_holder(self) -> bool:
-        """Move the waiting holder's deadline to now + TTL (one command), so that a wait
-        longer than the TTL never has it reaped while its ticket queues.
+    def cover_wait(self, wait_ms: int) -> bool:
+        """Move the waiting holder's deadline to cover the rest of its wait: ``now + wait_ms +
+        TTL`` (one command, once a wait: a waiter sends nothing more while it queues).
 
         Returns:
             False when the holder as this attempt wrote it is gone (reaped: this process
@@ -123,12 +124,12 @@ class Attempt:
             pymongo.errors.PyMongoError: the store failed.
         """
         doc = store.holders().find_one_and_update(
-            *commands.keep_waiting(self.token, self.attempt_id, self.definition.ttl_seconds),
+            *commands.cover_wait(self.token, self.attempt_id, self.definition.ttl_seconds * 1000 + max(0, wait_ms)),
             projection={"expiresAt": 1}, return_document=ReturnDocument.AFTER)
         if doc is None:
             return False
         if isinstance(doc.get("expiresAt"), datetime):
-            self.kept_until = doc["expiresAt"]
+            self.holder_expires = doc["expiresAt"]
         return True
 
     def keep_for_polls(self, keep_ms: int) -> None:

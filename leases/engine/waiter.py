@@ -3,7 +3,7 @@
 Its state machine: enqueue a ticket (the gate is created on first use) → decide on the
 gate as read: prune stale tickets, take its turn when the order rule picks it (booking
 with the gate privilege), wake whoever's turn it is, or repair a gate whose entries block
-everyone → sleep until woken or the keep-alive poll is due → decide again. A turn that
+everyone → sleep until woken (or its watcher falls silent) → decide again. A turn that
 finds a narrower level full retries once, then sits out and passes the turn on. At the
 wait bound it leaves the queue with a Busy answer, or keeps its ticket (``keep_ms``).
 
@@ -18,7 +18,7 @@ import random
 import threading
 import time
 from collections.abc import Generator
-from datetime import datetime, timedelta
+from datetime import datetime
 from functools import partial
 
 import pymongo.errors
@@ -42,10 +42,6 @@ log = logging.getLogger(__name__)
 # long: a newcomer of its tenant that booked that level on its way to the queue gives it
 # back with its next command.
 NARROW_RETRY_S = 0.02
-#: The longest sleep between two keep-alives, as a share of the lease's TTL: each keep-alive
-#: moves the waiting holder's deadline on once half its TTL is gone (a TTL of 1 s then
-#: keeps it with a quarter second to spare).
-HOLDER_POLL_SHARE = 0.25
 #: How many of the watcher's periods a waiter lets pass without a look at its gate before
 #: it looks itself (the watcher thread stuck or dead: the waiter still finds its turn).
 WATCH_SILENT_POLLS = 3
@@ -70,6 +66,8 @@ class Waiter:
         # Claim a grant the wake-up told of in the background (leases.engine.claims): only the
         # blocking API; an HTTP ticket and the async executor answer a holder already HELD.
         self.claim_later = False
+        # Whether the waiting holder's deadline covers the wait (leases.store.holder_commands.cover_wait).
+        self.covered = False
 
     def _ticket(self) -> TicketDoc:
         # Arrived when the request first asked (its place among its tenant's tickets), but
@@ -160,12 +158,13 @@ class Waiter:
                     outcome = "timeout"
                     raise self._give_up(left=left)
                 # Woken by a release or by this process's watcher (leases.queue.watch), which
-                # reads the gate for all the waiters here; on its own a waiter only wakes to
-                # keep its waiting holder alive (:meth:`_touch_holder`), often enough that a
-                # TTL shorter than the watcher's period does not lapse, and to look itself
-                # should the watcher fall silent.
+                # reads the gate for all the waiters here; on its own a waiter only looks
+                # itself should the watcher fall silent, and moves its holder's deadline once
+                # to cover its wait, when half its TTL is gone (a wait that ends sooner sends
+                # nothing for it).
                 period = waiting.poll_ms() / 1000.0 * WATCH_SILENT_POLLS * random.uniform(1.0, 1.25)
-                period = min(period, self.attempt.definition.ttl_seconds * HOLDER_POLL_SHARE)
+                if not self.covered:
+                    period = max(0.0, min(period, self._cover_due() - time.monotonic()))
                 look_soon = self.sat_out
                 if self.sat_out:
                     # Sitting out passes the turn only for a moment (the younger tickets of
@@ -189,7 +188,9 @@ class Waiter:
                         # Our turn, the waker says: book; if that did not make a lease, look.
                         lease = self._try(woken=True) or self._look(read=True)
                     continue
-                lease = self._look() if look_soon or self._watcher_silent() else self._keep_holder()
+                if not self.covered and time.monotonic() >= self._cover_due():
+                    self.gate = step(self.attempt, self._cover)
+                lease = self._look() if look_soon or self._watcher_silent() else None
         except waiting._QueueFull as full:
             # Refused at once, before it waited: the gate stays bounded however many ask.
             outcome = "queue-full"
@@ -236,22 +237,50 @@ class Waiter:
         self.gate = step(self.attempt, lambda: self._refresh(fresh))
         return self._decide()
 
+    def _wait_left_ms(self) -> int:
+        return max(0, int((self.deadline - time.monotonic()) * 1000))
+
+    def _cover_due(self) -> float:
+        """When (monotonic) the waiting holder's deadline is to be moved to cover the wait:
+        once half its TTL is gone."""
+        return self.attempt.created_at + self.attempt.definition.ttl_seconds / 2
+
+    def _rewrite_holder(self) -> None:
+        """Write the holder document again, for a ticket about to queue: its deadline covers
+        the rest of the wait."""
+        self.attempt.create_holder(self._wait_left_ms())
+        self.covered = True
+
+    def _cover(self) -> CounterDoc | None:
+        """Move the waiting holder's deadline to cover the rest of the wait (one command, once
+        a wait). A wait longer than the TTL is ordinary, and the idle sweep takes a holder past
+        its deadline: a grant to its ticket would then be a lease that is already dead.
+
+        A holder reaped anyway (this process stalled past the TTL) is written again and the
+        ticket queued again for it (its arrival kept); an entry a release granted it
+        meanwhile is given back — it names the reaped holder, which nobody can claim.
+
+        Returns:
+            The gate as last seen (or as the queueing again returned it).
+
+        Raises:
+            pymongo.errors.PyMongoError: the store failed.
+        """
+        if self.attempt.cover_wait(self._wait_left_ms()):
+            self.covered = True
+            return self.gate
+        waiting.leave_returning_grant(self.gate_key, self.attempt.token, list(self.attempt.keys))
+        self._rewrite_holder()
+        return self._enqueue()
+
     def _watcher_silent(self) -> bool:
         """Whether this process's watcher has not read our gate for several periods: then we
         look ourselves."""
         return watch.latest(self.gate_key, waiting.poll_ms() / 1000.0 * WATCH_SILENT_POLLS) is None
 
-    def _keep_holder(self) -> Lease | None:
-        """Woken by our own timer only: keep the waiting holder alive, from the watcher's
-        last look at the gate (no command unless half the holder's TTL is gone)."""
-        gate = watch.latest(self.gate_key, waiting.poll_ms() / 1000.0 * WATCH_SILENT_POLLS)
-        if waiting.queued(gate, self.attempt.token):
-            self.gate = step(self.attempt, lambda: self._touch_holder(gate))
-        return None
-
     def _refresh(self, gate: CounterDoc | None = None) -> CounterDoc | None:
         """The gate (``gate``, else read now) with our ticket on it: queued again if it was
-        dropped (this process stalled past the ticket TTL), the waiting holder kept alive."""
+        dropped (this process stalled past the ticket TTL)."""
         if not waiting.queued(gate, self.attempt.token):
             gate = waiting.read_gate(self.gate_key)  # none yet, or the watcher's look is a moment old
         if not waiting.queued(gate, self.attempt.token):
@@ -261,36 +290,9 @@ class Waiter:
                 return gate
             # Pruned as stale (this process stalled past the ticket TTL, and its holder
             # document went with it): write both again, at the back of the queue.
-            self.attempt.create_holder()
+            self._rewrite_holder()
             gate = self._enqueue()
-        return self._touch_holder(gate)
-
-    def _touch_holder(self, gate: CounterDoc | None) -> CounterDoc | None:
-        """Keep the waiting holder alive while its ticket queues: once less than half its
-        TTL is left (on MongoDB's clock, as ``gate`` was read), move its deadline on. A wait
-        longer than the TTL is ordinary, and the idle sweep takes a holder past its
-        deadline: a grant to its ticket would then be a lease that is already dead.
-
-        A holder reaped anyway (this process stalled past the TTL) is written again and the
-        ticket queued again for it (its arrival kept); an entry a release granted it
-        meanwhile is given back — it names the reaped holder, which nobody can claim.
-
-        Returns:
-            The gate as last read.
-
-        Raises:
-            pymongo.errors.PyMongoError: the store failed.
-        """
-        attempt = self.attempt
-        until = attempt.holder_until()
-        if gate is None or until is None or not waiting.queued(gate, attempt.token) or (
-                gate["clock"] + timedelta(seconds=attempt.definition.ttl_seconds / 2) < until):
-            return gate
-        if attempt.keep_holder():
-            return gate
-        waiting.leave_returning_grant(self.gate_key, attempt.token, list(attempt.keys))
-        attempt.create_holder()
-        return self._enqueue()
+        return gate
 
     def _claim(self, booking: str, fence: str | None, at: datetime | None = None) -> Lease | None:
         """Our ticket was granted (the entry ``booking`` is on the gate; ``at``: when, on
@@ -310,7 +312,7 @@ class Waiter:
                 lease = attempt.claim(booking, fence, at)
             except _Vanished:
                 waiting.give_back(list(attempt.keys), booking)
-                attempt.create_holder()
+                self._rewrite_holder()
                 self.gate = self._enqueue()
                 return None
             return self._granted(lease)
@@ -405,9 +407,6 @@ class Waiter:
         attempt = self.attempt
 
         def run() -> Lease | None:
-            # The holder document may have been reaped during a long wait: write it again.
-            if time.monotonic() - attempt.created_at > attempt.definition.ttl_seconds / 2:
-                attempt.create_holder()
             for attempt_no in range(2):
                 try:
                     charge = order.charge(self.gate, attempt.token)
@@ -422,7 +421,7 @@ class Waiter:
                     # Stalled past the ticket TTL: the ticket and its holder document were
                     # pruned. Return what we just booked and queue again, from the back.
                     attempt.give_back(attempt.keys)
-                    attempt.create_holder()
+                    self._rewrite_holder()
                     self.gate = self._enqueue()
                     return None
                 except _Blocked as blocked:

@@ -38,6 +38,16 @@ PUBLISH_BACKOFF_S = 1.0
 # How long a first waiter waits for its process's subscription before it queues: a ticket
 # published to before the subscription exists would look like a dead process's.
 SUBSCRIBE_WAIT_S = 0.5
+# The subscriber pings Redis this often: a Redis that stops answering (frozen, or a network
+# that drops the connection silently) leaves a subscribed connection open and merely quiet,
+# and redis-py's own health check waits for no answer.
+PING_EVERY_S = 0.5
+#: Not heard from Redis (a message or a ping's answer) for this long: this process is not
+#: listening (:func:`listening`): its watcher polls within the claim window, and its releases
+#: publish nothing (each would wait out the publish timeout for a wake-up nobody gets).
+DEAF_AFTER_S = 1.5
+# Not heard for this long: the connection is given up and made again.
+RECONNECT_AFTER_S = 5.0
 
 ALIVE, DEAD, UNKNOWN = "alive", "dead", "unknown"
 
@@ -46,6 +56,7 @@ _events: dict[str, threading.Event] = {}
 _thread: threading.Thread | None = None
 _thread_pid: int | None = None
 _subscribed = threading.Event()
+_heard = 0.0  # monotonic: when the subscriber last heard from Redis
 _process: tuple[int, str] | None = None
 _publisher: redis.Redis | None = None
 _publisher_pid: int | None = None
@@ -102,9 +113,18 @@ def register(ticket_id: str, event: threading.Event | None = None) -> threading.
 
 
 def listening() -> bool:
-    """Whether this process's subscriber is subscribed now: a grant's wake-up can reach its
-    waiters (False while Redis is unreachable, or before the first subscription)."""
-    return _thread is not None and _thread_pid == os.getpid() and _thread.is_alive() and _subscribed.is_set()
+    """Whether this process's subscriber is subscribed and Redis answers it: a grant's
+    wake-up can reach its waiters (False while Redis is unreachable or frozen — not heard for
+    :data:`DEAF_AFTER_S` — and before the first subscription)."""
+    return (_thread is not None and _thread_pid == os.getpid() and _thread.is_alive() and _subscribed.is_set()
+            and time.monotonic() - _heard < DEAF_AFTER_S)
+
+
+def _deaf() -> bool:
+    """This process's subscriber was subscribed but has not heard from Redis lately: a
+    publish now would most likely wait out its timeout."""
+    return (_thread is not None and _thread_pid == os.getpid() and _thread.is_alive() and _subscribed.is_set()
+            and time.monotonic() - _heard >= DEAF_AFTER_S)
 
 
 def unregister(ticket_id: str) -> None:
@@ -204,7 +224,7 @@ def wake(ticket_id: str, process: str | None, hint: dict[str, Any] | None = None
     if not process:
         return UNKNOWN
     now = time.monotonic()
-    if now < _publish_blocked_until:
+    if now < _publish_blocked_until or _deaf():
         return UNKNOWN
     try:
         if _publisher is None or _publisher_pid != os.getpid():
@@ -259,16 +279,27 @@ def _ensure_listening() -> bool:
 
 
 def _run(channel_name: str) -> None:
+    global _heard
     backoff = 0.2
     while True:
+        pubsub = None
         try:
             conn = redis.Redis.from_url(_redis_url(), socket_connect_timeout=2, socket_timeout=5,
                                         health_check_interval=10)
             pubsub = conn.pubsub(ignore_subscribe_messages=False)
             pubsub.subscribe(channel_name)
             backoff = 0.2
+            pinged = time.monotonic()
             while True:
-                message = pubsub.get_message(timeout=1.0)
+                message = pubsub.get_message(timeout=PING_EVERY_S / 2)
+                now = time.monotonic()
+                if message is not None:
+                    _heard = now
+                elif now - _heard > RECONNECT_AFTER_S and _subscribed.is_set():
+                    raise redis.ConnectionError(f"no answer from Redis for {RECONNECT_AFTER_S:g} s")
+                if now - pinged >= PING_EVERY_S:
+                    pubsub.ping()
+                    pinged = now
                 if message is None:
                     continue
                 if message.get("type") == "subscribe":
@@ -280,5 +311,10 @@ def _run(channel_name: str) -> None:
         except redis.RedisError as exc:
             _subscribed.clear()
             log.debug("wake-up subscriber lost Redis (%s); reconnecting", exc)
+            if pubsub is not None:
+                try:
+                    pubsub.close()
+                except Exception:  # noqa: BLE001 - a broken connection may fail to close; it is dropped anyway
+                    pass
             time.sleep(backoff)
             backoff = min(backoff * 2, 5.0)

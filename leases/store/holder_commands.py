@@ -87,7 +87,7 @@ def scoped(token: str, bound: Scope | None) -> dict[str, Any]:
 
 
 def holder_upsert(token: str, *, definition: Any, request: Any, pod: str, keys: list[str], attempt_id: str,
-                  interval_seconds: int, priority: str | None = None) -> Command:
+                  interval_seconds: int, priority: str | None = None, wait_ms: int = 0) -> Command:
     """The PENDING holder document, written on server time (an idempotent upsert).
 
     Invariant: the holder exists before any of its entries (a counter entry without a
@@ -95,8 +95,10 @@ def holder_upsert(token: str, *, definition: Any, request: Any, pod: str, keys: 
     the document; the entries booked after it carry it (:func:`leases.store.entries.entry`),
     so a holder written again under the same token (with a new one) never books a value an
     earlier attempt left behind for repair to pull. ``interval_seconds``: the interval a
-    grant issues, chosen once (a ticket granted later keeps it). Every user value is a
-    ``$literal``.
+    grant issues, chosen once (a ticket granted later keeps it). ``wait_ms``: a holder written
+    for a ticket about to queue (never one about to book: an attempt killed mid-funnel must
+    give its slots back within its TTL) lives through the rest of its wait too
+    (``now + wait + TTL``; see :func:`cover_wait`). Every user value is a ``$literal``.
     """
     return {"_id": token}, [{"$set": {
         "state": "PENDING",
@@ -118,7 +120,7 @@ def holder_upsert(token: str, *, definition: Any, request: Any, pod: str, keys: 
         "payload": {"$literal": {}},
         "acquiredAt": "$$NOW",
         "lastSeenAt": "$$NOW",
-        "expiresAt": now_plus_ms(definition.ttl_seconds * 1000),
+        "expiresAt": now_plus_ms(definition.ttl_seconds * 1000 + max(0, int(wait_ms))),
     }}]
 
 
@@ -168,17 +170,24 @@ def grant_undone(token: str, attempt_id: str | None, fence: str) -> tuple[dict[s
             {"$addToSet": {UNDONE_GRANTS: fence}})
 
 
-def keep_waiting(token: str, attempt_id: str | None, ttl_seconds: int) -> Command:
-    """A waiter's refresh of its waiting holder (``PENDING``) while its ticket queues.
+def cover_wait(token: str, attempt_id: str | None, ms: int) -> Command:
+    """A waiter's one move of its waiting holder's deadline (``PENDING``) to ``now + ms``:
+    the rest of its wait plus the TTL, so it lives through the wait without a keep-alive —
+    a queue costs the store no write per waiter and period — and a grant at the end of the
+    wait still finds it with its TTL to spare. A process that dies meanwhile loses its
+    holders with its pod (the dead-pod sweep) and its tickets with its heartbeat; a holder
+    without a grant books nothing.
 
     Invariant: only the holder as written by ``attempt_id`` (the one its ticket's grant would
     name) matches — a waiter that finds none was reaped (it stalled past its TTL) and must
-    queue again with a new holder. Only a ``PENDING`` holder's deadline moves (to
-    ``now + ttl``, never back); a granted (``HELD``) one is left as its claim set it.
+    queue again with a new holder. Only a ``PENDING`` holder's deadline moves (never back); a
+    granted (``HELD``) one is left as its claim set it. Dates compare as epoch milliseconds,
+    as in :func:`renewal`.
     """
-    pending = {"$eq": ["$state", "PENDING"]}
+    later = {"$and": [{"$eq": ["$state", "PENDING"]}, {"$gt": [
+        {"$toLong": now_plus_ms(ms)}, {"$toLong": {"$ifNull": ["$expiresAt", "$$NOW"]}}]}]}
     return {"_id": token, "attemptId": attempt_id}, [{"$set": {"expiresAt": {"$cond": [
-        pending, {"$max": ["$expiresAt", now_plus_ms(ttl_seconds * 1000)]}, "$expiresAt"]}}}]
+        later, now_plus_ms(ms), "$expiresAt"]}}}]
 
 
 def unclaimed(token: str) -> dict[str, Any]:

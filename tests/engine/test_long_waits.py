@@ -1,19 +1,21 @@
 """A wait longer than the lease's TTL: the waiter is never granted a lease that is already dead.
 
-While it waits, a waiter's keep-alive keeps its ``PENDING`` holder alive as well as its ticket,
-so the idle sweep leaves it; a holder reaped anyway (its waiter stalled past the TTL) makes the
-waiter queue again when its grant comes, never return a lease whose first check fails.
+A waiting holder (``PENDING``) has its deadline moved once, when half its TTL is gone, to
+cover the rest of the wait, so the idle sweep leaves it while its ticket queues with no
+keep-alive per period; a holder reaped anyway makes the waiter queue again when its grant
+comes, never return a lease whose first check fails.
 """
 
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from functools import partial
 
 import pytest
 
 import leases
-from leases.engine import waiter as waiter_module
+from leases.queue import wakeups
 from leases.store import client as store
 from leases.upkeep import reaper
 from tests import helpers
@@ -27,14 +29,15 @@ TTL_S = 2
 
 @pytest.fixture
 def short_ttl(settings):
-    """One slot whose TTL (2 s) is far shorter than the wait (20 s): the keep-alive poll (1 s) is capped to a quarter of it."""
+    """One slot whose TTL (2 s) is far shorter than the wait (20 s)."""
     define("res", f"levels: {{global: 1}}\nwaitMs: 20000\nttlSeconds: {TTL_S}")
 
 
-def outlive_ttl(held, token: str) -> None:
-    """Keep ``held`` renewed until the waiter ``token``'s holder, as first written, is past its
-    TTL on MongoDB's clock (so an idle sweep now would take it, unless it was kept alive)."""
-    first = store.holders().find_one({"_id": token})["expiresAt"]
+def outlive_ttl(held, token: str, seconds: float = TTL_S) -> None:
+    """Keep ``held`` renewed until the waiter ``token``'s holder is older than ``seconds`` (the
+    lease's TTL: a holder with no more than the TTL would be the idle sweep's now) on
+    MongoDB's clock."""
+    first = store.holders().find_one({"_id": token})["acquiredAt"] + timedelta(seconds=seconds)
     deadline = time.monotonic() + 10
     while store.server_now() <= first:
         assert time.monotonic() < deadline, "MongoDB's clock never passed the holder's first deadline"
@@ -53,10 +56,15 @@ def assert_a_live_lease(waiter):
 
 
 def test_given_a_wait_longer_than_the_ttl_when_the_idle_sweep_runs_then_the_grant_is_a_live_lease(short_ttl):
-    # Given: a holder, and a waiter that waits longer than the lease's TTL.
+    # Given: a holder, and a waiter that waits longer than the lease's TTL: its holder's
+    # deadline is moved once to cover the wait (20 s + the TTL), and not again.
     held = leases.acquire(req(user="h"))
     waiter = helpers.queue_up(req(user="w"), GATE)
     outlive_ttl(held, waiter.ticket)
+    covered = store.holders().find_one({"_id": waiter.ticket})
+    assert covered["expiresAt"] - covered["acquiredAt"] >= timedelta(seconds=TTL_S + 15), covered
+    outlive_ttl(held, waiter.ticket, seconds=TTL_S * 1.5)
+    assert store.holders().find_one({"_id": waiter.ticket})["expiresAt"] == covered["expiresAt"]
     # When: the idle sweep runs, then the holder releases (its slot goes to the waiter).
     reaper.reap_idle(dispatch=False)
     held.release()
@@ -67,12 +75,14 @@ def test_given_a_wait_longer_than_the_ttl_when_the_idle_sweep_runs_then_the_gran
 
 def test_given_a_waiter_whose_holder_is_reaped_anyway_when_granted_then_it_queues_again_never_dead(
         short_ttl, monkeypatch):
-    # Given: a waiter whose holder is never kept alive (as if each refresh were lost): the idle
-    # sweep reaps it while its ticket stays queued.
-    monkeypatch.setattr(waiter_module.Waiter, "_touch_holder", lambda self, gate: gate, raising=False)
+    # Given: a waiter whose holder is reaped while its ticket stays queued (by a sweep that
+    # does not go by its deadline: an operator, or its pod's), and whose grant's wake-up is
+    # lost, so that it finds the grant on the gate.
+    monkeypatch.setattr(wakeups, "grant", lambda *args, **kwargs: wakeups.UNKNOWN)
     held = leases.acquire(req(user="h"))
     waiter = helpers.queue_up(req(user="w"), GATE)
     outlive_ttl(held, waiter.ticket)
+    store.holders().update_one({"_id": waiter.ticket}, {"$set": {"expiresAt": store.server_now() - timedelta(seconds=1)}})
     reaper.reap_idle(dispatch=False)  # counts HELD holders only: a waiting one has no handler
     assert store.holders().find_one({"_id": waiter.ticket}) is None
     # When: the holder releases.

@@ -179,3 +179,61 @@ def test_given_a_grant_taken_late_then_it_comes_without_its_time_so_the_waiter_c
             assert granted is not None and granted.booking == "e" and granted.at == expected
         finally:
             wakeups.unregister(token)
+
+
+# A process whose subscriber listens on the Redis of LEASES_REDIS_URL: it says "listening",
+# then, after each line on stdin, how long until ``listening()`` changed and how long a wake
+# of another process took.
+DEAF_CHILD = """
+import sys, time
+import django; django.setup()
+from leases.queue import wakeups
+
+def until(want, bound):
+    started = time.monotonic()
+    while wakeups.listening() != want and time.monotonic() - started < bound:
+        time.sleep(0.02)
+    return wakeups.listening() == want, time.monotonic() - started
+
+wakeups.register("tk-deaf")
+print("listening" if until(True, 10)[0] else "not-listening", flush=True)
+sys.stdin.readline()  # Redis is frozen now
+heard, after = until(False, 10)
+started = time.monotonic()
+answer = wakeups.wake("tk-elsewhere", "another-process")
+print(f"deaf {heard} {after:.2f} {answer} {time.monotonic() - started:.3f}", flush=True)
+sys.stdin.readline()  # Redis answers again
+back, after = until(True, 20)
+print(f"back {back} {after:.2f}", flush=True)
+"""
+
+
+def test_given_a_frozen_redis_then_the_subscriber_notices_within_its_bound_and_releases_stop_publishing():
+    # Given: a process whose subscriber listens on a Redis of the test's own.
+    with private_redis() as (url, server):
+        child = subprocess.Popen([PYTHON, "-c", DEAF_CHILD], cwd=REPO, env=child_env(LEASES_REDIS_URL=url),
+                                 text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            assert child.stdout.readline().strip() == "listening", child.stderr.read()
+            # When: Redis freezes (its connections stay open, merely quiet).
+            server.send_signal(signal.SIGSTOP)
+            child.stdin.write("frozen\n")
+            child.stdin.flush()
+            # Then: the process stops counting on wake-ups within DEAF_AFTER_S (plus a ping
+            # period and scheduling), and a wake answers unknown at once, not after the publish
+            # timeout.
+            _, heard, after, answer, took = child.stdout.readline().split()
+            assert heard == "True", after
+            assert float(after) <= wakeups.DEAF_AFTER_S + wakeups.PING_EVERY_S + 1.0, after
+            assert answer == wakeups.UNKNOWN and float(took) < wakeups.PUBLISH_TIMEOUT_S / 2, took
+            # When Redis answers again, the process listens again (a reconnect at most).
+            server.send_signal(signal.SIGCONT)
+            child.stdin.write("continued\n")
+            child.stdin.flush()
+            assert child.stdout.readline().split()[:2] == ["back", "True"]
+            assert child.wait(10) == 0
+        finally:
+            server.send_signal(signal.SIGCONT)
+            if child.poll() is None:
+                child.kill()
+                child.wait(10)
