@@ -231,6 +231,8 @@ LEASES_UNDEFINED_LEASE = os.environ.get("LEASES_UNDEFINED_LEASE", "").strip() or
 LEASES_DEFINITION_CACHE_SECONDS = _env_int("LEASES_DEFINITION_CACHE_SECONDS", 300)
 # When a lease answered by a hand-off marks its holder HELD (0: at once); `check` bounds it.
 LEASES_GRANT_MARK_DELAY_MS = _env_int("LEASES_GRANT_MARK_DELAY_MS", 50)
+# Acquire steps a process runs against the store at once; the rest wait their turn.
+LEASES_STORE_CONCURRENCY = _env_int("LEASES_STORE_CONCURRENCY", 2)
 LEASES_INVALIDATION_LIVENESS_MS = _env_int("LEASES_INVALIDATION_LIVENESS_MS", 2000)
 if not 100 <= LEASES_INVALIDATION_LIVENESS_MS <= 2000:
     # Longer would let a frozen Redis keep stale caps in force for longer.

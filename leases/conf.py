@@ -27,7 +27,7 @@ DEFAULTS: dict[str, Any] = {
     # once; the others wait their turn in the process, up to LEASES_STORE_ADMISSION_MS, so a
     # burst of requests queues in the clients instead of piling onto the store until every
     # command times out. 0: no limit.
-    "STORE_CONCURRENCY": 8,
+    "STORE_CONCURRENCY": 2,
     # The longest an acquire step waits for its turn among its process's steps; past it the
     # step fails as a store timeout would (LeaseUnavailable).
     "STORE_ADMISSION_MS": 30000,

@@ -16,7 +16,7 @@ import pymongo.errors
 from pymongo import ReturnDocument
 
 from ..errors import LeaseUnavailable
-from ..queue import fences, slots, waiting
+from ..queue import fences, slots, waiting, wakeups
 from ..store import client as store, holder_commands as commands
 from .aio_counters import give_back
 from .aio_lease import ANOOP, AsyncLease, AsyncNoopLease
@@ -101,7 +101,8 @@ async def _uncontended(attempt: Any, *, queues: bool) -> Lease | None:
                                             pod=attempt.pod, keys=attempt.keys, attempt_id=attempt.attempt_id,
                                             priority=attempt.priority[1],
                                             interval_seconds=choose_interval(attempt.definition.ttl_seconds,
-                                                                             attempt.request.interval_seconds)),
+                                                                             attempt.request.interval_seconds),
+                                            waker=wakeups.process_id()),
                     upsert=True, projection={"acquiredAt": 1, "expiresAt": 1}, return_document=ReturnDocument.AFTER)
                 assert doc is not None  # an upsert returning the document after always has one
                 attempt.written(doc)

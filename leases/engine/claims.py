@@ -44,7 +44,7 @@ import pymongo.errors
 
 from ..conf import lease_settings
 from ..errors import LeaseExpired, LeaseUnavailable
-from ..queue import grants, waiting
+from ..queue import grants, presence, waiting, wakeups
 from ..store import client as store, entries, holder_commands as commands
 from . import holders
 from .funnel import Attempt, _Vanished
@@ -129,6 +129,12 @@ class PendingClaim:
         self._state = threading.Lock()
         self.future: Future[None] | None = None  # None: not sent yet
         self.released = False  # its release has begun: no mark is sent, the entry is its to return
+        # Until the mark is settled the process beats as if it had a waiter: repair leaves a
+        # grant past its claim window to a process whose heartbeat looks alive
+        # (leases.queue.grants.may_still_claim), and a mark slowed by a busy process or store
+        # is not a dead waiter's.
+        self._present = True
+        presence.enter(wakeups.process_id())
         delay_ms = mark_delay_ms()
         if delay_ms:
             _timer_thread().at(self.answered + delay_ms / 1000.0, self)
@@ -151,6 +157,15 @@ class PendingClaim:
         the holder gone after the release gives nothing back."""
         with self._state:
             self.released = True
+        self._settled()
+
+    def _settled(self) -> None:
+        """The mark was sent (whatever came of it) or will never be: the process need not beat
+        for it any more (once)."""
+        with self._state:
+            present, self._present = self._present, False
+        if present:
+            presence.leave()
 
     def _mark(self, background: bool) -> None:
         """Mark the holder ``HELD`` (one command) and tell the lease its deadline.
@@ -159,6 +174,12 @@ class PendingClaim:
             LeaseExpired: the claim came too late (reason ``unclaimed``); the entry was given back.
             LeaseUnavailable: the store failed; whether the mark landed is not known.
         """
+        try:
+            self._send_mark(background)
+        finally:
+            self._settled()
+
+    def _send_mark(self, background: bool) -> None:
         if background:
             pause_point("claim")  # crash-window tests stop here: granted, returned, not yet claimed
             if self.released:  # its release began after the timer handed it over: not needed

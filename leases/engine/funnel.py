@@ -21,7 +21,7 @@ from pymongo import ReturnDocument
 from .. import ids
 from ..definitions import caps
 from ..definitions.model import LeaseDefinition, LevelSpec
-from ..queue import fences, shares, slots, waiting
+from ..queue import fences, shares, slots, waiting, wakeups
 from ..store import client as store, entries, holder_commands as commands, shapes
 from ..store.documents import CounterDoc, TicketDoc
 from ..store.shapes import new_ticket, ticket_in
@@ -90,7 +90,7 @@ class Attempt:
         doc = store.holders().find_one_and_update(
             *commands.holder_upsert(self.token, definition=self.definition, request=self.request, pod=self.pod,
                                     keys=self.keys, attempt_id=attempt_id, priority=self.priority[1],
-                                    interval_seconds=interval, wait_ms=wait_ms),
+                                    interval_seconds=interval, wait_ms=wait_ms, waker=wakeups.process_id()),
             upsert=True,
             projection={"acquiredAt": 1, "expiresAt": 1},
             return_document=ReturnDocument.AFTER,

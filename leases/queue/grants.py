@@ -388,6 +388,30 @@ def unclaimed(counter: CounterDoc, now: datetime) -> dict[str, datetime]:
             if isinstance(at, datetime) and at < limit}
 
 
+def claim_bound_ms() -> int:
+    """The longest a granted waiter whose process lives has to claim: the claim window plus
+    the ticket TTL."""
+    return claim_ms() + int(lease_settings.TICKET_TTL_MS)
+
+
+def may_still_claim(granted_at: datetime, holder: dict[str, Any], now: datetime) -> bool:
+    """Whether repair leaves a grant past its claim window to its waiter for now: its holder
+    names the process waiting on it (``w``) and that process's heartbeat looks alive (no
+    heartbeat missed for half the ticket TTL), and :func:`claim_bound_ms` has not passed.
+
+    The claim window alone would end grants to waiters that are merely slow — a process
+    whose threads wait for the CPU, a store queueing commands under load — and each such end
+    costs the waiter its turn and the store a queueing again: under load the losses add load.
+    A process that died is told by its heartbeat within half the ticket TTL; a holder without
+    ``w`` (written by an older version) ends at the claim window, as before."""
+    waker = holder.get("w")
+    if not isinstance(waker, str) or not waker:
+        return False
+    if granted_at < now - timedelta(milliseconds=claim_bound_ms()):
+        return False
+    return not order.is_suspect({"w": waker, "ttl": int(lease_settings.TICKET_TTL_MS)}, now)
+
+
 def granted_entry(gate: CounterDoc | None, token: str) -> str | None:
     """The entry the gate books for ``token`` (a grant whose wake-up was lost), or None."""
     for value in (gate or {}).get("holders") or ():

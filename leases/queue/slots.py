@@ -23,7 +23,7 @@ the order rule picked takes it ``privileged``, dequeuing itself in the same upda
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -193,12 +193,13 @@ def pull_entry(key: str, booking: str) -> CounterDoc | None:
     return store.counters().find_one_and_update(*pull(key, booking), return_document=ReturnDocument.AFTER)
 
 
-def orphans(bookings: Iterable[str], now: datetime,
-            unclaimed: Iterable[str] = ()) -> tuple[list[str], list[str], list[str]]:
+def orphans(bookings: Iterable[str], now: datetime, unclaimed: Iterable[str] = (),
+            claiming: Callable[[str, dict[str, Any]], bool] | None = None) -> tuple[list[str], list[str], list[str]]:
     """Split a counter's entries into those that book for nobody (:func:`superseded`), the
     tokens of holders that passed their TTL (on ``now``, MongoDB's clock), and those of
     ``unclaimed`` (granted long enough ago, :func:`leases.queue.grants.unclaimed`) whose
-    holder is still ``PENDING`` and not a kept ticket; one query for all of them.
+    holder is still ``PENDING`` and not a kept ticket, unless ``claiming`` (token, holder
+    document) says its waiter may still claim it; one query for all of them.
 
     A holder document is always written before its first entry, so an entry without one
     is left by a delete (release, rollback, reap) whose pull has not come — yet, or ever,
@@ -214,14 +215,14 @@ def orphans(bookings: Iterable[str], now: datetime,
     if not tokens:
         return [], [], []
     found = {d["_id"]: d for d in store.holders().find({"_id": {"$in": tokens}},
-                                                       {"expiresAt": 1, "attemptId": 1, "state": 1, "polledAt": 1})}
+                                                       {"expiresAt": 1, "attemptId": 1, "state": 1, "polledAt": 1, "w": 1})}
     missing = [b for b in bookings if superseded(b, found.get(token_of(b)))]
     expired = [t for t, d in found.items() if d.get("expiresAt") is not None and d["expiresAt"] < now]
     # A kept ticket (polledAt: a client polls it) has its poll deadline as its window, not
     # the claim window a grant computed while it still had a waiter may have recorded: it
     # ends when that deadline passes (expired), not as unclaimed.
     late = [t for t in unclaimed if t in found and t not in expired and found[t].get("state") == "PENDING"
-            and found[t].get("polledAt") is None]
+            and found[t].get("polledAt") is None and not (claiming is not None and claiming(t, found[t]))]
     return missing, expired, late
 
 

@@ -360,8 +360,8 @@ def repair(counter: CounterDoc, now: datetime) -> bool:
     under the same token — are pulled by value (a crash between the delete and the
     decrement of a release, rollback or reap); holders past their TTL (a crash
     mid-acquire, or an idle holder) are reaped like the idle sweep does, handlers included;
-    tickets granted a slot they did not claim within the claim window are ended (no handler:
-    they never held).
+    tickets granted a slot they did not claim within the claim window, whose process looks
+    dead or that had the longest claim bound, are ended (no handler: they never held).
 
     Returns:
         True when at least one slot came back.
@@ -379,7 +379,10 @@ def repair(counter: CounterDoc, now: datetime) -> bool:
     claim = store.counters().update_one(*commands.repair_claim(counter["_id"], checked))
     if not claim.matched_count:
         return False  # another process is checking it right now
-    missing, expired, late = slots.orphans(counter.get("holders") or (), now, grants.unclaimed(counter, now))
+    unclaimed = grants.unclaimed(counter, now)
+    missing, expired, late = slots.orphans(counter.get("holders") or (), now, unclaimed,
+                                           claiming=lambda token, holder: grants.may_still_claim(
+                                               unclaimed[token], holder, now))
     freed = False
     for booking in missing:
         after = slots.pull_entry(counter["_id"], booking)

@@ -87,7 +87,8 @@ def scoped(token: str, bound: Scope | None) -> dict[str, Any]:
 
 
 def holder_upsert(token: str, *, definition: Any, request: Any, pod: str, keys: list[str], attempt_id: str,
-                  interval_seconds: int, priority: str | None = None, wait_ms: int = 0) -> Command:
+                  interval_seconds: int, priority: str | None = None, wait_ms: int = 0,
+                  waker: str | None = None) -> Command:
     """The PENDING holder document, written on server time (an idempotent upsert).
 
     Invariant: the holder exists before any of its entries (a counter entry without a
@@ -98,7 +99,9 @@ def holder_upsert(token: str, *, definition: Any, request: Any, pod: str, keys: 
     grant issues, chosen once (a ticket granted later keeps it). ``wait_ms``: a holder written
     for a ticket about to queue (never one about to book: an attempt killed mid-funnel must
     give its slots back within its TTL) lives through the rest of its wait too
-    (``now + wait + TTL``; see :func:`cover_wait`). Every user value is a ``$literal``.
+    (``now + wait + TTL``; see :func:`cover_wait`). ``waker``: the process that waits on it
+    (its wake-up id, whose heartbeat says whether it lives: repair gives a grant it has not
+    claimed yet more time while it does). Every user value is a ``$literal``.
     """
     return {"_id": token}, [{"$set": {
         "state": "PENDING",
@@ -112,6 +115,7 @@ def holder_upsert(token: str, *, definition: Any, request: Any, pod: str, keys: 
         "holderRef": {"$literal": request.holder_ref},
         "priority": {"$literal": priority},
         "pod": {"$literal": pod},
+        "w": {"$literal": waker},
         "podBound": {"$literal": request.pod_bound},
         "ttlSeconds": {"$literal": definition.ttl_seconds},
         "intervalSeconds": {"$literal": interval_seconds},

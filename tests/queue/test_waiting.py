@@ -14,7 +14,7 @@ import pytest
 
 import leases
 from leases import service
-from leases.queue import grants, slots, waiting, wakeups, watch
+from leases.queue import grants, presence, slots, waiting, wakeups, watch
 from leases.store import client as store, entries
 from tests import helpers
 from tests.helpers import PYTHON, REPO, child_env, define, lease_request, quiet_handler_fixture, wait_for
@@ -185,8 +185,8 @@ def test_given_a_stalled_waiter_booking_again_under_its_token_while_repair_check
     store.holders().delete_one({"_id": attempt.token})
     real_orphans, rebooked = slots.orphans, []
 
-    def orphans_then_the_waiter_books_again(bookings, now, unclaimed=()):
-        found = real_orphans(bookings, now, unclaimed)
+    def orphans_then_the_waiter_books_again(bookings, now, unclaimed=(), claiming=None):
+        found = real_orphans(bookings, now, unclaimed, claiming)
         # Between repair's read and its pull, the waiter's _Vanished path: give back, write
         # the holder again under the same token, and (its turn) book again.
         attempt.give_back(attempt.keys)
@@ -313,9 +313,9 @@ PAUSING_WAIT_CHILD = WAIT_CHILD.replace(
 
 
 def _claim_bound_s() -> float:
-    """A granted ticket's slot moves on within its claim window, then the next repair check
-    of a waiter that polls finds its holder past the deadline."""
-    return (grants.claim_ms() + waiting.repair_interval_ms() + waiting.poll_ms() * 1.25) / 1000 + 0.5
+    """A granted ticket's slot moves on within its claim bound (its process's heartbeat
+    stops: sooner), then the next repair check of a waiter that polls ends its holder."""
+    return (grants.claim_bound_ms() + waiting.repair_interval_ms() + waiting.poll_ms() * 1.25) / 1000 + 0.5
 
 
 def test_given_a_dead_waiter_first_in_line_without_wakeups_then_its_grant_moves_on_within_the_claim_window(
@@ -369,6 +369,42 @@ def test_given_a_waiter_killed_after_its_grant_and_before_it_claimed_then_the_ne
     finally:
         if child.poll() is None:
             child.kill()
+
+
+def test_given_a_granted_waiter_whose_process_lives_but_is_slow_to_claim_then_repair_waits_up_to_the_claim_bound(
+        settings):
+    # Given: a waiter first in line in a child process whose waiting thread stops right
+    # after its grant reached it, while the process itself lives (its heartbeat goes on).
+    settings.LEASES_WAIT_POLL_MS = 200
+    put("res", "levels: {global: 1}\nwaitMs: 60000")
+    held = leases.acquire(req(user="h"))
+    child = _child(PAUSING_WAIT_CHILD, LEASES_TEST_PAUSE="claim")
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        slow = until(lambda: queued_ids() and queued_ids()[0])
+        time.sleep(presence.beat_period_s() * 1.5)  # the child's heartbeat is written
+        follower = queue_up(req(user="follower"))
+        # When: the holder releases; the child is granted and does not claim.
+        held.release()
+        assert child.stderr.readline().startswith("LEASES-PAUSED claim")
+        granted = time.monotonic()
+        # Then: past the claim window, and the repairs of the follower's process meanwhile,
+        # the grant stands: a live process's waiter that is merely slow keeps its turn ...
+        time.sleep((grants.claim_ms() + 2 * waiting.repair_interval_ms()) / 1000)
+        assert [entries.token_of(e) for e in gate_doc()["holders"]] == [slow]
+        assert store.holders().find_one({"_id": slow})["state"] == "PENDING"
+        assert follower.lease is None
+        # ... until the claim bound: then the slot moves on to the next.
+        follower.join(10)
+        assert follower.lease is not None
+        assert time.monotonic() - granted <= _claim_bound_s()
+        gate = gate_doc()
+        assert slow not in [entries.token_of(e) for e in gate["holders"]] and gate["count"] == 1
+        follower.lease.release()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
 
 
 @pytest.mark.parametrize("listening", [True, False])
