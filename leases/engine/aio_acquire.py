@@ -17,7 +17,7 @@ from pymongo import ReturnDocument
 
 from ..errors import LeaseUnavailable
 from ..queue import fences, slots, waiting, wakeups
-from ..store import client as store, holder_commands as commands
+from ..store import admission, client as store, holder_commands as commands
 from .aio_counters import give_back
 from .aio_lease import ANOOP, AsyncLease, AsyncNoopLease
 from .aio_waiter import EXECUTOR, wait_in_queue
@@ -77,10 +77,24 @@ async def _acquire(request: LeaseRequest) -> "AsyncLease | AsyncNoopLease":
     attempt, wait_ms = prepared
     started = time.monotonic()
     with outcome(attempt) as record:
-        lease = await _uncontended(attempt, queues=wait_ms > 0)
+        lease = await _admitted_uncontended(attempt, queues=wait_ms > 0)
         if lease is None:
             lease = await wait_in_queue(attempt, wait_ms, started)
         return AsyncLease(record(lease))
+
+
+async def _admitted_uncontended(attempt: Any, *, queues: bool) -> Lease | None:
+    """:func:`_uncontended` as one admitted step of this event loop.
+
+    Raises:
+        LeaseUnavailable: not admitted within ``LEASES_STORE_ADMISSION_MS``, or as
+            :func:`_uncontended`.
+    """
+    try:
+        async with admission.admitted_async():
+            return await _uncontended(attempt, queues=queues)
+    except pymongo.errors.ExecutionTimeout as exc:  # only the admission's: the try converts its own
+        raise LeaseUnavailable(f"lease store busy: {exc}") from None
 
 
 async def _uncontended(attempt: Any, *, queues: bool) -> Lease | None:

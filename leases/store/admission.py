@@ -8,7 +8,9 @@ each process runs a few steps at a time and the rest wait their turn in the proc
 their store timeout starts), so the store's queue stays short and its answers fast; the
 burst drains at the store's own pace.
 
-Only the acquire path's steps are admitted (:func:`leases.engine.step.step`): releases,
+Only the acquire path's steps are admitted (:func:`leases.engine.step.step`, and the async
+path's uncontended try, :func:`admitted_async`, with a budget of the same size per event
+loop — a coroutine waits on the loop, never blocking it): releases,
 claims and renewals end or complete grants and go at once, so a burst of newcomers never
 holds up the slots they wait for. A step within a step is admitted with its outer step. The
 wait is bounded (``LEASES_STORE_ADMISSION_MS``, 30 s): past it the step fails as the store
@@ -21,7 +23,8 @@ import asyncio
 import contextlib
 import os
 import threading
-from collections.abc import Iterator
+import weakref
+from collections.abc import AsyncIterator, Iterator
 
 import pymongo.errors
 
@@ -30,6 +33,9 @@ from ..conf import lease_settings
 _local = threading.local()
 _lock = threading.Lock()
 _gate: tuple[int, int, threading.BoundedSemaphore] | None = None  # (pid, size, semaphore)
+# Event loop -> (size, semaphore): each loop has its own (an asyncio primitive is bound to it).
+_loop_gates: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[int, asyncio.Semaphore]]" = (
+    weakref.WeakKeyDictionary())
 
 
 def _semaphore() -> threading.BoundedSemaphore | None:
@@ -72,3 +78,32 @@ def admitted() -> Iterator[None]:
         _local.depth = depth
         if semaphore is not None:
             semaphore.release()
+
+
+@contextlib.asynccontextmanager
+async def admitted_async() -> AsyncIterator[None]:
+    """Run the block as one admitted store step of this event loop (the async path's
+    uncontended try: 1,000 tasks starting together would otherwise send 1,000 holder writes
+    at once and wait on the connection pool past the store bound).
+
+    Raises:
+        pymongo.errors.ExecutionTimeout: not admitted within ``LEASES_STORE_ADMISSION_MS``.
+    """
+    size = int(lease_settings.STORE_CONCURRENCY)
+    if size <= 0:
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    known = _loop_gates.get(loop)
+    if known is None or known[0] != size:
+        known = _loop_gates[loop] = (size, asyncio.Semaphore(size))
+    semaphore = known[1]
+    try:
+        await asyncio.wait_for(semaphore.acquire(), timeout=int(lease_settings.STORE_ADMISSION_MS) / 1000.0)
+    except TimeoutError:
+        raise pymongo.errors.ExecutionTimeout(
+            "too many store steps in flight in this event loop (LEASES_STORE_CONCURRENCY)") from None
+    try:
+        yield
+    finally:
+        semaphore.release()

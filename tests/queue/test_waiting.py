@@ -318,6 +318,17 @@ def _claim_bound_s() -> float:
     return (grants.claim_bound_ms() + waiting.repair_interval_ms() + waiting.poll_ms() * 1.25) / 1000 + 0.5
 
 
+def _slot_moves_on(follower, since: float, unclaimed: str) -> None:
+    """The next waiter gets the slot within the claim bound from ``since``, and the entry of
+    the grant ``unclaimed`` never claimed is off the gate."""
+    follower.join(10)
+    assert follower.lease is not None
+    assert time.monotonic() - since <= _claim_bound_s()
+    gate = gate_doc()
+    assert unclaimed not in [entries.token_of(e) for e in gate["holders"]] and gate["count"] == 1
+    follower.lease.release()
+
+
 def test_given_a_dead_waiter_first_in_line_without_wakeups_then_its_grant_moves_on_within_the_claim_window(
         settings, monkeypatch):
     # Without Redis nothing tells that the waiter's process is gone: the release grants it
@@ -343,50 +354,47 @@ def test_given_a_dead_waiter_first_in_line_without_wakeups_then_its_grant_moves_
         follower.lease.release()
 
 
-def test_given_a_waiter_killed_after_its_grant_and_before_it_claimed_then_the_next_gets_the_slot_in_bound(settings):
-    # Given: a waiter first in line whose process stops right after its grant reached it.
-    settings.LEASES_WAIT_POLL_MS = 200
+@contextmanager
+def child_granted_and_stopped_at_its_mark(settle_s: float = 0.0):
+    """A waiter first in line in a child process, a follower behind it in this one, and a
+    release that grants the child, whose mark then stops at its pause point (its lease is
+    answered, not claimed); yields (child, its ticket, follower). ``settle_s``: how long the
+    child waits before the follower queues."""
     put("res", "levels: {global: 1}\nwaitMs: 60000")
     held = leases.acquire(req(user="h"))
     child = _child(PAUSING_WAIT_CHILD, LEASES_TEST_PAUSE="claim")
     try:
         assert child.stdout.readline().strip() == "ready"
-        dead = until(lambda: queued_ids() and queued_ids()[0])
+        ticket = until(lambda: queued_ids() and queued_ids()[0])
+        time.sleep(settle_s)
         follower = queue_up(req(user="follower"))
-        # When: the holder releases; the child is granted, stops before its claim, is killed.
         held.release()
         assert child.stderr.readline().startswith("LEASES-PAUSED claim")
+        yield child, ticket, follower
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
+
+
+def test_given_a_waiter_killed_after_its_grant_and_before_it_claimed_then_the_next_gets_the_slot_in_bound(settings):
+    # Given: a waiter first in line whose process stops right after its grant reached it.
+    settings.LEASES_WAIT_POLL_MS = 200
+    with child_granted_and_stopped_at_its_mark() as (child, dead, follower):
+        # When: it is killed before its claim.
         os.kill(child.pid, signal.SIGKILL)
         child.wait(10)
         killed = time.monotonic()
         # Then: the next waiter gets the slot within the claim bound; the dead one's entry is gone.
-        follower.join(10)
-        assert follower.lease is not None
-        assert time.monotonic() - killed <= _claim_bound_s()
-        gate = gate_doc()
-        assert dead not in [entries.token_of(e) for e in gate["holders"]] and gate["count"] == 1
-        follower.lease.release()
-    finally:
-        if child.poll() is None:
-            child.kill()
+        _slot_moves_on(follower, killed, dead)
 
 
 def test_given_a_granted_waiter_whose_process_lives_but_is_slow_to_claim_then_repair_waits_up_to_the_claim_bound(
         settings):
-    # Given: a waiter first in line in a child process whose waiting thread stops right
-    # after its grant reached it, while the process itself lives (its heartbeat goes on).
+    # Given: a waiter in a child process whose grant is answered and whose mark then stops,
+    # while the process itself lives (its heartbeat goes on, written before the grant).
     settings.LEASES_WAIT_POLL_MS = 200
-    put("res", "levels: {global: 1}\nwaitMs: 60000")
-    held = leases.acquire(req(user="h"))
-    child = _child(PAUSING_WAIT_CHILD, LEASES_TEST_PAUSE="claim")
-    try:
-        assert child.stdout.readline().strip() == "ready"
-        slow = until(lambda: queued_ids() and queued_ids()[0])
-        time.sleep(presence.beat_period_s() * 1.5)  # the child's heartbeat is written
-        follower = queue_up(req(user="follower"))
-        # When: the holder releases; the child is granted and does not claim.
-        held.release()
-        assert child.stderr.readline().startswith("LEASES-PAUSED claim")
+    with child_granted_and_stopped_at_its_mark(settle_s=presence.beat_period_s() * 1.5) as (_, slow, follower):
         granted = time.monotonic()
         # Then: past the claim window, and the repairs of the follower's process meanwhile,
         # the grant stands: a live process's waiter that is merely slow keeps its turn ...
@@ -395,16 +403,7 @@ def test_given_a_granted_waiter_whose_process_lives_but_is_slow_to_claim_then_re
         assert store.holders().find_one({"_id": slow})["state"] == "PENDING"
         assert follower.lease is None
         # ... until the claim bound: then the slot moves on to the next.
-        follower.join(10)
-        assert follower.lease is not None
-        assert time.monotonic() - granted <= _claim_bound_s()
-        gate = gate_doc()
-        assert slow not in [entries.token_of(e) for e in gate["holders"]] and gate["count"] == 1
-        follower.lease.release()
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait(10)
+        _slot_moves_on(follower, granted, slow)
 
 
 @pytest.mark.parametrize("listening", [True, False])

@@ -86,3 +86,57 @@ def test_given_a_coroutine_then_it_never_waits_on_the_semaphore(settings):
 
     with slot_held_elsewhere():
         assert asyncio.run(in_a_loop())
+
+
+def test_given_many_coroutines_of_one_loop_then_their_steps_run_a_few_at_a_time_without_blocking_it(settings):
+    # The async path's uncontended try: a coroutine waits for its turn on the loop (the
+    # others keep running), never on the threads' semaphore.
+    settings.LEASES_STORE_CONCURRENCY = 2
+    running, most, ticks = [0], [0], [0]
+
+    async def a_step():
+        async with admission.admitted_async():
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+            await asyncio.sleep(0.02)
+            running[0] -= 1
+
+    async def ticker(stop: asyncio.Event):
+        while not stop.is_set():
+            ticks[0] += 1
+            await asyncio.sleep(0.005)
+
+    async def main():
+        stop = asyncio.Event()
+        clock = asyncio.create_task(ticker(stop))
+        await asyncio.gather(*(a_step() for _ in range(10)))
+        stop.set()
+        await clock
+
+    with slot_held_elsewhere():  # a thread's step: a budget of its own
+        asyncio.run(main())
+    assert most[0] == 2 and ticks[0] >= 10
+
+
+def test_given_a_loop_whose_slots_stay_taken_past_the_bound_then_its_step_fails_as_a_store_timeout(settings):
+    settings.LEASES_STORE_CONCURRENCY = 1
+    settings.LEASES_STORE_ADMISSION_MS = 100
+
+    async def main():
+        release = asyncio.Event()
+
+        async def holder():
+            async with admission.admitted_async():
+                await release.wait()
+
+        task = asyncio.create_task(holder())
+        await asyncio.sleep(0.01)
+        started = time.monotonic()
+        with pytest.raises(pymongo.errors.ExecutionTimeout):
+            async with admission.admitted_async():
+                pass
+        release.set()
+        await task
+        return time.monotonic() - started
+
+    assert asyncio.run(main()) < 2
