@@ -23,10 +23,10 @@ from typing import Any
 DEFAULTS: dict[str, Any] = {
     # Store
     "MONGO_TIMEOUT_MS": 2000,
-    # How many store steps (an acquire's attempt, a turn, a release) one process runs at
-    # once; the others wait their turn in the process, up to LEASES_STORE_ADMISSION_MS, so a
-    # burst of requests queues in the clients instead of piling onto the store until every
-    # command times out. 0: no limit.
+    # How many acquire steps (an attempt, a turn; releases, claims and renewals go at once)
+    # one process — and one event loop — runs at once; the others wait their turn, up to
+    # LEASES_STORE_ADMISSION_MS, so a burst of requests queues in the clients instead of
+    # piling onto the store until every command times out. 0: no limit.
     "STORE_CONCURRENCY": 2,
     # The longest an acquire step waits for its turn among its process's steps; past it the
     # step fails as a store timeout would (LeaseUnavailable).

@@ -112,19 +112,22 @@ def register(ticket_id: str, event: threading.Event | None = None) -> threading.
     return event
 
 
+def _subscribed_here() -> bool:
+    """This process's subscriber thread runs and has subscribed (fork-aware)."""
+    return _thread is not None and _thread_pid == os.getpid() and _thread.is_alive() and _subscribed.is_set()
+
+
 def listening() -> bool:
     """Whether this process's subscriber is subscribed and Redis answers it: a grant's
     wake-up can reach its waiters (False while Redis is unreachable or frozen — not heard for
     :data:`DEAF_AFTER_S` — and before the first subscription)."""
-    return (_thread is not None and _thread_pid == os.getpid() and _thread.is_alive() and _subscribed.is_set()
-            and time.monotonic() - _heard < DEAF_AFTER_S)
+    return _subscribed_here() and time.monotonic() - _heard < DEAF_AFTER_S
 
 
 def _deaf() -> bool:
     """This process's subscriber was subscribed but has not heard from Redis lately: a
     publish now would most likely wait out its timeout."""
-    return (_thread is not None and _thread_pid == os.getpid() and _thread.is_alive() and _subscribed.is_set()
-            and time.monotonic() - _heard >= DEAF_AFTER_S)
+    return _subscribed_here() and time.monotonic() - _heard >= DEAF_AFTER_S
 
 
 def unregister(ticket_id: str) -> None:

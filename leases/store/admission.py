@@ -38,9 +38,19 @@ _loop_gates: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[int, as
     weakref.WeakKeyDictionary())
 
 
+def _size() -> int:
+    """Steps admitted at once (``LEASES_STORE_CONCURRENCY``; 0 or less: no limit)."""
+    return int(lease_settings.STORE_CONCURRENCY)
+
+
+def _bound_s() -> float:
+    """The longest a step waits for its turn (``LEASES_STORE_ADMISSION_MS``)."""
+    return int(lease_settings.STORE_ADMISSION_MS) / 1000.0
+
+
 def _semaphore() -> threading.BoundedSemaphore | None:
     global _gate
-    size = int(lease_settings.STORE_CONCURRENCY)
+    size = _size()
     if size <= 0:
         return None
     with _lock:
@@ -69,7 +79,7 @@ def admitted() -> Iterator[None]:
     """
     depth = getattr(_local, "depth", 0)
     semaphore = None if depth or _in_event_loop() else _semaphore()
-    if semaphore is not None and not semaphore.acquire(timeout=int(lease_settings.STORE_ADMISSION_MS) / 1000.0):
+    if semaphore is not None and not semaphore.acquire(timeout=_bound_s()):
         raise pymongo.errors.ExecutionTimeout("too many store steps in flight in this process (LEASES_STORE_CONCURRENCY)")
     _local.depth = depth + 1
     try:
@@ -89,7 +99,7 @@ async def admitted_async() -> AsyncIterator[None]:
     Raises:
         pymongo.errors.ExecutionTimeout: not admitted within ``LEASES_STORE_ADMISSION_MS``.
     """
-    size = int(lease_settings.STORE_CONCURRENCY)
+    size = _size()
     if size <= 0:
         yield
         return
@@ -99,7 +109,7 @@ async def admitted_async() -> AsyncIterator[None]:
         known = _loop_gates[loop] = (size, asyncio.Semaphore(size))
     semaphore = known[1]
     try:
-        await asyncio.wait_for(semaphore.acquire(), timeout=int(lease_settings.STORE_ADMISSION_MS) / 1000.0)
+        await asyncio.wait_for(semaphore.acquire(), timeout=_bound_s())
     except TimeoutError:
         raise pymongo.errors.ExecutionTimeout(
             "too many store steps in flight in this event loop (LEASES_STORE_CONCURRENCY)") from None
