@@ -59,7 +59,7 @@ Run (embedded server unless MONGODB_URI is set)::
 
     python bench/bench_depth.py [--mode threads,aio,http] [--depths 12,96,384,1000]
         [--seconds 30] [--no-zk] [--grace S] [--error-pause 0.05]
-        [--http-clients 4 --http-threads 16 --http-workers 4 --http-server-threads 8]
+        [--http-clients 4 --http-threads 16 --http-workers 4 --http-server-threads 8 --http-poll-wait-ms 5000]
     python bench/bench_depth.py --idle-waiters 1000 [--hold-minutes 2]
     python bench/bench_depth.py --resources 100 --per-resource 100
 
@@ -447,10 +447,12 @@ def aio_child(index, waiters, hold, grace, idle_delay, seconds, ready_q, start_e
     asyncio.run(main())
 
 
-def http_child(index, base_url, keys, waiters, hold, grace, idle_delay, workers, seconds, ready_q, start_event,
-               start_value, result_q):
+def http_child(index, base_url, keys, waiters, hold, grace, idle_delay, workers, poll_wait_ms, seconds, ready_q,
+               start_event, start_value, result_q):
     """Keeps its waiters' tickets with ``workers`` threads: a schedule of due calls (POST,
-    ticket polls at ``Retry-After``, DELETE after the hold) run by a small pool."""
+    ticket polls at ``Retry-After`` — each waiting up to ``poll_wait_ms`` for the grant when
+    the server expects it within that, 0: plain polls —, DELETE after the hold) run by a
+    small pool."""
     from concurrent.futures import ThreadPoolExecutor
 
     import requests
@@ -499,7 +501,8 @@ def http_child(index, base_url, keys, waiters, hold, grace, idle_delay, workers,
                                                            "projectId": "p1", "userId": f"u{waiter.index}",
                                                            "holderRef": f"w{waiter.index}", "waitMs": 1})
             elif action == "poll":
-                response = call("GET", f"tickets/{state['ticket']}", waiter)
+                response = call("GET", f"tickets/{state['ticket']}" + (f"?waitMs={poll_wait_ms}" if poll_wait_ms else ""),
+                                waiter)
             else:  # release
                 # Called when due (as a thread calls release() after its hold), even when the
                 # release pool got to it later: a busy client must not count as a longer hold.
@@ -519,8 +522,11 @@ def http_child(index, base_url, keys, waiters, hold, grace, idle_delay, workers,
         if response.status_code == 201:
             granted(waiter, state, response.json())
         elif response.status_code in (200, 202) and "ticket" in (body := response.json()):
+            # A 202 is followed by a poll at once when polls wait (the server answers a ticket
+            # further back at once, with its Retry-After); else at Retry-After.
+            first = response.status_code == 202 and poll_wait_ms > 0
             state["ticket"] = body["ticket"]
-            later(time.time() + poll_pause(response, body), "poll", waiter, state)
+            later(time.time() + (0.0 if first else poll_pause(response, body)), "poll", waiter, state)
         elif response.status_code == 200:  # a noop grant: no limit on this resource (not expected)
             granted(waiter, state, response.json())
         else:
@@ -869,7 +875,8 @@ def run_depth(mode: str, depth: int, args, zk: ZooKeeper | None, http: dict | No
         layout_text = f"{len(clients)} clients"
         gunicorn = _gunicorn_pids(http["url"])
         layout_text += f"; server CPU: store + {len(gunicorn)} gunicorn processes"
-        run = run_processes(http_child, [(i, http["url"], http["keys"], g, HOLD_S, grace, 0.0, args.http_threads)
+        run = run_processes(http_child, [(i, http["url"], http["keys"], g, HOLD_S, grace, 0.0, args.http_threads,
+                                          args.http_poll_wait_ms)
                                          for i, g in enumerate(clients)], args.seconds, grace,
                             pids=_server_pids() + gunicorn, **common)
     ours = figures(run, waiters, depth, layout_text)
@@ -981,7 +988,11 @@ def _http_server(stack, args) -> dict:
     for tenant in TENANTS:
         Tenant.objects.get_or_create(slug=tenant, defaults={"name": tenant})  # keys name existing tenants
         keyset[tenant] = keys.create_key(tenant_id=tenant, name="bench-depth", acting_user="bench")[1]
-    return {"url": stack.enter_context(running_server(workers=args.http_workers, threads=args.http_server_threads)),
+    # A long poll holds a server thread: at most half of each worker's, the rest serve the
+    # releases, acquires and plain polls.
+    long_polls = str(max(1, args.http_server_threads // 2))
+    return {"url": stack.enter_context(running_server(workers=args.http_workers, threads=args.http_server_threads,
+                                                      env={"LEASES_HTTP_LONG_POLLS": long_polls})),
             "keys": keyset}
 
 
@@ -1005,6 +1016,8 @@ def main() -> None:
     parser.add_argument("--per-resource", type=int, default=100, help="many-resources scenario: waiters each")
     parser.add_argument("--http-clients", type=int, default=4, help="http mode: client processes")
     parser.add_argument("--http-threads", type=int, default=16, help="http mode: threads a client process")
+    parser.add_argument("--http-poll-wait-ms", type=int, default=5000,
+                        help="http mode: each ticket poll's waitMs (a long poll; 0: plain polls at Retry-After)")
     parser.add_argument("--http-workers", type=int, default=4, help="http mode: gunicorn workers")
     parser.add_argument("--http-server-threads", type=int, default=8, help="http mode: threads a gunicorn worker")
     args = parser.parse_args()

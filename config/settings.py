@@ -36,6 +36,7 @@ Environment variables
 | LEASES_SESSION_TOOLS            | LEASES_SESSION_TOOLS            | {}                             | JSON {tool: {endpoint, auth}} for leases.contrib.sessions.             |
 | (settings only)                 | LEASES_TENANT_ACCESS            | insights.access.ModelTenantAccess | Dotted path of the tenancy hook (a leases.tenancy.TenantAccess).     |
 | LEASES_HTTP_MAX_WAIT_MS         | LEASES_HTTP_MAX_WAIT_MS         | 5000                           | Upper bound (ms) of an HTTP acquire's wait for a slot (then 202 ticket). |
+| LEASES_HTTP_LONG_POLLS          | LEASES_HTTP_LONG_POLLS          | 4                              | Ticket polls (?waitMs=) waiting for their grant at once, per process (each holds a thread). |
 | LEASES_TICKET_TTL_MS            | LEASES_TICKET_TTL_MS            | 3000                           | A waiting ticket not kept alive this long is dropped (dead waiter).    |
 | LEASES_WAIT_POLL_MS             | LEASES_WAIT_POLL_MS             | 1000                           | A waiter's keep-alive and safety poll when no wake-up comes (ms).      |
 | LEASES_REPAIR_INTERVAL_MS       | LEASES_REPAIR_INTERVAL_MS       | 500                            | How often one full counter is checked for slots no holder books (ms).  |
@@ -250,6 +251,7 @@ except ValueError as _exc:
 # HTTP acquire waits at most this long for a slot (then a 202 ticket), so a web worker is never held
 # for a definition's full waitMs; keep it well below the server's request timeout.
 LEASES_HTTP_MAX_WAIT_MS = _env_int("LEASES_HTTP_MAX_WAIT_MS", 5000)
+LEASES_HTTP_LONG_POLLS = _env_int("LEASES_HTTP_LONG_POLLS", 4)
 LEASES_TICKET_TTL_MS = _env_int("LEASES_TICKET_TTL_MS", 3000)
 LEASES_WAIT_POLL_MS = _env_int("LEASES_WAIT_POLL_MS", 1000)
 LEASES_REPAIR_INTERVAL_MS = _env_int("LEASES_REPAIR_INTERVAL_MS", 500)

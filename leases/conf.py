@@ -55,6 +55,10 @@ DEFAULTS: dict[str, Any] = {
     "UNDEFINED_LEASE": "noop",
     # Waiting
     "HTTP_MAX_WAIT_MS": 5000,
+    # Ticket polls that wait for their grant (GET /api/v1/tickets/{id}?waitMs=) at once, per
+    # process: each holds a web worker thread, so keep it below the server's threads per
+    # process (a poll beyond it answers at once, as without waitMs).
+    "HTTP_LONG_POLLS": 4,
     "TICKET_TTL_MS": 3000,
     "WAIT_POLL_MS": 1000,
     # The most tickets one resource's queue (its gate) holds: a request that finds it full

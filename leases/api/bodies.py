@@ -15,7 +15,7 @@ from typing import Any
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest
 
-from leases.errors import BodyTooLarge, InvalidBody
+from leases.errors import BodyTooLarge, InvalidBody, InvalidLeaseRequest
 
 MAX_BODY_BYTES = 32 * 1024  # documented in the OpenAPI document (payloads: 16 KiB BSON)
 MAX_INTERVAL_SECONDS = 7 * 24 * 3600
@@ -208,3 +208,25 @@ PAYLOAD_FIELDS: dict[str, Callable[[Any, str], Any]] = {
     "payload": obj,
     "proposedIntervalSeconds": integer(1, MAX_INTERVAL_SECONDS),
 }
+
+
+def query_integer(request: HttpRequest, name: str, low: int, high: int) -> int:
+    """The query parameter ``name`` (the only one allowed) as an integer in ``[low, high]``
+    (``low`` when absent).
+
+    Raises:
+        InvalidLeaseRequest: another query parameter, ``name`` given more than once, or not a
+            decimal integer in range.
+    """
+    unknown = sorted(set(request.GET) - {name})
+    if unknown:
+        raise InvalidLeaseRequest(f"unknown query parameters {unknown}; allowed: [{name!r}]")
+    values = request.GET.getlist(name)
+    if not values:
+        return low
+    if len(values) > 1:
+        raise InvalidLeaseRequest(f"{name} given more than once")
+    raw = values[0]
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 12 or not low <= int(raw) <= high:
+        raise InvalidLeaseRequest(f"{name} must be an integer from {low} to {high}")
+    return int(raw)

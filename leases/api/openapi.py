@@ -27,7 +27,7 @@ from leases.errors import (
 from leases.ids.validation import PAYLOAD_MAX_BYTES, USER_ID_MAX
 from leases.revocation import handlers
 
-from .bodies import MAX_BODY_BYTES
+from .bodies import MAX_BODY_BYTES, MAX_WAIT_MS
 from .openapi_schemas import REQUEST_ID_PATTERN, SCHEMAS, TOKEN_PATTERN, problem
 from .problems import BUSY_RETRY_AFTER_SECONDS
 
@@ -58,8 +58,8 @@ on the spot, so its slot is free at once.
 `min(definition waitMs, request waitMs, {lease_settings.HTTP_MAX_WAIT_MS} ms)` so no web
 worker is held for long. When no slot freed by then, an acquire of a named lease keeps its
 place in the queue: `202` with a ticket (`Location: /api/v1/tickets/{{id}}`, `position`,
-`pollIntervalSeconds`, `deadline` on server time). Poll `GET /api/v1/tickets/{{id}}` every
-`pollIntervalSeconds` (`Retry-After`): each poll keeps the place (a ticket not polled by its
+`pollIntervalSeconds`, `deadline` on server time). Poll `GET /api/v1/tickets/{{id}}?waitMs=…` at `Retry-After`
+(at most `pollIntervalSeconds`): each poll keeps the place (a ticket not polled by its
 `deadline`, three intervals, is dropped: `410 EXPIRED`) and answers `200` with the ticket
 while it waits, or `201` with the acquire's lease body once it is its turn (a lost answer
 is fetched again by polling once more). `DELETE` gives the place up (or releases the lease
@@ -99,8 +99,9 @@ _TICKET_PARAMETER = {
     "schema": {"type": "string", "pattern": TOKEN_PATTERN},
     "description": "The ticket id from the 202 acquire answer.",
 }
-_POLL_HEADER = {"Retry-After": {"schema": {"type": "integer", "minimum": 1},
-                                "description": "Seconds until the next poll (pollIntervalSeconds)."}}
+_POLL_HEADER = {"Retry-After": {"schema": {"type": "integer", "minimum": 0},
+                                "description": "Seconds until the next poll (at most pollIntervalSeconds; "
+                                               "0 after a poll that waited for the grant to the end of its waitMs)."}}
 
 _COMMON = {
     "401": problem("UNAUTHENTICATED (missing, wrong or revoked API key) or API_KEY_SCOPE_GONE "
@@ -196,6 +197,15 @@ def _paths() -> dict[str, Any]:
             "get": {
                 "operationId": "pollTicket",
                 "summary": "Keep a wait ticket alive; the lease once it is its turn",
+                "parameters": [{
+                    "name": "waitMs", "in": "query", "required": False,
+                    "schema": {"type": "integer", "minimum": 0, "maximum": MAX_WAIT_MS},
+                    "description": "Wait up to this long (capped by the server's "
+                                   f"{lease_settings.HTTP_MAX_WAIT_MS} ms) for the grant when it is expected "
+                                   "within it (a long poll): the slot is taken the moment it is granted. "
+                                   "A ticket further back, or a server with all its long polls busy, "
+                                   "answers at once. After a poll that waited to its end, Retry-After is 0.",
+                }],
                 "responses": {
                     "200": {**_json("Ticket", "Still waiting: the current place and the next deadline."),
                             "headers": _POLL_HEADER},

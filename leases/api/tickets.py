@@ -3,7 +3,9 @@
 ``POST /api/v1/leases`` answers ``202`` with a ticket when no slot freed within the bounded
 wait; the client polls ``GET /api/v1/tickets/{id}`` every ``pollIntervalSeconds`` (each poll
 keeps the ticket alive and takes the slot when it is the ticket's turn, answering the
-acquire's ``201`` body) and may give up with ``DELETE``. A ticket not polled within three
+acquire's ``201`` body) and may give up with ``DELETE``. ``?waitMs=`` makes a poll wait for
+the grant when it is expected within that long (a long poll: the slot is taken the moment a
+release grants it, not at the next poll). A ticket not polled within three
 intervals (``deadline``, MongoDB's clock) is dropped: ``EXPIRED``, terminal, as for leases.
 
 Every call is bound to the API key's tenant (and project): the key's scope is part of every
@@ -19,6 +21,7 @@ from typing import Any
 import pymongo.errors
 
 from leases import service
+from leases.conf import lease_settings
 from leases.engine import holders
 from leases.errors import LeaseUnavailable, StaleLease
 from leases.ids import validation
@@ -45,8 +48,11 @@ class TicketAnswer:
 
     @property
     def retry_after(self) -> int:
-        """``Retry-After``: the estimated wait, but never later than the poll interval (a
+        """``Retry-After``: 0 after a poll that waited for the grant to the end of its wait
+        (poll again now); else the estimated wait, but never later than the poll interval (a
         ticket must be polled to stay alive) and never below one second."""
+        if self.ticket.waited:
+            return 0
         wait = self.estimated_wait_seconds
         if wait is None:
             return self.poll_seconds
@@ -77,11 +83,12 @@ def answer(ticket: service.Ticket) -> TicketAnswer:
     return TicketAnswer(ticket=ticket, poll_seconds=protocol.ticket_poll_seconds())
 
 
-def poll(*, key: ApiKey, ticket_id: str) -> "TicketAnswer | protocol.Grant":
+def poll(*, key: ApiKey, ticket_id: str, wait_ms: int = 0) -> "TicketAnswer | protocol.Grant":
     """Keep the ticket alive; the lease (acquire's grant) once it is the ticket's turn.
 
     A ticket granted before answers the same lease again, so a lost answer can be fetched
-    by polling once more.
+    by polling once more. ``wait_ms`` (at most ``LEASES_HTTP_MAX_WAIT_MS``): wait that long
+    for the grant when it is expected within it (a long poll, :func:`leases.engine.kept.resume`).
 
     Raises:
         InvalidLeaseRequest: malformed ticket id (before any query).
@@ -91,7 +98,8 @@ def poll(*, key: ApiKey, ticket_id: str) -> "TicketAnswer | protocol.Grant":
     """
     validation.token(ticket_id)
     scope = protocol.key_scope(key)
-    result = service.resume(ticket_id, scope=scope, keep_ms=protocol.ticket_keep_ms())
+    result = service.resume(ticket_id, scope=scope, keep_ms=protocol.ticket_keep_ms(),
+                            wait_ms=min(max(0, int(wait_ms)), int(lease_settings.HTTP_MAX_WAIT_MS)))
     if isinstance(result, service.Ticket):
         return answer(result)
     return protocol.grant_of(result)

@@ -91,8 +91,8 @@ def _waiting(ticket: tickets.TicketAnswer, status: int) -> JsonResponse:
 
 @api_view(("GET", "DELETE"))
 def ticket(request: HttpRequest, ticket_id: str, *, key: ApiKey) -> HttpResponse:
-    """GET /api/v1/tickets/{id} → 200 Ticket (still waiting) or 201 Grant (granted now or
-    before); DELETE → 204 (abandoned or released), 200 ``alreadyReleased`` when it had ended."""
+    """GET /api/v1/tickets/{id}[?waitMs=N] → 200 Ticket (still waiting) or 201 Grant (granted
+    now or before; with ``waitMs``, the poll waits up to that long for the grant); DELETE → 204 (abandoned or released), 200 ``alreadyReleased`` when it had ended."""
     if request.method == "DELETE":
         ended_before = tickets.abandon(key=key, ticket_id=ticket_id)
         if ended_before is None:
@@ -100,7 +100,7 @@ def ticket(request: HttpRequest, ticket_id: str, *, key: ApiKey) -> HttpResponse
             response["Cache-Control"] = "no-store"
             return response
         return _created(ended_before.to_json(), 200)
-    polled = tickets.poll(key=key, ticket_id=ticket_id)
+    polled = tickets.poll(key=key, ticket_id=ticket_id, wait_ms=bodies.query_integer(request, "waitMs", 0, bodies.MAX_WAIT_MS))
     if isinstance(polled, tickets.TicketAnswer):
         return _waiting(polled, 200)
     return _created(polled.to_json(), 201)

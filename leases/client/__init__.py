@@ -115,7 +115,8 @@ class HttpLeaseClient:
         ``interval_seconds`` is a proposal; the server decides. ``wait_ms`` bounds the whole
         wait for a slot (default :attr:`DEFAULT_WAIT_MS`): the server waits part of it, and
         when it answers ``202`` with a ticket this call keeps the place by polling the
-        ticket every ``pollIntervalSeconds`` (``Retry-After``) until it is granted — the
+        ticket at ``Retry-After`` (each poll waits for the grant while it is near: a long
+        poll, ``?waitMs=``) until it is granted — the
         same :class:`HttpLease` as a direct grant — or the bound has passed; then it gives
         the ticket up (``DELETE``) and raises ``LeaseBusy`` with the last position.
         ``wait_ms=0`` does not wait at all. ``retry_busy_for`` keeps retrying ``429``
@@ -164,13 +165,20 @@ class HttpLeaseClient:
     def _wait_through(self, response: requests.Response, ticket: dict[str, Any], until: float) -> "HttpLease":
         """Poll the ticket of a ``202`` until it is granted or ``until`` (monotonic) passed."""
         path = f"tickets/{ticket['ticket']}"
+        first = True
         try:
             while True:
                 remaining = until - time.monotonic()
                 if remaining <= 0:
                     raise self._give_up(path, ticket)
-                time.sleep(min(poll_pause(response, ticket), remaining))
-                response, answer = self._answer("GET", path)
+                if not first:
+                    time.sleep(min(poll_pause(response, ticket), remaining))
+                # The poll waits for the grant when it is near (the server decides): the slot
+                # is taken when it frees, not at the next poll. So the first poll goes at
+                # once: a ticket further back is answered at once, with its Retry-After.
+                first = False
+                wait = max(0, min(int((until - time.monotonic()) * 1000), self.MAX_SERVER_WAIT_MS))
+                response, answer = self._answer("GET", f"{path}?waitMs={wait}" if wait else path)
                 if response.status_code == 201:
                     return HttpLease(self, answer)
                 ticket = answer

@@ -82,12 +82,13 @@ def _retry_after(response: requests.Response, body: dict[str, Any]) -> float:
 
 
 def poll_pause(response: requests.Response, ticket: dict[str, Any]) -> float:
-    """Seconds until the next ticket poll: ``Retry-After``, else ``pollIntervalSeconds``."""
-    for value in (response.headers.get("Retry-After"), ticket.get("pollIntervalSeconds")):
+    """Seconds until the next ticket poll: ``Retry-After`` (0 after a poll that waited for the
+    grant to its end: poll again now), else ``pollIntervalSeconds``."""
+    for value, least in ((response.headers.get("Retry-After"), 0.0), (ticket.get("pollIntervalSeconds"), 0.001)):
         try:
             pause = float(value)  # type: ignore[arg-type]
         except (TypeError, ValueError):
             continue
-        if pause > 0:
+        if pause >= least and pause == pause:
             return min(pause, 60.0)
     return 1.0

@@ -8,7 +8,9 @@ waiter's own decision; a ticket not polled in time is dropped as the queue drops
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import threading
 import time
 from datetime import datetime, timedelta
 from typing import Any
@@ -20,7 +22,7 @@ from ..conf import lease_settings
 from ..definitions import model as definitions
 from ..errors import LeaseExpired, LeaseUnavailable
 from ..ids import validation
-from ..queue import backlog, fences, grants, shares, waiting
+from ..queue import backlog, fences, grants, shares, waiting, wakeups, watch
 from ..store import client as store, entries, holder_commands
 from ..store.documents import CounterDoc, TicketDoc
 from ..store.shapes import arrived_at, ticket_in
@@ -36,7 +38,111 @@ from .waiter import Waiter
 log = logging.getLogger(__name__)
 
 
-def resume(ticket_id: str, *, scope: holders.Scope, keep_ms: int) -> "Lease | Ticket":
+def resume(ticket_id: str, *, scope: holders.Scope, keep_ms: int, wait_ms: int = 0) -> "Lease | Ticket":
+    """Poll a kept ticket (:func:`poll_once`); with ``wait_ms``, wait up to that long for its
+    grant before answering "still waiting" (a long poll).
+
+    A long poll waits only for a ticket whose turn is expected within ``wait_ms`` (or not
+    estimated yet), and only while this process has fewer than ``LEASES_HTTP_LONG_POLLS``
+    long polls under way: every long poll holds a web worker thread, and those further back
+    in the queue would hold them for nothing. While it waits the ticket is this process's:
+    a release that grants it publishes the grant to every process (no process is named on
+    a kept ticket), and the process where its poll waits claims it at once, one command; the
+    process's watcher is the safety net for a lost wake-up. At the end of the wait the ticket
+    is polled once more, so its deadline is a full keep from then.
+
+    Raises:
+        as :func:`poll_once`.
+    """
+    validation.token(ticket_id)
+    if wait_ms <= 0:
+        return poll_once(ticket_id, scope=scope, keep_ms=keep_ms)[0]
+    deadline = time.monotonic() + wait_ms / 1000.0
+    slots = _long_poll_slots()
+    if not slots.acquire(blocking=False):
+        return poll_once(ticket_id, scope=scope, keep_ms=keep_ms)[0]
+    # Listening before the first look: a grant published between the look and the wait is
+    # kept for it.
+    event = wakeups.register(ticket_id)
+    watched: str | None = None
+    try:
+        answer, attempt = poll_once(ticket_id, scope=scope, keep_ms=keep_ms)
+        if attempt is None or not isinstance(answer, Ticket) or not long_polls(answer, wait_ms):
+            return answer
+        watched = attempt.gate.key
+        watch.add(watched, ticket_id)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not event.wait(left):
+                answer = poll_once(ticket_id, scope=scope, keep_ms=keep_ms)[0]
+                return dataclasses.replace(answer, waited=True) if isinstance(answer, Ticket) else answer
+            event.clear()
+            granted = wakeups.take_grant(ticket_id)
+            wakeups.take_look(ticket_id)
+            if granted is not None:
+                lease = _claim_woken(attempt, granted)
+                if lease is not None:
+                    return lease
+            answer, again = poll_once(ticket_id, scope=scope, keep_ms=keep_ms)
+            if again is None or not isinstance(answer, Ticket):
+                return answer
+            attempt = again
+    finally:
+        if watched is not None:
+            watch.remove(watched, ticket_id)
+        wakeups.unregister(ticket_id)
+        slots.release()
+
+
+_slots_lock = threading.Lock()
+_slots: tuple[int, threading.BoundedSemaphore] | None = None
+
+
+def _long_poll_slots() -> threading.BoundedSemaphore:
+    """This process's long-poll slots (``LEASES_HTTP_LONG_POLLS``; made again when the setting
+    changes)."""
+    global _slots
+    size = max(1, int(lease_settings.HTTP_LONG_POLLS))
+    with _slots_lock:
+        if _slots is None or _slots[0] != size:
+            _slots = (size, threading.BoundedSemaphore(size))
+        return _slots[1]
+
+
+def long_polls(ticket: Ticket, wait_ms: int) -> bool:
+    """Whether a poll that may wait ``wait_ms`` waits for ``ticket``: its grant is expected
+    within the wait (or not estimated yet)."""
+    if ticket.estimated_grant_at is None:
+        return True
+    return (ticket.estimated_grant_at - ticket.server_time).total_seconds() * 1000 <= wait_ms
+
+
+def _claim_woken(attempt: Attempt, granted: wakeups.Granted) -> Lease | None:
+    """Claim the grant a wake-up told of (the entry booked, its fence): mark the holder HELD,
+    one command. None when it cannot be claimed so (the holder was written again or ended):
+    the caller polls, which finds out what became of the ticket.
+
+    Raises:
+        LeaseUnavailable: the store failed.
+    """
+    def run() -> Lease | None:
+        try:
+            return attempt.claim(granted.booking, granted.fence)
+        except _Vanished:
+            return None
+
+    lease = step(attempt, run, admit=False)  # a claim frees the way: it is not admitted
+    if lease is None:
+        return None
+    metrics.ACQUIRE.labels(resource=metrics.resource_tag(attempt.definition.resource), outcome="success").inc()
+    history.grant(attempt.definition.resource, attempt.request.tenant_id)
+    if attempt.acquired_at is not None and lease.last_seen_at is not None:
+        waited = max(0.0, (lease.last_seen_at - attempt.acquired_at).total_seconds())
+        shares.observe_wait(attempt.definition, attempt.priority[1], waited)
+    return lease
+
+
+def poll_once(ticket_id: str, *, scope: holders.Scope, keep_ms: int) -> "tuple[Lease | Ticket, Attempt | None]":
     """Poll a kept ticket: keep it alive, and book the slot when it is its turn.
 
     ``scope`` is the caller's tenant binding (``{"tenantId": …}``, plus ``projectId`` for a
@@ -47,6 +153,10 @@ def resume(ticket_id: str, *, scope: holders.Scope, keep_ms: int) -> "Lease | Ti
     whose client stopped polling gives its slot back at that deadline; a poll after it is
     told EXPIRED (``ticket-expired``), granted meanwhile or not, and its slot goes back.
     Two commands.
+
+    Returns:
+        The answer, and the attempt the poll rebuilt for a ticket still pending (None when
+        it was a lease already).
 
     Raises:
         StaleLease: no such ticket in the caller's scope.
@@ -87,7 +197,7 @@ def resume(ticket_id: str, *, scope: holders.Scope, keep_ms: int) -> "Lease | Ti
         return Lease(ticket_id, definition, request, list(holder.get("levels") or ()),
                      expires_at=holder.get("expiresAt"), acquired_at=holder.get("acquiredAt"),
                      last_seen_at=holder.get("lastSeenAt"), interval_seconds=holder.get("intervalSeconds"),
-                     attempt_id=holder.get("attemptId"), fence=holder.get("fence"))
+                     attempt_id=holder.get("attemptId"), fence=holder.get("fence")), None
     specs = definition.level_specs(request.tenant_id, request.project_id, request.user_id)
     # The class a ticket queued with stands: it was checked when the request queued, and a
     # System-layer change of the tenant's allowed classes since must not strand a ticket that
@@ -102,7 +212,7 @@ def resume(ticket_id: str, *, scope: holders.Scope, keep_ms: int) -> "Lease | Ti
     waiter = Waiter(attempt, time.monotonic(), time.monotonic(), keep_ms=keep_ms)
     # The poll above kept the ticket alive (its holder's deadline is its keep-alive:
     # leases.queue.presence); the gate is only read, so polling writes nothing to it.
-    gate = step(attempt, lambda: _queued_on(attempt.gate.key, ticket_id))
+    gate, backlogged = step(attempt, lambda: _queued_on(attempt.gate.key, ticket_id))
     granted = None if gate is not None else step(attempt, lambda: _claim_granted(attempt))
     if granted is not None and not isinstance(granted, Lease):
         # Granted, its narrower levels still being booked (or undone) — or stranded so, its
@@ -110,7 +220,7 @@ def resume(ticket_id: str, *, scope: holders.Scope, keep_ms: int) -> "Lease | Ti
         half_done = granted
         gate = step(attempt, lambda: _unstrand(attempt, holder, half_done, keep_ms))
         if gate is None:
-            return Ticket.of(ticket_id, definition, granted, None)  # answer where it stands
+            return Ticket.of(ticket_id, definition, granted, None), attempt  # answer where it stands
         granted = None
     lease = granted
     if lease is not None:
@@ -118,7 +228,7 @@ def resume(ticket_id: str, *, scope: holders.Scope, keep_ms: int) -> "Lease | Ti
         metrics.ACQUIRE.labels(resource=metrics.resource_tag(definition.resource), outcome="success").inc()
         history.grant(definition.resource, request.tenant_id)
         observe_ticket_wait(attempt, CounterDoc(), holder, lease)  # dequeued: arrival from the holder
-        return lease
+        return lease, attempt
     if gate is None:
         # Not polled within its deadline (or already dropped): the waiting is over. Drop it
         # the way the queue drops stale tickets (holder removed, tombstoned).
@@ -136,21 +246,24 @@ def resume(ticket_id: str, *, scope: holders.Scope, keep_ms: int) -> "Lease | Ti
         metrics.ACQUIRE.labels(resource=metrics.resource_tag(definition.resource), outcome="success").inc()
         history.grant(definition.resource, request.tenant_id)
         observe_ticket_wait(attempt, gate, holder, lease)
-        return lease
-    return Ticket.of(ticket_id, definition, waiter.gate or gate, waiter.blocked)
+        return lease, attempt
+    return Ticket.of(ticket_id, definition, waiter.gate or gate, waiter.blocked, backlogged), attempt
 
 
-def _queued_on(gate_key: str, ticket_id: str) -> CounterDoc | None:
-    """The gate, read, when the ticket is queued there; None when it is not (granted, or
-    dropped).
+def _queued_on(gate_key: str, ticket_id: str) -> tuple[CounterDoc | None, dict[str, Any] | None]:
+    """The gate, read, when the ticket is queued there — in its head or its backlog (then
+    its backlog document too); None when it is not (granted, or dropped).
 
     Raises:
         pymongo.errors.PyMongoError: the store failed.
     """
     gate = waiting.read_gate(gate_key)
     if gate is None:
-        return None
-    return gate if ticket_in(gate, ticket_id) is not None or backlog.has(ticket_id, gate_key) else None
+        return None, None
+    if ticket_in(gate, ticket_id) is not None:
+        return gate, None
+    backlogged = backlog.get(ticket_id, gate_key)
+    return (gate, backlogged) if backlogged is not None else (None, None)
 
 
 def _claim_granted(attempt: Attempt) -> Lease | CounterDoc | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..definitions.model import LeaseDefinition
 from ..queue import backlog, estimates, order
@@ -31,11 +31,15 @@ class Ticket:
     server_time: datetime
     deadline: datetime
     estimated_grant_at: datetime | None = None
+    #: The poll that answered it waited for its grant (a long poll) to its end: poll again now.
+    waited: bool = False
 
     @classmethod
-    def of(cls, token: str, definition: LeaseDefinition, gate: CounterDoc, blocked: _Blocked | None) -> "Ticket":
+    def of(cls, token: str, definition: LeaseDefinition, gate: CounterDoc, blocked: _Blocked | None,
+           backlogged: dict[str, Any] | None = None) -> "Ticket":
         """Where the ticket ``token`` stands at ``gate`` (as read, with its ``clock``): in its
-        head, or in its backlog (one more read: placed after the head, in arrival order).
+        head, or in its backlog (placed after the head, in arrival order: a count, and a read
+        of its backlog document unless the caller passes it, ``backlogged``).
 
         Raises:
             pymongo.errors.PyMongoError: the store failed (reading the backlog).
@@ -44,7 +48,7 @@ class Ticket:
         mine: TicketDoc = ticket_in(gate, token) or TicketDoc()
         position = order.position(gate, token, now)
         if not mine:
-            waiting_back = backlog.find(gate["_id"], token)
+            waiting_back = backlog.find(gate["_id"], token, head=len(gate.get("queue") or ()), doc=backlogged)
             if waiting_back is not None:
                 mine, position = waiting_back
         return cls(id=token, resource=definition.resource, lease_name=definition.name,

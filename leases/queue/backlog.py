@@ -105,7 +105,16 @@ def has(ticket_id: str, gate_key: str) -> bool:
     Raises:
         pymongo.errors.PyMongoError: the store failed.
     """
-    return store.tickets().find_one({"_id": ticket_id, "g": gate_key}, {"_id": 1}) is not None
+    return get(ticket_id, gate_key) is not None
+
+
+def get(ticket_id: str, gate_key: str) -> dict[str, Any] | None:
+    """``ticket_id``'s backlog document on ``gate_key``, None when it does not wait there.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed.
+    """
+    return store.tickets().find_one({"_id": ticket_id, "g": gate_key})
 
 
 def remove(gate_key: str, ticket_id: str) -> bool:
@@ -223,20 +232,26 @@ def promote(gate: CounterDoc, *, force: bool = False) -> CounterDoc | None:
     return after
 
 
-def find(gate_key: str, ticket_id: str) -> tuple[TicketDoc, int] | None:
+def find(gate_key: str, ticket_id: str, *, head: int | None = None,
+         doc: dict[str, Any] | None = None) -> tuple[TicketDoc, int] | None:
     """``ticket_id``'s ticket in the backlog of ``gate_key`` and its place: after the whole
-    head, in arrival order among the backlog (the rule promotes by its own order, so the
-    place is an estimate); None when it is not there.
+    head (``head`` tickets, as the caller read the gate; else read here), in arrival order
+    among the backlog (the rule promotes by its own order, so the place is an estimate);
+    None when it is not there. ``doc``: its backlog document as the caller just read it
+    (:func:`get`). One read with both, three with neither.
 
     Raises:
         pymongo.errors.PyMongoError: the store failed.
     """
-    doc = store.tickets().find_one({"_id": ticket_id, "g": gate_key})
+    if doc is None:
+        doc = get(ticket_id, gate_key)
     if doc is None or not isinstance(doc.get("ticket"), dict):
         return None
     ahead = store.tickets().count_documents({"g": gate_key, "at": {"$lt": doc.get("at")}})
-    gate = store.counters().find_one({"_id": gate_key}, {"queue.id": 1}) or {}
-    return doc["ticket"], len(gate.get("queue") or ()) + ahead + 1
+    if head is None:
+        head = len((store.counters().find_one({"_id": gate_key}, {"queue.id": 1}) or {}).get("queue") or ())
+    return doc["ticket"], head + ahead + 1
+
 
 
 def safe_promote(gate: CounterDoc | None, *, force: bool = False) -> CounterDoc | None:

@@ -372,10 +372,9 @@ def complete(keys: Sequence[str], booking: str) -> bool:
 
 def _tell(ticket: TicketDoc, booking: str, fence: str, at: datetime | None) -> None:
     """Wake the granted ticket's waiter with its entry, its fence and the grant's time on
-    MongoDB's clock (an HTTP ticket has no waker: its next poll claims it). Never raises."""
-    process = shapes.waker(ticket)
-    if process is not None:
-        wakeups.grant(ticket["id"], process, booking, fence, at)
+    MongoDB's clock (an HTTP ticket has no waker: every process hears of it, for a poll that
+    waits for it; else its next poll claims it). Never raises."""
+    wakeups.grant(ticket["id"], shapes.waker(ticket), booking, fence, at)
 
 
 def unclaimed(counter: CounterDoc, now: datetime) -> dict[str, datetime]:

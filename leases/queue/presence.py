@@ -47,6 +47,7 @@ _beats = 0  # heartbeats written by this process (tests and benches read it)
 # Process id or kept ticket id → (last keep-alive on MongoDB's clock or None, monotonic time
 # it was read). A kept ticket is keyed by its id (``k:`` prefix).
 _cache: dict[str, tuple[datetime | None, float]] = {}
+_asked: dict[str, float] = {}  # key -> monotonic time a decision last looked it up
 _cache_lock = threading.Lock()
 CACHE_LIMIT = 10_000
 KEPT = "k:"
@@ -145,6 +146,7 @@ def _needs(ticket: TicketDoc, key: str, mono: float, now: datetime | None) -> st
     read), or must read now ("now")."""
     with _cache_lock:
         known = _cache.get(key)
+        _asked[key] = mono
     if known is not None and mono - known[1] < refresh_s():
         # Read within a fifth of the TTL: a live process beats every quarter, so what was
         # read then keeps its tickets short of suspect.
@@ -234,22 +236,55 @@ def _kept_seen(ticket: TicketDoc, deadline: datetime | None) -> datetime | None:
 
 def _refresh(key: str, now: float) -> None:
     """Read ``key`` and every cached key due for a refresh, in one command per collection."""
+    _refresh_keys({key}, now)
+
+
+def _aging(now: float) -> set[str]:
+    """The cached keys half-way to a refresh: read with the ones due, so that one read a
+    refresh period serves them all. (Read only when due, each key would keep the moment of
+    its first read, and a process deciding often would read a few keys at a time, one
+    command each, many times a period.) Trims the cache to :data:`CACHE_LIMIT`."""
     with _cache_lock:
-        due = {k for k, (_, at) in _cache.items() if now - at >= refresh_s()}
         if len(_cache) > CACHE_LIMIT:
             for k in sorted(_cache, key=lambda k: _cache[k][1])[: len(_cache) - CACHE_LIMIT // 2]:
                 _cache.pop(k, None)
-                due.discard(k)
-    due.add(key)
-    _refresh_keys(due, now)
+                _asked.pop(k, None)
+        # Only keys still asked about: a gone process's or a granted ticket's stays cached
+        # (until trimmed) but is not read again.
+        recent = now - 2 * refresh_s()
+        return {k for k, (_, at) in _cache.items() if now - at >= refresh_s() / 2 and _asked.get(k, 0.0) >= recent}
+
+
+_read_lock = threading.Lock()
 
 
 def _refresh_keys(due: set[str], now: float) -> None:
+    # One read at a time per process: the threads of a web process deciding at once would
+    # each read the same keys; those that waited read only what the read before left stale.
+    # Waiting for another thread's read is bounded by one read's bound: a store that does not
+    # answer must not queue the deciders behind each other (what was known then decides).
+    if not _read_lock.acquire(timeout=_read_bound_s()):
+        return
+    try:
+        mono = time.monotonic()
+        with _cache_lock:
+            due = {k for k in due if k not in _cache or mono - _cache[k][1] >= refresh_s() / 2}
+        if due:
+            _read_now(due | _aging(mono))
+    finally:
+        _read_lock.release()
+
+
+def _read_bound_s() -> float:
+    return max(0.5, refresh_s())
+
+
+def _read_now(due: set[str]) -> None:
     processes = [k for k in due if not k.startswith(KEPT)]
     kept = [k[len(KEPT):] for k in due if k.startswith(KEPT)]
     found: dict[str, datetime | None] = dict.fromkeys(due)
     try:
-        with pymongo.timeout(max(0.5, refresh_s())):
+        with pymongo.timeout(_read_bound_s()):
             if processes:
                 for doc in store.presence().find({"_id": {"$in": processes}}, {"seen": 1}):
                     found[str(doc["_id"])] = doc.get("seen")
@@ -269,6 +304,7 @@ def forget() -> None:
     """Drop what this process knows of heartbeats (tests that change the clock's view)."""
     with _cache_lock:
         _cache.clear()
+        _asked.clear()
 
 
 def sweep_filter(before: datetime) -> dict[str, Any]:

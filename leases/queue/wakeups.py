@@ -50,6 +50,11 @@ DEAF_AFTER_S = 1.5
 RECONNECT_AFTER_S = 5.0
 
 ALIVE, DEAD, UNKNOWN = "alive", "dead", "unknown"
+#: The channel every process also listens on, for tickets kept for an HTTP client: they
+#: name no process (any web process may serve the next poll), so their wake-ups go to all,
+#: and the process where a poll waits for its ticket (:mod:`leases.engine.kept`) acts on it.
+#: A process id is 16 hex digits, so this name is never one.
+KEPT = "kept"
 
 _lock = threading.Lock()
 _events: dict[str, threading.Event] = {}
@@ -186,11 +191,11 @@ def _note_grant(ticket_id: str, granted: Granted) -> None:
 _EPOCH = datetime(1970, 1, 1)
 
 
-def grant(ticket_id: str, process: str, booking: str, fence: str, at: datetime | None = None) -> str:
+def grant(ticket_id: str, process: str | None, booking: str, fence: str, at: datetime | None = None) -> str:
     """Wake a waiter whose ticket was granted: the message carries the booked entry, the
     fence and the grant's time on MongoDB's clock (``at``), so it claims without reading the
     gate. Never raises; answers as :func:`wake`."""
-    if process == process_id():
+    if process == process_id() or not process:
         _note_grant(ticket_id, Granted(booking, fence, at))
     body: dict[str, Any] = {"id": ticket_id, "e": booking, "f": fence}
     if at is not None:
@@ -218,14 +223,16 @@ def wake(ticket_id: str, process: str | None, hint: dict[str, Any] | None = None
 
     Returns:
         ``ALIVE`` (delivered), ``DEAD`` (its process has no subscriber any more) or
-        ``UNKNOWN`` (no process id on the ticket — an HTTP client polls it — or Redis is
-        unreachable).
+        ``UNKNOWN`` (no process id on the ticket — an HTTP client polls it: the wake-up goes
+        to every process, on the :data:`KEPT` channel, for a poll that waits for it — or
+        Redis is unreachable).
     """
     global _publisher, _publisher_pid, _publish_blocked_until
-    if process == process_id() and _deliver([ticket_id]):
+    if (process == process_id() or not process) and _deliver([ticket_id]):
         return ALIVE
-    if not process:
-        return UNKNOWN
+    # A kept ticket's poll may wait in any web process: all hear of it; whether anyone
+    # received it says nothing of the ticket's client (it may be between two polls).
+    kept = not process
     now = time.monotonic()
     if now < _publish_blocked_until or _deaf():
         return UNKNOWN
@@ -234,10 +241,13 @@ def wake(ticket_id: str, process: str | None, hint: dict[str, Any] | None = None
             _publisher = redis.Redis.from_url(_redis_url(), socket_connect_timeout=PUBLISH_TIMEOUT_S,
                                               socket_timeout=PUBLISH_TIMEOUT_S)
             _publisher_pid = os.getpid()
-        received = _publisher.publish(channel(process), json.dumps([ticket_id, *([hint] if hint else [])]))
+        received = _publisher.publish(channel(KEPT if kept else process),
+                                      json.dumps([ticket_id, *([hint] if hint else [])]))
     except redis.RedisError as exc:
         _publish_blocked_until = now + PUBLISH_BACKOFF_S
         log.debug("wake-up publish failed (%s); waiters fall back to polling", exc)
+        return UNKNOWN
+    if kept:
         return UNKNOWN
     return ALIVE if received else DEAD
 
@@ -290,7 +300,7 @@ def _run(channel_name: str) -> None:
             conn = redis.Redis.from_url(_redis_url(), socket_connect_timeout=2, socket_timeout=5,
                                         health_check_interval=10)
             pubsub = conn.pubsub(ignore_subscribe_messages=False)
-            pubsub.subscribe(channel_name)
+            pubsub.subscribe(channel_name, channel(KEPT))
             backoff = 0.2
             pinged = time.monotonic()
             while True:

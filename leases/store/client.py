@@ -192,11 +192,16 @@ def reset() -> None:
         _indexed.clear()
 
 
+_index_lock = threading.RLock()
+
+
 def db() -> Database:
     """The lease database, with indexes ensured once per process and database."""
     database = client()[database_name()]
     if database.name not in _indexed:
-        ensure_indexes(database)
+        with _index_lock:  # the threads of a process starting at once ensure them once
+            if database.name not in _indexed:
+                ensure_indexes(database)
     return database
 
 

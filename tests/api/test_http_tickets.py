@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import math
 import subprocess
+import threading
 import time
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 import requests
@@ -403,3 +404,60 @@ def test_given_a_kept_ticket_when_the_holder_releases_then_the_release_grants_it
     doc = store.holders().find_one({"_id": ticket})
     assert doc["state"] == "HELD" and granted.json()["fence"] == doc["fence"] is not None
     assert abandon(server, acme, ticket).status_code == 204
+
+
+def long_poll(server, session, ticket_id, wait_ms):
+    return session.get(f"{server}/api/v1/tickets/{ticket_id}", params={"waitMs": wait_ms}, timeout=30)
+
+
+def test_given_a_poll_that_waits_when_the_holder_releases_then_it_answers_the_grant_at_once(server, acme, lease_name):
+    held = acquire(server, acme, lease_name).json()
+    ticket = queued(server, acme, lease_name, user="u2")["ticket"]
+    before = store.holders().find_one({"_id": ticket})["polledAt"]
+    answers = []
+    started = time.monotonic()
+    waiting = threading.Thread(target=lambda: answers.append((long_poll(server, acme, ticket, 5000), time.monotonic())))
+    waiting.start()
+    # When the poll is under way (it moved the ticket's deadline) and then the holder releases
+    until(lambda: store.holders().find_one({"_id": ticket})["polledAt"] > before, "the poll to reach the server")
+    released = time.monotonic()
+    assert acme.delete(f"{server}/api/v1/leases/{held['token']}", timeout=30).json()["released"] is True
+    waiting.join(WAIT_BOUND_SECONDS)
+    # Then the waiting poll answers the lease, long before its 5 s wait ends (the release's
+    # wake-up reached the process where it waits; without it the grant waited for the poll's end)
+    response, answered = answers[0]
+    assert response.status_code == 201, response.text
+    assert answered - released < 3.0 and answered - started < 4.5, (answered - released, answered - started)
+    doc = store.holders().find_one({"_id": ticket})
+    assert doc["state"] == "HELD" and response.json()["fence"] == doc["fence"] is not None
+    assert abandon(server, acme, ticket).status_code == 204
+
+
+def test_given_a_poll_that_waits_when_nothing_frees_then_it_answers_at_the_end_of_its_wait_poll_again_now(
+        server, acme, lease_name):
+    held = acquire(server, acme, lease_name).json()
+    ticket = queued(server, acme, lease_name, user="u2")["ticket"]
+    started = time.monotonic()
+    response = long_poll(server, acme, ticket, 1000)
+    elapsed = time.monotonic() - started
+    assert response.status_code == 200, response.text
+    assert elapsed >= 0.9, elapsed
+    assert response.headers["Retry-After"] == "0" and response.json()["position"] == 1
+    # The ticket's deadline is a full keep from the wait's end (polled again then)
+    body = response.json()
+    left = datetime.fromisoformat(body["deadline"]) - datetime.fromisoformat(body["serverTime"])
+    assert left >= timedelta(seconds=3 * POLL_SECONDS - 1), left
+    assert store.holders().find_one({"_id": ticket})["state"] == "PENDING"
+    assert abandon(server, acme, ticket).status_code == 204
+    assert acme.delete(f"{server}/api/v1/leases/{held['token']}", timeout=30).status_code == 200
+
+
+@pytest.mark.parametrize("query", ["waitMs=abc", "waitMs=-1", "waitMs=600001", "waitMs=1&waitMs=2", "waitMs=1&other=1",
+                                   "wait=5"])
+def test_given_a_bad_wait_when_polling_then_400_and_the_ticket_is_untouched(server, acme, lease_name, query):
+    acquire(server, acme, lease_name)
+    ticket = queued(server, acme, lease_name, user="u2")["ticket"]
+    before = store.holders().find_one({"_id": ticket})
+    response = acme.get(f"{server}/api/v1/tickets/{ticket}?{query}", timeout=30)
+    assert_problem(response, 400, "INVALID_REQUEST")
+    assert store.holders().find_one({"_id": ticket}) == before

@@ -81,11 +81,29 @@ def test_given_a_process_with_no_subscriber_when_woken_then_dead(fresh_publisher
 
 
 @pytest.mark.parametrize("process", [None, ""])
-def test_given_a_ticket_without_a_process_then_unknown_and_nothing_is_set(process, fresh_publisher):
+def test_given_a_kept_ticket_whose_poll_waits_in_another_process_then_every_process_hears_of_it(
+        process, fresh_publisher):
+    # A kept ticket (an HTTP client's) names no process: its wake-up goes out on the channel
+    # every process listens on, whose poll may wait for it anywhere; the answer says nothing
+    # of its client, who may be between two polls.
+    listener = redis.Redis.from_url(MAIN_REDIS).pubsub(ignore_subscribe_messages=True)
+    listener.subscribe(wakeups.channel(wakeups.KEPT))
+    try:
+        assert listener.get_message(timeout=5) is None  # subscribed (the confirmation skipped)
+        assert wakeups.wake("tk-http", process) == wakeups.UNKNOWN
+        message = listener.get_message(timeout=5)
+        assert message is not None and json.loads(message["data"]) == ["tk-http"]
+    finally:
+        listener.close()
+
+
+@pytest.mark.parametrize("process", [None, ""])
+def test_given_a_kept_ticket_whose_poll_waits_here_then_it_is_woken_here_with_its_grant(process, fresh_publisher):
     event = wakeups.register("tk-http")
     try:
-        assert wakeups.wake("tk-http", process) == wakeups.UNKNOWN  # an HTTP client's ticket: it polls
-        assert not event.is_set()
+        assert wakeups.grant("tk-http", process, "entry", "fence") == wakeups.ALIVE
+        assert event.is_set()
+        assert wakeups.take_grant("tk-http") == wakeups.Granted("entry", "fence")
     finally:
         wakeups.unregister("tk-http")
 
