@@ -133,8 +133,9 @@ class PendingClaim:
         # grant past its claim window to a process whose heartbeat looks alive
         # (leases.queue.grants.may_still_claim), and a mark slowed by a busy process or store
         # is not a dead waiter's.
-        self._present = True
-        presence.enter(wakeups.process_id())
+        # Its first beat is due at once if the mark is not settled within half the claim
+        # window (a process whose waits were short may never have beaten).
+        self._present: int | None = presence.enter(wakeups.process_id(), first_beat_s=grants.claim_ms() / 2000.0)
         delay_ms = mark_delay_ms()
         if delay_ms:
             _timer_thread().at(self.answered + delay_ms / 1000.0, self)
@@ -163,9 +164,9 @@ class PendingClaim:
         """The mark was sent (whatever came of it) or will never be: the process need not beat
         for it any more (once)."""
         with self._state:
-            present, self._present = self._present, False
-        if present:
-            presence.leave()
+            present, self._present = self._present, None
+        if present is not None:
+            presence.leave(present)
 
     def _mark(self, background: bool) -> None:
         """Mark the holder ``HELD`` (one command) and tell the lease its deadline.

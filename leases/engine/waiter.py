@@ -116,7 +116,10 @@ class Waiter:
             blocked = lease
         self.blocked = blocked
         event = wakeups.register(self.attempt.token, event)
-        presence.enter(wakeups.process_id())
+        # Its ticket is alive by its own ``seen`` (the holder's write, after the attempt began)
+        # for a beat period from then: the process's first beat for it is due by that time.
+        present = presence.enter(wakeups.process_id(), first_beat_s=max(
+            0.0, self.attempt.created_at + presence.beat_period_s() - time.monotonic()))
         metrics.WAITING.labels(resource=self.tag).inc()
         outcome = "error"
         # Watched before it is queued: the watcher takes a ticket of this process that no
@@ -210,7 +213,7 @@ class Waiter:
                 waiting.safe_dequeue(self.gate_key, self.attempt.token)
             watch.remove(self.gate_key, self.attempt.token)
             backlog.forget(self.attempt.token)
-            presence.leave()
+            presence.leave(present)
             wakeups.unregister(self.attempt.token)
             metrics.WAITING.labels(resource=self.tag).dec()
             metrics.WAIT_SECONDS.labels(resource=self.tag).observe(time.monotonic() - self.started)

@@ -38,7 +38,10 @@ from ..store.documents import TicketDoc
 log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
-_waiting = 0  # waiters of this process that need its heartbeat
+# Waiters of this process that need its heartbeat: handle -> monotonic time their first
+# beat is due.
+_entered: dict[int, float] = {}
+_handles = 0
 _wanted = threading.Condition(_lock)
 _thread: threading.Thread | None = None
 _thread_pid: int | None = None
@@ -67,26 +70,36 @@ def refresh_s() -> float:
     return max(0.04, ttl_ms() / 5000.0)
 
 
-def enter(waker: str) -> None:
+def enter(waker: str, *, first_beat_s: float | None = None) -> int:
     """A waiter of this process (wake-up id ``waker``) starts waiting: make sure the process
-    beats (the first waiter starts the thread, fork-aware). Pair with :func:`leave`."""
-    global _waiting, _thread, _thread_pid
+    beats for it (the first waiter starts the thread, fork-aware). Pair with :func:`leave`,
+    passing what this returns.
+
+    The waiter's ticket is born alive (its own ``seen``), so the process's first beat for it
+    is due a beat period after it entered (``first_beat_s``: sooner) — a process whose
+    requests wait less than that never writes one.
+    """
+    global _thread, _thread_pid, _handles
     with _lock:
         if _thread_pid != os.getpid():
-            _waiting, _thread = 0, None
-        _waiting += 1
+            _entered.clear()
+            _thread = None
+        _handles += 1
+        handle = _handles
+        _entered[handle] = time.monotonic() + (beat_period_s() if first_beat_s is None else first_beat_s)
         if _thread is None or not _thread.is_alive():
             _thread = threading.Thread(target=_run, args=(waker,), name="lease-presence", daemon=True)
             _thread_pid = os.getpid()
             _thread.start()
         _wanted.notify_all()
+    return handle
 
 
-def leave() -> None:
-    """A waiter of this process stopped waiting; the last one lets the heartbeat rest."""
-    global _waiting
+def leave(handle: int) -> None:
+    """The waiter that :func:`enter` answered ``handle`` stopped waiting; when none is left
+    the heartbeat rests."""
     with _lock:
-        _waiting = max(0, _waiting - 1)
+        _entered.pop(handle, None)
 
 
 def beats() -> int:
@@ -106,15 +119,15 @@ def beat(waker: str) -> None:
 
 
 def _run(waker: str) -> None:
-    last = time.monotonic()
+    last = float("-inf")
     while True:
         with _lock:
-            while _waiting <= 0:
+            while not _entered:
                 _wanted.wait()
-                # A ticket is born alive (its own ``seen``): the first beat after a rest is due
-                # a period later, and a process whose requests wait less never writes one.
-                last = time.monotonic()
-            due = last + beat_period_s() - time.monotonic()
+            # Every waiter needs a keep-alive a period after its own or the last beat, so
+            # the next beat is due a period after the last one, but not before the
+            # earliest first beat a waiter here needs.
+            due = max(last + beat_period_s(), min(_entered.values())) - time.monotonic()
             if due > 0:
                 # On the condition, not asleep: a new waiter (enter) wakes it, so a period
                 # changed meanwhile (the TTL setting) takes effect at once.
@@ -144,6 +157,12 @@ def _needs(ticket: TicketDoc, key: str, mono: float, now: datetime | None) -> st
     """Whether a lookup of ``key`` may use the cache as it is ("fresh"), should refresh it in
     the background ("later": a decision on a release's critical path must not wait for a
     read), or must read now ("now")."""
+    own = ticket.get("seen") or ticket.get("at")
+    if now is not None and isinstance(own, datetime) and own >= now:
+        # Seen at or after the decision's clock: nothing a read could add. (The wait estimate's
+        # walk makes such tickets — the holders that ask again, and copies kept alive for the
+        # walk — and a read of their keys, unknown to the store, would be a command a grant.)
+        return "fresh"
     with _cache_lock:
         known = _cache.get(key)
         _asked[key] = mono
@@ -153,15 +172,20 @@ def _needs(ticket: TicketDoc, key: str, mono: float, now: datetime | None) -> st
         return "fresh"
     # Older, or never read: a newer read can only show the ticket more alive. So when what is
     # known already keeps it short of suspect (its own ``seen``, a young ticket's, or an older
-    # beat), the decision stands and the read is done in the background; else read now.
-    own = ticket.get("seen") or ticket.get("at")
+    # beat), the decision stands — and the read is done in the background once the ticket is
+    # half-way there; else read now.
     beat = known[0] if known is not None else None
     if key.startswith(KEPT):
         beat = _kept_seen(ticket, beat)
     latest = max((t for t in (own, beat) if isinstance(t, datetime)), default=None)
-    alive = now is not None and latest is not None and latest + timedelta(
-        milliseconds=int(ticket.get("ttl") or 0) / 2) > now
-    return "later" if alive else "now"
+    if now is None or latest is None:
+        return "now"
+    ttl = timedelta(milliseconds=int(ticket.get("ttl") or 0))
+    if latest + ttl / 4 > now:
+        # Short of suspect for another quarter TTL by what is known: no read yet (a queue
+        # whose waits are short never reads a heartbeat).
+        return "fresh"
+    return "later" if latest + ttl / 2 > now else "now"
 
 
 def seen_of(ticket: TicketDoc, now: datetime | None = None) -> datetime | None:

@@ -31,6 +31,10 @@ _lock = threading.Lock()
 _wanted = threading.Condition(_lock)
 _gates: dict[str, set[str]] = {}  # gate key -> ticket ids waiting here
 _latest: dict[str, tuple[CounterDoc, float]] = {}  # gate key -> (last read, monotonic time)
+# Gate key -> monotonic time it began to be watched: its waiter decides on the gate its own
+# enqueue returns, so the watcher's first look is due a period later, not at once (a process
+# whose one waiter waits again after each grant would read the gate once a grant).
+_since: dict[str, float] = {}
 _thread: threading.Thread | None = None
 _thread_pid: int | None = None
 _reads = 0  # gate reads by this process's watcher (benches read it)
@@ -53,7 +57,10 @@ def add(gate_key: str, ticket_id: str) -> None:
         if _thread_pid != os.getpid():
             _gates.clear()
             _latest.clear()
+            _since.clear()
             _thread = None
+        if gate_key not in _gates:
+            _since[gate_key] = time.monotonic()
         _gates.setdefault(gate_key, set()).add(ticket_id)
         if _thread is None or not _thread.is_alive():
             _thread = threading.Thread(target=_run, name="lease-watch", daemon=True)
@@ -71,6 +78,7 @@ def remove(gate_key: str, ticket_id: str) -> None:
             if not waiters:
                 _gates.pop(gate_key, None)
                 _latest.pop(gate_key, None)
+                _since.pop(gate_key, None)
 
 
 def note(gate: CounterDoc | None) -> None:
@@ -193,8 +201,8 @@ def _run() -> None:
         period = period_s()
         for key in keys:
             # A gate a command of this process returned within the period (a waiter's
-            # enqueue, a release here) needs no look yet.
-            if latest(key, period) is None:
+            # enqueue, a release here), or watched for less than a period, needs no look yet.
+            if latest(key, period) is None and not _new(key, period):
                 try:
                     look(key)
                 except Exception:  # noqa: BLE001 - the process's only watcher must outlive any bug
@@ -206,9 +214,17 @@ def _run() -> None:
             _wanted.wait(pause)
 
 
+def _new(key: str, period: float) -> bool:
+    """Whether ``key`` began to be watched less than ``period`` ago."""
+    with _lock:
+        since = _since.get(key)
+    return since is not None and time.monotonic() - since < period
+
+
 def _next_due(keys: list[str], period: float) -> float:
-    """Seconds until the first of ``keys`` is due for a look (at least 20 ms)."""
+    """Seconds until the first of ``keys`` is due for a look (at least 20 ms): a period after
+    its last look, or after it began to be watched."""
     now = time.monotonic()
     with _lock:
-        ages = [now - _latest[k][1] for k in keys if k in _latest]
-    return max(0.02, period - max(ages, default=0.0)) if len(ages) == len(keys) else 0.02
+        seen = [max(_latest[k][1] if k in _latest else 0.0, _since.get(k, 0.0)) for k in keys]
+    return max(0.02, period - max((now - at for at in seen), default=0.0))

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import threading
 import time
+from datetime import timedelta
 from functools import partial
 
 import pytest
@@ -161,3 +163,66 @@ def test_given_a_ticket_of_this_process_that_no_waiter_waits_on_then_the_watcher
         waiter.join(10)
     assert waiter.lease is not None, waiter.error
     waiter.lease.release()
+
+
+def test_given_back_to_back_waits_shorter_than_a_beat_period_then_no_heartbeat_and_no_watcher_read(settings):
+    # Given: two threads of this process taking turns on a cap-1 resource, each holding
+    # 0.15 s, so that one of them always waits — each wait far shorter than a beat period
+    # (a quarter of the 3 s ticket TTL) and the watcher's period (1 s).
+    settings.LEASES_TICKET_TTL_MS = 3000
+    settings.LEASES_WAIT_POLL_MS = 1000
+    define("res", "levels: {global: 1}\nwaitMs: 20000")
+    granted = []
+    until = time.monotonic() + 2.5
+
+    def take_turns(user):
+        while time.monotonic() < until:
+            lease = leases.acquire(req(user=user))
+            granted.append(user)
+            time.sleep(0.15)
+            lease.release()
+
+    beats, reads = presence.beats(), watch.reads()
+    threads = [threading.Thread(target=take_turns, args=(f"u{i}",)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    # Then: every ticket was alive by its own queueing, so the process wrote no heartbeat
+    # (it used to beat every period while some waiter waited), and each waiter decided on
+    # the gate its enqueue returned, so the watcher read nothing (it used to look at once
+    # each time a wait began: a read a grant).
+    assert len(granted) >= 10 and set(granted) == {"u0", "u1"}, granted
+    assert presence.beats() - beats == 0
+    assert watch.reads() - reads == 0
+
+
+def test_given_many_threads_deciding_at_once_then_one_heartbeat_read_serves_them(settings):
+    # Given: the heartbeats of 30 processes this process has never read, and tickets of theirs
+    # old enough to need them now (queued 2 s ago, a ticket TTL of 1.5 s).
+    settings.LEASES_TICKET_TTL_MS = 1500
+    presence.forget()
+    now = store.server_now()
+    for i in range(30):
+        store.presence().update_one({"_id": f"proc{i}"}, {"$currentDate": {"seen": True}}, upsert=True)
+    tickets = [{"id": f"t{i}", "w": f"proc{i}", "seen": now - timedelta(seconds=2), "ttl": 1500} for i in range(30)]
+    start = threading.Barrier(16)
+
+    def decide():
+        start.wait()
+        presence.prefetch(tickets, now)  # as the order rule does before it ranks a gate's tickets
+        for ticket in tickets:
+            order.last_seen(ticket, now)
+
+    # When: 16 threads decide on them at once.
+    with helpers.counted_commands(all_threads=True) as counter:
+        threads = [threading.Thread(target=decide) for _ in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+    # Then: the heartbeats were read once for all of them (each thread used to read the keys
+    # it found stale: up to one command per thread and key), and every ticket is alive.
+    finds = counter.commands.count("find") + counter.background.count("find")
+    assert 1 <= finds <= 2, counter.commands
+    assert all(not order.is_suspect(t, now) for t in tickets)
