@@ -13,9 +13,11 @@ Modes (``--mode``, comma-separated for several; one table each):
   depths: up to 8 processes, threads split evenly);
 * ``aio``: the same number of asyncio tasks in one process;
 * ``http``: kept tickets of the v1 HTTP API, served by gunicorn (``tests.http_server``) on the
-  same store: ``--http-clients`` processes (4) each keep their share of the tickets with a few
-  threads: ``POST /api/v1/leases`` with ``waitMs: 1`` (a ticket at once), then ``GET
-  /api/v1/tickets/{id}`` at every ``Retry-After`` until ``201``, hold, ``DELETE`` the lease.
+  same store: ``--http-clients`` processes (4) each keep their share of the tickets, a thread
+  a ticket: ``POST /api/v1/leases`` with ``waitMs: 1`` (a ticket at once), then ``GET
+  /api/v1/tickets/{id}?waitMs=5000`` (a long poll: ``--http-poll-wait-ms``, 0 for plain polls)
+  at once and then at every ``Retry-After`` until ``201``, hold, ``DELETE`` the lease; each
+  gunicorn worker runs half its threads' worth of long polls (``LEASES_HTTP_LONG_POLLS``).
 
 At every depth, unless ``--no-zk``, ``kazoo.recipe.lock.Semaphore(max_leases=2)`` runs with
 the same P × T threads (one KazooClient a process) on ZooKeeper started from
@@ -59,7 +61,7 @@ Run (embedded server unless MONGODB_URI is set)::
 
     python bench/bench_depth.py [--mode threads,aio,http] [--depths 12,96,384,1000]
         [--seconds 30] [--no-zk] [--grace S] [--error-pause 0.05]
-        [--http-clients 4 --http-threads 16 --http-workers 4 --http-server-threads 8 --http-poll-wait-ms 5000]
+        [--http-clients 4 --http-threads N --http-workers 4 --http-server-threads 8 --http-poll-wait-ms 5000]
     python bench/bench_depth.py --idle-waiters 1000 [--hold-minutes 2]
     python bench/bench_depth.py --resources 100 --per-resource 100
 
@@ -827,6 +829,12 @@ def print_mode(mode: str, rows: list[tuple[Figures, Figures | None]], seconds: f
 # --- scenarios --------------------------------------------------------------------------------
 
 
+def http_threads(args, tickets: int) -> int:
+    """A client process's threads: as given, else one for each of its tickets (a long poll
+    holds one, as a real client's own connection would) and four more."""
+    return args.http_threads or tickets + 4
+
+
 def _grace(args, depth: int) -> float:
     if args.grace is not None:
         return args.grace
@@ -875,8 +883,8 @@ def run_depth(mode: str, depth: int, args, zk: ZooKeeper | None, http: dict | No
         layout_text = f"{len(clients)} clients"
         gunicorn = _gunicorn_pids(http["url"])
         layout_text += f"; server CPU: store + {len(gunicorn)} gunicorn processes"
-        run = run_processes(http_child, [(i, http["url"], http["keys"], g, HOLD_S, grace, 0.0, args.http_threads,
-                                          args.http_poll_wait_ms)
+        run = run_processes(http_child, [(i, http["url"], http["keys"], g, HOLD_S, grace, 0.0,
+                                          http_threads(args, len(g)), args.http_poll_wait_ms)
                                          for i, g in enumerate(clients)], args.seconds, grace,
                             pids=_server_pids() + gunicorn, **common)
     ours = figures(run, waiters, depth, layout_text)
@@ -1015,7 +1023,8 @@ def main() -> None:
     parser.add_argument("--resources", type=int, default=0, help="many-resources scenario: R resources")
     parser.add_argument("--per-resource", type=int, default=100, help="many-resources scenario: waiters each")
     parser.add_argument("--http-clients", type=int, default=4, help="http mode: client processes")
-    parser.add_argument("--http-threads", type=int, default=16, help="http mode: threads a client process")
+    parser.add_argument("--http-threads", type=int, default=None,
+                        help="http mode: threads a client process (default: one a ticket it keeps, + 4)")
     parser.add_argument("--http-poll-wait-ms", type=int, default=5000,
                         help="http mode: each ticket poll's waitMs (a long poll; 0: plain polls at Retry-After)")
     parser.add_argument("--http-workers", type=int, default=4, help="http mode: gunicorn workers")
@@ -1067,7 +1076,7 @@ def main() -> None:
                         rows.append((Figures(depth=depth, layout="failed", errors=Counter({repr(exc)[:80]: 1})), None))
                 print_mode(mode, rows, args.seconds, zk_note, store_note + (f"; gunicorn {args.http_workers} workers × "
                            f"{args.http_server_threads} threads, {args.http_clients} client processes × "
-                           f"{args.http_threads} threads" if mode == "http" else ""))
+                           f"{args.http_threads or 'a thread a ticket + 4'} threads" if mode == "http" else ""))
             if args.idle_waiters > 0:
                 run_idle(args)
             if args.resources > 0:

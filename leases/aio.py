@@ -37,6 +37,7 @@ from .engine.aio_lease import ANOOP, AsyncLease, AsyncNoopLease as _AsyncNoopLea
 from .engine.aio_waiter import (
     EXECUTOR as _EXECUTOR,
     STEP_THREADS,
+    WOKEN_THREADS,
     _abandon,
     _advance,
     _LoopEvent,
@@ -48,7 +49,7 @@ from .store import client as store
 aclose = store.aclose
 
 __all__ = [
-    "ANOOP", "STEP_THREADS", "AsyncLease", "aacquire", "aclose",
+    "ANOOP", "STEP_THREADS", "WOKEN_THREADS", "AsyncLease", "aacquire", "aclose",
     "_Acquiring", "_AsyncNoopLease", "_EXECUTOR", "_LoopEvent", "_abandon", "_acquire", "_advance", "_give_back",
     "_release_quietly", "_rollback", "_uncontended", "_wait_in_queue",
 ]

@@ -28,6 +28,11 @@ STEP_THREADS = 16
 # Runs the queue's store steps; the waiting between them happens on the event loop, so a
 # waiting request holds no thread. Each step ends within the store bound.
 EXECUTOR = ThreadPoolExecutor(max_workers=STEP_THREADS, thread_name_prefix="leases-aio")
+# Runs the step after a wake-up: most claim a grant, whose claim window runs from the grant,
+# so it must not queue behind a burst of newcomers' first steps (a thousand tasks arriving at
+# once fill the executor above for seconds).
+WOKEN_THREADS = 4
+WOKEN_EXECUTOR = ThreadPoolExecutor(max_workers=WOKEN_THREADS, thread_name_prefix="leases-aio-woken")
 
 
 class _LoopEvent(threading.Event):
@@ -82,7 +87,7 @@ async def wait_in_queue(attempt: Any, wait_ms: int, started: float) -> Lease:
     steps = contended_steps(attempt, wait_ms, started, event)
     woken: bool | None = None
     while True:
-        step = loop.run_in_executor(EXECUTOR, _advance, steps, woken)
+        step = loop.run_in_executor(WOKEN_EXECUTOR if woken else EXECUTOR, _advance, steps, woken)
         try:
             done, value = await asyncio.shield(step)
         except asyncio.CancelledError:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
 from datetime import datetime, timedelta
 from typing import Any
@@ -27,7 +26,7 @@ from ..store import client as store, entries, holder_commands
 from ..store.documents import CounterDoc, TicketDoc
 from ..store.shapes import arrived_at, ticket_in
 from ..telemetry import history, metrics
-from . import holders
+from . import holders, long_polls as long_poll_slots
 from .funnel import Attempt, _Vanished
 from .lease import Lease
 from .request import LeaseRequest
@@ -43,9 +42,9 @@ def resume(ticket_id: str, *, scope: holders.Scope, keep_ms: int, wait_ms: int =
     grant before answering "still waiting" (a long poll).
 
     A long poll waits only for a ticket whose turn is expected within ``wait_ms`` (or not
-    estimated yet), and only while this process has fewer than ``LEASES_HTTP_LONG_POLLS``
-    long polls under way: every long poll holds a web worker thread, and those further back
-    in the queue would hold them for nothing. While it waits the ticket is this process's:
+    estimated yet), and only in one of this process's ``LEASES_HTTP_LONG_POLLS`` slots, which
+    go to the tickets nearest their turn (:mod:`leases.engine.long_polls`): every long poll
+    holds a web worker thread, and those further back in the queue would hold them for nothing. While it waits the ticket is this process's:
     a release that grants it publishes the grant to every process (no process is named on
     a kept ticket), and the process where its poll waits claims it at once, one command; the
     process's watcher is the safety net for a lost wake-up. At the end of the wait the ticket
@@ -58,17 +57,18 @@ def resume(ticket_id: str, *, scope: holders.Scope, keep_ms: int, wait_ms: int =
     if wait_ms <= 0:
         return poll_once(ticket_id, scope=scope, keep_ms=keep_ms)[0]
     deadline = time.monotonic() + wait_ms / 1000.0
-    slots = _long_poll_slots()
-    if not slots.acquire(blocking=False):
-        return poll_once(ticket_id, scope=scope, keep_ms=keep_ms)[0]
     # Listening before the first look: a grant published between the look and the wait is
     # kept for it.
     event = wakeups.register(ticket_id)
     watched: str | None = None
+    handle: int | None = None
     try:
         answer, attempt = poll_once(ticket_id, scope=scope, keep_ms=keep_ms)
         if attempt is None or not isinstance(answer, Ticket) or not long_polls(answer, wait_ms):
             return answer
+        handle = long_poll_slots.enter(answer.estimated_grant_at, event)
+        if handle is None:
+            return answer  # the slots wait for tickets nearer their turn: come back at Retry-After
         watched = attempt.gate.key
         watch.add(watched, ticket_id)
         while True:
@@ -83,30 +83,18 @@ def resume(ticket_id: str, *, scope: holders.Scope, keep_ms: int, wait_ms: int =
                 lease = _claim_woken(attempt, granted)
                 if lease is not None:
                     return lease
+            if long_poll_slots.preempted(handle):
+                return answer  # a ticket nearer its turn took the slot; its deadline stands
             answer, again = poll_once(ticket_id, scope=scope, keep_ms=keep_ms)
             if again is None or not isinstance(answer, Ticket):
                 return answer
             attempt = again
     finally:
+        if handle is not None:
+            long_poll_slots.leave(handle)
         if watched is not None:
             watch.remove(watched, ticket_id)
         wakeups.unregister(ticket_id)
-        slots.release()
-
-
-_slots_lock = threading.Lock()
-_slots: tuple[int, threading.BoundedSemaphore] | None = None
-
-
-def _long_poll_slots() -> threading.BoundedSemaphore:
-    """This process's long-poll slots (``LEASES_HTTP_LONG_POLLS``; made again when the setting
-    changes)."""
-    global _slots
-    size = max(1, int(lease_settings.HTTP_LONG_POLLS))
-    with _slots_lock:
-        if _slots is None or _slots[0] != size:
-            _slots = (size, threading.BoundedSemaphore(size))
-        return _slots[1]
 
 
 def long_polls(ticket: Ticket, wait_ms: int) -> bool:

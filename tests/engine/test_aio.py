@@ -307,9 +307,9 @@ def test_given_many_async_waiters_then_they_hold_no_thread_while_they_wait():
 
     queued, threads, granted = run(scenario())
     assert queued == 40 and granted == 40
-    # The step pool, asyncio's default executor (validation and definitions) and the
+    # The step pools, asyncio's default executor (validation and definitions) and the
     # subscriber: bounded by pool sizes, not one thread per waiter.
-    assert threads <= aio.STEP_THREADS + min(32, (os.cpu_count() or 1) + 4) + 2 < 40
+    assert threads <= aio.STEP_THREADS + aio.WOKEN_THREADS + min(32, (os.cpu_count() or 1) + 4) + 2 < 40
     assert count("aio|global|*") == 0 and store.holders().count_documents({}) == 0
 
 
