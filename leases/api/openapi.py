@@ -201,7 +201,8 @@ def _paths() -> dict[str, Any]:
                     "name": "waitMs", "in": "query", "required": False,
                     "schema": {"type": "integer", "minimum": 0, "maximum": MAX_WAIT_MS},
                     "description": "Wait up to this long (capped by the server's "
-                                   f"{lease_settings.HTTP_MAX_WAIT_MS} ms) for the grant when it is expected "
+                                   f"{lease_settings.HTTP_MAX_WAIT_MS} ms and by two poll intervals) for the "
+                                   "grant when it is expected "
                                    "within it (a long poll): the slot is taken the moment it is granted. "
                                    "A ticket further back, or a server with all its long polls busy, "
                                    "answers at once. After a poll that waited to its end, Retry-After is 0.",

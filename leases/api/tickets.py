@@ -83,12 +83,19 @@ def answer(ticket: service.Ticket) -> TicketAnswer:
     return TicketAnswer(ticket=ticket, poll_seconds=protocol.ticket_poll_seconds())
 
 
+def long_poll_bound_ms() -> int:
+    """The longest a poll waits for its grant: ``LEASES_HTTP_MAX_WAIT_MS``, and never more than
+    two poll intervals — the poll keeps the ticket for three from its start, so the poll that
+    ends the wait (which keeps it again) comes with one interval to spare."""
+    return max(0, min(int(lease_settings.HTTP_MAX_WAIT_MS), protocol.ticket_keep_ms() - 1000 * protocol.ticket_poll_seconds()))
+
+
 def poll(*, key: ApiKey, ticket_id: str, wait_ms: int = 0) -> "TicketAnswer | protocol.Grant":
     """Keep the ticket alive; the lease (acquire's grant) once it is the ticket's turn.
 
     A ticket granted before answers the same lease again, so a lost answer can be fetched
-    by polling once more. ``wait_ms`` (at most ``LEASES_HTTP_MAX_WAIT_MS``): wait that long
-    for the grant when it is expected within it (a long poll, :func:`leases.engine.kept.resume`).
+    by polling once more. ``wait_ms`` (at most :func:`long_poll_bound_ms`): wait that long for
+    the grant when it is expected within it (a long poll, :func:`leases.engine.kept.resume`).
 
     Raises:
         InvalidLeaseRequest: malformed ticket id (before any query).
@@ -99,7 +106,7 @@ def poll(*, key: ApiKey, ticket_id: str, wait_ms: int = 0) -> "TicketAnswer | pr
     validation.token(ticket_id)
     scope = protocol.key_scope(key)
     result = service.resume(ticket_id, scope=scope, keep_ms=protocol.ticket_keep_ms(),
-                            wait_ms=min(max(0, int(wait_ms)), int(lease_settings.HTTP_MAX_WAIT_MS)))
+                            wait_ms=min(max(0, int(wait_ms)), long_poll_bound_ms()))
     if isinstance(result, service.Ticket):
         return answer(result)
     return protocol.grant_of(result)

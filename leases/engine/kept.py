@@ -21,7 +21,7 @@ from ..conf import lease_settings
 from ..definitions import model as definitions
 from ..errors import LeaseExpired, LeaseUnavailable
 from ..ids import validation
-from ..queue import backlog, fences, grants, shares, waiting, wakeups, watch
+from ..queue import backlog, fences, grants, presence, shares, waiting, wakeups, watch
 from ..store import client as store, entries, holder_commands
 from ..store.documents import CounterDoc, TicketDoc
 from ..store.shapes import arrived_at, ticket_in
@@ -165,6 +165,8 @@ def poll_once(ticket_id: str, *, scope: holders.Scope, keep_ms: int) -> "tuple[L
     if gone is not None:
         raise gone
     assert holder is not None  # no answer from the tombstone means the ticket's holder was found
+    if holder.get("state") == "PENDING" and isinstance(holder.get("expiresAt"), datetime):
+        presence.note_kept(ticket_id, holder["expiresAt"])
     if holder.get("state") == "PENDING" and holder_commands.poll_missed(holder):
         # Polled after its deadline: the ticket is over, granted meanwhile or not (the poll
         # deadline is its window; its slot, if a release booked one for it, goes back).

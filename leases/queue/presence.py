@@ -324,6 +324,14 @@ def _read_now(due: set[str]) -> None:
             _cache[k] = (seen, stamp)
 
 
+def note_kept(ticket_id: str, deadline: datetime) -> None:
+    """A poll of the kept ticket ``ticket_id`` just moved its holder's deadline to
+    ``deadline``: what this process knows of it is that, as of now (its own answer then
+    names the deadline it set, not one a reader cached before it)."""
+    with _cache_lock:
+        _cache[f"{KEPT}{ticket_id}"] = (deadline, time.monotonic())
+
+
 def forget() -> None:
     """Drop what this process knows of heartbeats (tests that change the clock's view)."""
     with _cache_lock:
