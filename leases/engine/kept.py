@@ -44,11 +44,12 @@ def resume(ticket_id: str, *, scope: holders.Scope, keep_ms: int, wait_ms: int =
     A long poll waits only for a ticket whose turn is expected within ``wait_ms`` (or not
     estimated yet), and only in one of this process's ``LEASES_HTTP_LONG_POLLS`` slots, which
     go to the tickets nearest their turn (:mod:`leases.engine.long_polls`): every long poll
-    holds a web worker thread, and those further back in the queue would hold them for nothing. While it waits the ticket is this process's:
-    a release that grants it publishes the grant to every process (no process is named on
-    a kept ticket), and the process where its poll waits claims it at once, one command; the
-    process's watcher is the safety net for a lost wake-up. At the end of the wait the ticket
-    is polled once more, so its deadline is a full keep from then.
+    holds a web worker thread, and those further back in the queue would hold them for
+    nothing. While it waits the ticket is this process's: a release that grants it publishes
+    the grant to every process (no process is named on a kept ticket), and the process where
+    its poll waits claims it at once, one command; the process's watcher is the safety net
+    for a lost wake-up. At the end of the wait the ticket is polled once more, so its
+    deadline is a full keep from then.
 
     Raises:
         as :func:`poll_once`.
