@@ -77,11 +77,12 @@ def forget(ticket_id: str) -> None:
         _placed.pop(ticket_id, None)
 
 
-def add(gate: CounterDoc, ticket: TicketDoc) -> CounterDoc:
+def add(gate: CounterDoc, ticket: TicketDoc) -> CounterDoc | None:
     """Place ``ticket`` in the backlog of ``gate`` (idempotent: a ticket already there is
     written again) and count it on the gate; returns the gate as it is now (with its
-    ``clock``; ``gate`` itself, which may be a stand-in naming only its key, when the gate
-    document is gone).
+    ``clock``), or None when the gate document does not exist (``gate`` may be a stand-in
+    naming only its key, from a process's hint that the backlog is in use): then the ticket is
+    not left placed, and the caller creates the gate.
 
     Raises:
         pymongo.errors.PyMongoError: the store failed (the ticket may be placed and not
@@ -93,10 +94,17 @@ def add(gate: CounterDoc, ticket: TicketDoc) -> CounterDoc:
         _placed[ticket["id"]] = gate["_id"]
     if not created:  # placed before (its waiter queues again): counted already
         docs = list(store.counters().aggregate(commands.read_with_clock(gate["_id"])))
-        return docs[0] if docs else gate
-    after = store.counters().find_one_and_update({"_id": gate["_id"]}, {"$inc": {"bk": 1}, "$currentDate": {"clock": True}},
-                                                 return_document=ReturnDocument.AFTER)
-    return after or gate
+        after = docs[0] if docs else None
+    else:
+        after = store.counters().find_one_and_update(
+            {"_id": gate["_id"]}, {"$inc": {"bk": 1}, "$currentDate": {"clock": True}},
+            return_document=ReturnDocument.AFTER)
+    if after is None:
+        # No gate (deleted since the hint, or never made): a ticket placed for it would be
+        # counted nowhere and promoted by nobody.
+        forget(ticket["id"])
+        store.tickets().delete_one({"_id": ticket["id"], "g": gate["_id"]})
+    return after
 
 
 def has(ticket_id: str, gate_key: str) -> bool:

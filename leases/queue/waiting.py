@@ -134,7 +134,11 @@ def enqueue(gate_key: str, ticket: TicketDoc) -> CounterDoc | None:
         pymongo.errors.PyMongoError: the store failed.
     """
     if backlog_likely(gate_key):
-        return backlog.add(CounterDoc(_id=gate_key), ticket)
+        placed = backlog.add(CounterDoc(_id=gate_key), ticket)
+        if placed is not None:
+            return placed
+        # The hint outlived the gate document: queue the ordinary way (no gate: None, and the
+        # caller creates it).
     for _ in range(2):  # the second try: the head emptied between the push and the read
         after = store.counters().find_one_and_update(
             *commands.enqueue(gate_key, dict(ticket), min(backlog.head_limit(), queue_limit())),

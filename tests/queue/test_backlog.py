@@ -122,3 +122,30 @@ def test_given_a_kept_ticket_in_the_backlog_then_its_polls_place_it_after_the_he
     assert lease is not None
     assert lease.release() is True
     assert store.tickets().count_documents({}) == 0
+
+
+def test_given_a_backlog_hint_older_than_its_gate_when_a_request_waits_then_the_gate_is_made_and_counts_it(settings):
+    # Given: this process saw the gate's backlog in use a moment ago (its hint lives a second),
+    # and the gate document is gone since (deleted, as between two tests, or by an operator).
+    from leases.queue import waiting
+
+    settings.LEASES_QUEUE_HEAD = 2
+    define("res", "levels: {global: 1}\nwaitMs: 30000")
+    waiting.note_queue({"_id": GATE, "queue": [], "bk": 3})
+    assert waiting.backlog_likely(GATE) and store.counters().find_one({"_id": GATE}) is None
+    # When: a request finds the cap held and waits.
+    held = leases.acquire(req(tenant="h", user="h"))
+    waiter = line_up(req(tenant="a", user="a0"))
+    try:
+        # Then: it waits on a gate that exists and knows it (it used to be placed in the backlog
+        # of no gate, counted nowhere, and its waiter failed on the stand-in it got back).
+        gate = gate_doc()
+        queued = [t["id"] for t in gate.get("queue") or ()]
+        backlogged = [d["_id"] for d in store.tickets().find({"g": GATE}, {"_id": 1})]
+        assert waiter.ticket in queued or (waiter.ticket in backlogged and gate.get("bk") == 1), (queued, gate)
+        assert waiter.is_alive() and waiter.error is None
+    finally:
+        held.release()
+    waiter.join(10)
+    assert waiter.lease is not None, waiter.error
+    waiter.lease.release()
