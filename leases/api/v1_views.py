@@ -92,7 +92,8 @@ def _waiting(ticket: tickets.TicketAnswer, status: int) -> JsonResponse:
 @api_view(("GET", "DELETE"))
 def ticket(request: HttpRequest, ticket_id: str, *, key: ApiKey) -> HttpResponse:
     """GET /api/v1/tickets/{id}[?waitMs=N] → 200 Ticket (still waiting) or 201 Grant (granted
-    now or before; with ``waitMs``, the poll waits up to that long for the grant); DELETE → 204 (abandoned or released), 200 ``alreadyReleased`` when it had ended."""
+    now or before; with ``waitMs``, the poll waits up to that long for the grant); DELETE →
+    204 (abandoned or released), 200 ``alreadyReleased`` when it had ended."""
     if request.method == "DELETE":
         ended_before = tickets.abandon(key=key, ticket_id=ticket_id)
         if ended_before is None:

@@ -7,6 +7,7 @@ the exception the engine raises for the same condition (:func:`error_from`), and
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from typing import Any
 
@@ -89,6 +90,6 @@ def poll_pause(response: requests.Response, ticket: dict[str, Any]) -> float:
             pause = float(value)  # type: ignore[arg-type]
         except (TypeError, ValueError):
             continue
-        if pause >= least and pause == pause:
+        if pause >= least and not math.isnan(pause):
             return min(pause, 60.0)
     return 1.0

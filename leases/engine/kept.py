@@ -123,11 +123,16 @@ def _claim_woken(attempt: Attempt, granted: wakeups.Granted) -> Lease | None:
     lease = step(attempt, run, admit=False)  # a claim frees the way: it is not admitted
     if lease is None:
         return None
+    # Dequeued: its arrival is its holder's (the poll set the attempt's from it).
+    return _answered(attempt, CounterDoc(), {"acquiredAt": attempt.acquired_at}, lease)
+
+
+def _answered(attempt: Attempt, gate: CounterDoc, holder: dict[str, Any], lease: Lease) -> Lease:
+    """``lease``, granted on a poll: counted as an acquire that succeeded, in the history, and
+    with its wait (:func:`observe_ticket_wait`)."""
     metrics.ACQUIRE.labels(resource=metrics.resource_tag(attempt.definition.resource), outcome="success").inc()
     history.grant(attempt.definition.resource, attempt.request.tenant_id)
-    if attempt.acquired_at is not None and lease.last_seen_at is not None:
-        waited = max(0.0, (lease.last_seen_at - attempt.acquired_at).total_seconds())
-        shares.observe_wait(attempt.definition, attempt.priority[1], waited)
+    observe_ticket_wait(attempt, gate, holder, lease)
     return lease
 
 
@@ -216,10 +221,7 @@ def poll_once(ticket_id: str, *, scope: holders.Scope, keep_ms: int) -> "tuple[L
     lease = granted
     if lease is not None:
         # A release granted it between two polls (the direct hand-off): this poll claims it.
-        metrics.ACQUIRE.labels(resource=metrics.resource_tag(definition.resource), outcome="success").inc()
-        history.grant(definition.resource, request.tenant_id)
-        observe_ticket_wait(attempt, CounterDoc(), holder, lease)  # dequeued: arrival from the holder
-        return lease, attempt
+        return _answered(attempt, CounterDoc(), holder, lease), attempt  # dequeued: arrival from the holder
     if gate is None:
         # Not polled within its deadline (or already dropped): the waiting is over. Drop it
         # the way the queue drops stale tickets (holder removed, tombstoned).
@@ -234,10 +236,7 @@ def poll_once(ticket_id: str, *, scope: holders.Scope, keep_ms: int) -> "tuple[L
     waiter.gate = gate
     lease = waiter._decide()
     if lease is not None:
-        metrics.ACQUIRE.labels(resource=metrics.resource_tag(definition.resource), outcome="success").inc()
-        history.grant(definition.resource, request.tenant_id)
-        observe_ticket_wait(attempt, gate, holder, lease)
-        return lease, attempt
+        return _answered(attempt, gate, holder, lease), attempt
     return Ticket.of(ticket_id, definition, waiter.gate or gate, waiter.blocked, backlogged), attempt
 
 

@@ -44,7 +44,7 @@ def enter(expected: datetime | None, event: threading.Event) -> int | None:
     with _lock:
         if len(_active) >= size():
             farthest = max(_active, key=lambda h: (_active[h][0] is not None, _active[h][0] or datetime.min))
-            if farthest in _preempted or not _later(_active[farthest][0], expected):
+            if not _later(_active[farthest][0], expected):
                 return None
             _preempted.add(farthest)
             _active.pop(farthest)[1].set()

@@ -107,15 +107,6 @@ def add(gate: CounterDoc, ticket: TicketDoc) -> CounterDoc | None:
     return after
 
 
-def has(ticket_id: str, gate_key: str) -> bool:
-    """Whether ``ticket_id`` waits in the backlog of ``gate_key`` (a read).
-
-    Raises:
-        pymongo.errors.PyMongoError: the store failed.
-    """
-    return get(ticket_id, gate_key) is not None
-
-
 def get(ticket_id: str, gate_key: str) -> dict[str, Any] | None:
     """``ticket_id``'s backlog document on ``gate_key``, None when it does not wait there.
 
@@ -259,7 +250,6 @@ def find(gate_key: str, ticket_id: str, *, head: int | None = None,
     if head is None:
         head = len((store.counters().find_one({"_id": gate_key}, {"queue.id": 1}) or {}).get("queue") or ())
     return doc["ticket"], head + ahead + 1
-
 
 
 def safe_promote(gate: CounterDoc | None, *, force: bool = False) -> CounterDoc | None:

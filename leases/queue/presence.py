@@ -199,7 +199,7 @@ def seen_of(ticket: TicketDoc, now: datetime | None = None) -> datetime | None:
     mono = time.monotonic()
     need = _needs(ticket, key, mono, now)
     if need == "now":
-        _refresh(key, mono)
+        _refresh_keys({key})
     elif need == "later":
         _later({key})
     with _cache_lock:
@@ -219,7 +219,7 @@ def prefetch(tickets: list[TicketDoc], now: datetime | None = None) -> None:
         if key is not None:
             needs[_needs(ticket, key, mono, now)].add(key)
     if needs["now"]:
-        _refresh_keys(needs["now"], mono)
+        _refresh_keys(needs["now"])
     if needs["later"]:
         _later(needs["later"])
 
@@ -248,7 +248,7 @@ def _read_pending() -> None:
             _pending.clear()
         if not keys:
             return
-        _refresh_keys(keys, time.monotonic())
+        _refresh_keys(keys)
 
 
 def _kept_seen(ticket: TicketDoc, deadline: datetime | None) -> datetime | None:
@@ -256,11 +256,6 @@ def _kept_seen(ticket: TicketDoc, deadline: datetime | None) -> datetime | None:
     if deadline is None:
         return None
     return deadline - timedelta(milliseconds=int(ticket.get("ttl") or 0))
-
-
-def _refresh(key: str, now: float) -> None:
-    """Read ``key`` and every cached key due for a refresh, in one command per collection."""
-    _refresh_keys({key}, now)
 
 
 def _aging(now: float) -> set[str]:
@@ -282,7 +277,9 @@ def _aging(now: float) -> set[str]:
 _read_lock = threading.Lock()
 
 
-def _refresh_keys(due: set[str], now: float) -> None:
+def _refresh_keys(due: set[str]) -> None:
+    """Read the keys of ``due`` not read since a half refresh period, and the cached keys
+    half-way to a refresh (:func:`_aging`), in one command per collection."""
     # One read at a time per process: the threads of a web process deciding at once would
     # each read the same keys; those that waited read only what the read before left stale.
     # Waiting for another thread's read is bounded by one read's bound: a store that does not
