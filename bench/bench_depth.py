@@ -151,7 +151,9 @@ def error_name(exc: BaseException) -> str:
         cause = exc.__cause__ or exc.__context__
         return f"LeaseUnavailable({type(cause).__name__})" if cause is not None else "LeaseUnavailable"
     if isinstance(exc, leases.LeaseBusy):
-        return "LeaseBusy"
+        # Which Busy: a full queue refuses at once; otherwise the wait ran out (or the
+        # ticket's place was lost).
+        return "LeaseBusy(queue full)" if getattr(exc, "queue_full", False) else "LeaseBusy"
     return type(exc).__name__
 
 

@@ -70,7 +70,7 @@ def run(attempt: Attempt, wait_ms: int, started: float, keep_ms: int | None) -> 
     """
     deadline = started + wait_ms / 1000.0
     queues = wait_ms > 0 or keep_ms is not None
-    result = step(attempt, lambda: first(attempt, allow_queue=queues))
+    result = step(attempt, lambda: first(attempt, allow_queue=queues, wait_ms=wait_ms))
     if isinstance(result, Lease):
         return result
     if not queues:

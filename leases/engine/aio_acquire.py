@@ -77,13 +77,13 @@ async def _acquire(request: LeaseRequest) -> "AsyncLease | AsyncNoopLease":
     attempt, wait_ms = prepared
     started = time.monotonic()
     with outcome(attempt) as record:
-        lease = await _admitted_uncontended(attempt, queues=wait_ms > 0)
+        lease = await _admitted_uncontended(attempt, wait_ms=wait_ms)
         if lease is None:
             lease = await wait_in_queue(attempt, wait_ms, started)
         return AsyncLease(record(lease))
 
 
-async def _admitted_uncontended(attempt: Any, *, queues: bool) -> Lease | None:
+async def _admitted_uncontended(attempt: Any, *, wait_ms: int) -> Lease | None:
     """:func:`_uncontended` as one admitted step of this event loop.
 
     Raises:
@@ -92,14 +92,16 @@ async def _admitted_uncontended(attempt: Any, *, queues: bool) -> Lease | None:
     """
     try:
         async with admission.admitted_async():
-            return await _uncontended(attempt, queues=queues)
+            return await _uncontended(attempt, wait_ms=wait_ms)
     except pymongo.errors.ExecutionTimeout as exc:  # only the admission's: the try converts its own
         raise LeaseUnavailable(f"lease store busy: {exc}") from None
 
 
-async def _uncontended(attempt: Any, *, queues: bool) -> Lease | None:
+async def _uncontended(attempt: Any, *, wait_ms: int) -> Lease | None:
     """Holder, one ordered bulk over every level, HELD: the lease; None when a level had no
-    room (what this took is given back) or the gate has a queue, so the engine decides.
+    room (what this took is given back) or the gate has a queue, so the engine decides. A
+    request that will most likely queue (tickets were seen waiting at the gate) writes its
+    holder to cover its wait (``wait_ms``), as :func:`leases.engine.funnel.first` does.
 
     Raises:
         LeaseUnavailable: the store failed; the attempt was rolled back (same bound).
@@ -108,6 +110,8 @@ async def _uncontended(attempt: Any, *, queues: bool) -> Lease | None:
         if not store.indexed():
             await asyncio.to_thread(store.db)
         db = store.async_db()
+        queues = wait_ms > 0
+        likely = queues and (waiting.queue_likely(attempt.gate.key) or waiting.backlog_likely(attempt.gate.key))
         with store_bound():
             try:
                 doc = await db[store.HOLDERS].find_one_and_update(
@@ -116,10 +120,11 @@ async def _uncontended(attempt: Any, *, queues: bool) -> Lease | None:
                                             priority=attempt.priority[1],
                                             interval_seconds=choose_interval(attempt.definition.ttl_seconds,
                                                                              attempt.request.interval_seconds),
-                                            waker=wakeups.process_id()),
+                                            waker=wakeups.process_id(), wait_ms=wait_ms if likely else 0),
                     upsert=True, projection={"acquiredAt": 1, "expiresAt": 1}, return_document=ReturnDocument.AFTER)
                 assert doc is not None  # an upsert returning the document after always has one
                 attempt.written(doc)
+                attempt.wait_covered = likely
                 if queues and waiting.queue_likely(attempt.gate.key):
                     return None  # tickets wait at the gate: the push would be refused
                 plan = fences.plan(attempt.fence_spec, attempt.booking, floor=fences.floor_of(attempt.written_at))

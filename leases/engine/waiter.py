@@ -67,7 +67,7 @@ class Waiter:
         # blocking API; an HTTP ticket and the async executor answer a holder already HELD.
         self.claim_later = False
         # Whether the waiting holder's deadline covers the wait (leases.store.holder_commands.cover_wait).
-        self.covered = False
+        self.covered = attempt.wait_covered
 
     def _ticket(self) -> TicketDoc:
         # Arrived when the request first asked (its place among its tenant's tickets), but
@@ -110,10 +110,11 @@ class Waiter:
         if blocked.spec is not self.attempt.gate and counter is not None and waiting.is_full(counter) and step(
                 self.attempt, lambda: waiting.repair(counter, counter["clock"])):
             # A slot nobody booked came back: try again before queueing.
-            lease = step(self.attempt, lambda: first(self.attempt, allow_queue=True))
+            lease = step(self.attempt, lambda: first(self.attempt, allow_queue=True, wait_ms=self._wait_left_ms()))
             if isinstance(lease, Lease):
                 return lease
             blocked = lease
+            self.covered = self.attempt.wait_covered
         self.blocked = blocked
         event = wakeups.register(self.attempt.token, event)
         # Its ticket is alive by its own ``seen`` (the holder's write, after the attempt began)
@@ -269,7 +270,7 @@ class Waiter:
         Raises:
             pymongo.errors.PyMongoError: the store failed.
         """
-        if self.attempt.cover_wait(self._wait_left_ms()):
+        if self.attempt.cover_wait(self._wait_left_ms(), clock=(self.gate or {}).get("clock")):
             self.covered = True
             return self.gate
         waiting.leave_returning_grant(self.gate_key, self.attempt.token, list(self.attempt.keys))

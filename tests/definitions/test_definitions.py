@@ -313,10 +313,23 @@ def loads_of(cache, times=2):
     return counter.commands.count("find")
 
 
-def test_given_a_cache_never_told_it_is_live_then_every_read_loads_the_layers():
+def age(cache, seconds):
+    """Make every entry of ``cache`` ``seconds`` older than it is."""
+    cache._entries = {k: e._replace(cached_at=e.cached_at - seconds) for k, e in cache._entries.items()}
+
+
+def test_given_a_cache_never_told_it_is_live_then_it_serves_an_entry_only_while_younger_than_the_bound():
+    from leases.conf import lease_settings
+
+    bound = int(lease_settings.INVALIDATION_LIVENESS_MS) / 1000.0
     cache = definitions.DefinitionCache(definitions.load)
     assert cache.live_epoch() is None
-    assert loads_of(cache) >= 2 and not cache._entries
+    # A load holds every change made before it: served for the bound, as a proof would be.
+    assert loads_of(cache, times=1) >= 1 and loads_of(cache) == 0
+    # when: the entry is as old as the bound
+    age(cache, bound)
+    # then: the next read loads the layers again, and the fresh entry serves the one after
+    assert loads_of(cache, times=1) >= 1 and loads_of(cache, times=1) == 0
 
 
 def test_given_a_cache_told_live_until_a_deadline_then_it_serves_until_then_and_not_after():
@@ -327,10 +340,11 @@ def test_given_a_cache_told_live_until_a_deadline_then_it_serves_until_then_and_
     assert cache.live_epoch() == 7
     first = loads_of(cache, times=1)
     assert first >= 1 and loads_of(cache) == 0  # served from the entry
-    # when: the proof's deadline passes without a new one
+    # when: the proof's deadline passes without a new one, and the entry is older than the bound
     cache.live_until(7, time.monotonic() - 0.001)
-    # then: every read goes to the layers again
-    assert cache.live_epoch() is None and loads_of(cache) >= 2
+    age(cache, 60)
+    # then: the next read goes to the layers again
+    assert cache.live_epoch() is None and loads_of(cache, times=1) >= 1
 
 
 def test_given_a_new_epoch_then_entries_of_the_old_one_are_never_served():
@@ -350,7 +364,7 @@ def test_given_a_lost_subscription_then_the_cache_is_emptied_and_serves_nothing(
     cache.live_until(3, time.monotonic() + 60)
     cache.get("tex", "acme", "p1")
     cache.not_live()
-    assert not cache._entries and cache.live_epoch() is None and loads_of(cache) >= 2
+    assert not cache._entries and cache.live_epoch() is None and loads_of(cache, times=1) >= 1
 
 
 def test_given_a_forked_child_then_it_does_not_serve_on_its_parents_proof():
@@ -372,3 +386,55 @@ def test_given_a_forked_child_then_it_does_not_serve_on_its_parents_proof():
         os.waitpid(pid, 0)
     assert answer == b"none"
     assert cache.live_epoch() == 5  # the parent still is
+
+
+def test_given_many_threads_missing_one_entry_together_then_one_of_them_loads_it_for_all():
+    import threading
+    import time
+
+    calls = []
+
+    def slow_load(name, tenant_id, project_id):
+        calls.append(name)
+        time.sleep(0.2)  # the others arrive while it loads
+        return definitions.load(name, tenant_id, project_id)
+
+    cache = definitions.DefinitionCache(slow_load)
+    cache.live_until(1, time.monotonic() + 60)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(cache.get("tex", "acme", "p1"))) for _ in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(results) == 20 and len(calls) == 1
+    assert {r.to_dict()["levels"]["global"] for r in results} == {results[0].to_dict()["levels"]["global"]}
+
+
+def test_given_a_change_applied_while_a_load_is_in_flight_then_the_threads_waiting_for_it_load_again():
+    import threading
+    import time
+
+    calls = []
+    loading = threading.Event()
+
+    def slow_load(name, tenant_id, project_id):
+        calls.append(name)
+        loading.set()
+        time.sleep(0.3)
+        return definitions.load(name, tenant_id, project_id)
+
+    cache = definitions.DefinitionCache(slow_load)
+    cache.live_until(1, time.monotonic() + 60)
+    leader = threading.Thread(target=lambda: cache.get("tex", "acme", "p1"))
+    leader.start()
+    assert loading.wait(5)
+    follower = threading.Thread(target=lambda: cache.get("tex", "acme", "p1"))
+    follower.start()
+    time.sleep(0.05)
+    # when: a change to the definition is applied while the first load is in flight
+    cache.invalidate("acme", "p1", "tex")
+    leader.join(10)
+    follower.join(10)
+    # then: the follower did not take the load that may predate the change, and nothing was stored
+    assert len(calls) == 2 and ("acme", "p1", "tex") not in cache._entries

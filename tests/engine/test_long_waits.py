@@ -91,3 +91,25 @@ def test_given_a_waiter_whose_holder_is_reaped_anyway_when_granted_then_it_queue
     # Then: the waiter did not get a dead lease: it queued again and holds a live one.
     assert_a_live_lease(waiter)
     assert store.counters().find_one({"_id": GATE})["holders"] == []
+
+
+def test_given_tickets_waiting_at_the_gate_then_a_newcomer_writes_its_holder_to_cover_its_wait_at_once(short_ttl):
+    # Given: a holder and a waiter queued (this process saw tickets waiting at the gate)
+    held = leases.acquire(req(user="h"))
+    first = helpers.queue_up(req(user="w1"), GATE)
+    # When: another request arrives: it will most likely queue too
+    second = helpers.queue_up(req(user="w2"), GATE)
+    # Then: its holder was written covering its whole wait (20 s + the TTL), not only the TTL,
+    # so that a thousand waiters that arrived together do not all move their deadlines half a
+    # TTL later, together again
+    doc = store.holders().find_one({"_id": second.ticket})
+    assert doc["expiresAt"] - doc["acquiredAt"] >= timedelta(seconds=TTL_S + 19), doc
+    # and it is never moved again (the waiter sends nothing while it queues)
+    outlive_ttl(held, second.ticket, seconds=TTL_S * 0.75)
+    assert store.holders().find_one({"_id": second.ticket})["expiresAt"] == doc["expiresAt"]
+    # and both are granted live leases in turn
+    held.release()
+    first.join(10)
+    assert_a_live_lease(first)
+    second.join(10)
+    assert_a_live_lease(second)
