@@ -64,7 +64,7 @@ DEFAULTS: dict[str, Any] = {
     # The most tickets one resource's queue (its gate) holds: a request that finds it full
     # is answered Busy at once (HTTP 429, ``queueFull``) instead of queueing, so the gate
     # document — the resource's hottest — stays bounded however many ask.
-    "QUEUE_LIMIT": 1000,
+    "QUEUE_LIMIT": 2000,
     # The most of those the gate document itself holds (its head, where the order rule
     # decides); the rest wait in their own documents (leases.queue.backlog).
     "QUEUE_HEAD": 32,
