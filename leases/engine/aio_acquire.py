@@ -111,7 +111,9 @@ async def _uncontended(attempt: Any, *, wait_ms: int) -> Lease | None:
             await asyncio.to_thread(store.db)
         db = store.async_db()
         queues = wait_ms > 0
-        likely = queues and (waiting.queue_likely(attempt.gate.key) or waiting.backlog_likely(attempt.gate.key))
+        # As funnel.first: only a lease capped at the gate alone (it books nothing before the gate).
+        likely = queues and len(attempt.specs) == 1 and (
+            waiting.queue_likely(attempt.gate.key) or waiting.backlog_likely(attempt.gate.key))
         with store_bound():
             try:
                 doc = await db[store.HOLDERS].find_one_and_update(

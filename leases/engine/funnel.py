@@ -348,7 +348,7 @@ def first(attempt: Attempt, *, allow_queue: bool, wait_ms: int = 0) -> "Lease | 
     """Write the attempt's holder and book every level: the lease, or where it blocked.
 
     ``wait_ms``: how long the request may wait. When this process saw tickets waiting at
-    the gate within the last second, the request will most likely queue: its holder is
+    the gate within the last second, a request capped there alone will most likely queue: its holder is
     written with a deadline that covers the wait at once, so the waiter never moves it
     (:meth:`Attempt.cover_wait`) — 1,000 waiters that arrived together would otherwise all
     move theirs half a TTL later, together again.
@@ -357,8 +357,11 @@ def first(attempt: Attempt, *, allow_queue: bool, wait_ms: int = 0) -> "Lease | 
         pymongo.errors.PyMongoError: the store failed (the caller's step rolls back).
         _Vanished: the holder disappeared before HELD.
     """
-    likely = allow_queue and wait_ms > 0 and (waiting.queue_likely(attempt.gate.key)
-                                              or waiting.backlog_likely(attempt.gate.key))
+    # Only for a lease capped at the gate alone: it books nothing before it queues, so a
+    # crash here leaves no slot to a holder that lives as long as the wait (narrower levels
+    # are booked before the gate and given back when it blocks).
+    likely = allow_queue and wait_ms > 0 and len(attempt.specs) == 1 and (
+        waiting.queue_likely(attempt.gate.key) or waiting.backlog_likely(attempt.gate.key))
     attempt.create_holder(wait_ms if likely else 0)
     try:
         return attempt.book(privileged=False, allow_queue=allow_queue)
