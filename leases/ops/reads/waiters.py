@@ -188,7 +188,7 @@ def list_waiters(tenant_id: str | None = None, resource: str | None = None) -> W
         items.append(WaiterView(
             ticket_id=str(ticket.get("id", "")), resource=gate.get("resource", ""), gate=gate["_id"],
             tenant_id=shapes.tenant(ticket), project_id=shapes.project(ticket), user_id=shapes.user(ticket),
-            position=place, waiting_since=ticket.get("at"), last_seen=order.last_seen(cast(TicketDoc, ticket)),
+            position=place, waiting_since=ticket.get("at"), last_seen=order.last_seen(cast(TicketDoc, ticket), now),
             ttl_ms=int(ticket.get("ttl", 0)), stale=stale, level=level,
             blocked_key=key if visible else None, blocked_count=count, blocked_cap=cap,
             priority=shapes.priority_name(ticket),
