@@ -21,6 +21,7 @@ from ..store import admission, client as store, holder_commands as commands
 from .aio_counters import give_back
 from .aio_lease import ANOOP, AsyncLease, AsyncNoopLease
 from .aio_waiter import EXECUTOR, wait_in_queue
+from .funnel import queue_expected
 from .intervals import choose_interval
 from .lease import Lease
 from .outcome import outcome
@@ -111,9 +112,7 @@ async def _uncontended(attempt: Any, *, wait_ms: int) -> Lease | None:
             await asyncio.to_thread(store.db)
         db = store.async_db()
         queues = wait_ms > 0
-        # As funnel.first: only a lease capped at the gate alone (it books nothing before the gate).
-        likely = queues and len(attempt.specs) == 1 and (
-            waiting.queue_likely(attempt.gate.key) or waiting.backlog_likely(attempt.gate.key))
+        likely = queue_expected(attempt, wait_ms)
         with store_bound():
             try:
                 doc = await db[store.HOLDERS].find_one_and_update(

@@ -344,6 +344,16 @@ class _Vanished(Exception):
     """The holder document disappeared mid-funnel (reaped during a stall)."""
 
 
+def queue_expected(attempt: Attempt, wait_ms: int) -> bool:
+    """Whether ``attempt``, allowed to wait ``wait_ms``, will most likely queue, so that its
+    holder is written to cover the wait at once: this process saw tickets waiting at the
+    gate within the last second. Only for a lease capped at the gate alone: it books nothing
+    before it queues, so a crash leaves no slot to a holder that lives as long as the wait
+    (narrower levels are booked before the gate and given back when it blocks)."""
+    return wait_ms > 0 and len(attempt.specs) == 1 and (
+        waiting.queue_likely(attempt.gate.key) or waiting.backlog_likely(attempt.gate.key))
+
+
 def first(attempt: Attempt, *, allow_queue: bool, wait_ms: int = 0) -> "Lease | _Blocked":
     """Write the attempt's holder and book every level: the lease, or where it blocked.
 
@@ -357,12 +367,7 @@ def first(attempt: Attempt, *, allow_queue: bool, wait_ms: int = 0) -> "Lease | 
         pymongo.errors.PyMongoError: the store failed (the caller's step rolls back).
         _Vanished: the holder disappeared before HELD.
     """
-    # Only for a lease capped at the gate alone: it books nothing before it queues, so a
-    # crash here leaves no slot to a holder that lives as long as the wait (narrower levels
-    # are booked before the gate and given back when it blocks).
-    likely = allow_queue and wait_ms > 0 and len(attempt.specs) == 1 and (
-        waiting.queue_likely(attempt.gate.key) or waiting.backlog_likely(attempt.gate.key))
-    attempt.create_holder(wait_ms if likely else 0)
+    attempt.create_holder(wait_ms if allow_queue and queue_expected(attempt, wait_ms) else 0)
     try:
         return attempt.book(privileged=False, allow_queue=allow_queue)
     except _Blocked as blocked:
