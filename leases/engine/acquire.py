@@ -13,7 +13,7 @@ import time
 from collections.abc import Generator
 
 from .fail_fast import fail_fast
-from .funnel import Attempt, _Blocked, first
+from .funnel import Attempt, _Blocked, deep_queue_expected, first
 from .lease import NOOP, Lease, NoopLease
 from .outcome import outcome
 from .prepare import prepare
@@ -70,7 +70,12 @@ def run(attempt: Attempt, wait_ms: int, started: float, keep_ms: int | None) -> 
     """
     deadline = started + wait_ms / 1000.0
     queues = wait_ms > 0 or keep_ms is not None
-    result = step(attempt, lambda: first(attempt, allow_queue=queues, wait_ms=wait_ms))
+    # Bound for a deep queue: the holder goes with those of this process's other newcomers
+    # (leases.store.batches), not one step's turn at a time.
+    def deep() -> bool:
+        return queues and deep_queue_expected(attempt, wait_ms)
+
+    result = step(attempt, lambda: first(attempt, allow_queue=queues, wait_ms=wait_ms), admit=not deep(), unless=deep)
     if isinstance(result, Lease):
         return result
     if not queues:

@@ -16,13 +16,13 @@ import time
 from datetime import datetime, timedelta
 from typing import Any
 
-from pymongo import ReturnDocument
+from pymongo import ReturnDocument, UpdateOne
 
 from .. import ids
 from ..definitions import caps
 from ..definitions.model import LeaseDefinition, LevelSpec
 from ..queue import fences, shares, slots, waiting, wakeups
-from ..store import client as store, entries, holder_commands as commands, shapes
+from ..store import batches, client as store, entries, holder_commands as commands, shapes
 from ..store.documents import CounterDoc, TicketDoc
 from ..store.shapes import new_ticket, ticket_in
 from .intervals import choose_interval
@@ -76,7 +76,7 @@ class Attempt:
         self.booking = slots.entry(self.request.tenant_id, self.request.project_id, self.request.user_id,
                                    self.token, attempt_id)
 
-    def create_holder(self, wait_ms: int = 0) -> None:
+    def create_holder(self, wait_ms: int = 0, *, shared: bool = False) -> None:
         """Write the holder document (PENDING) on server time, so a waiter whose document
         was reaped while it waited writes it again before it books.
 
@@ -84,20 +84,29 @@ class Attempt:
         name it): whatever an earlier one left booked under this token is told apart, so
         repair pulling it by value never takes this attempt's slot. Only called while the
         attempt books nothing (its earlier entries were given back first).
+
+        ``shared``: written with the holders that other threads of this process write at
+        the same moment (:func:`holders_together`), for a request bound for a deep queue.
+
+        Raises:
+            pymongo.errors.PyMongoError: the store failed.
         """
         attempt_id = slots.new_attempt_id()
         self.named(attempt_id)
         self.wait_covered = wait_ms > 0
         interval = choose_interval(self.definition.ttl_seconds, self.request.interval_seconds)
-        doc = store.holders().find_one_and_update(
-            *commands.holder_upsert(self.token, definition=self.definition, request=self.request, pod=self.pod,
-                                    keys=self.keys, attempt_id=attempt_id, priority=self.priority[1],
-                                    interval_seconds=interval, wait_ms=wait_ms, waker=wakeups.process_id()),
-            upsert=True,
-            projection={"acquiredAt": 1, "expiresAt": 1},
-            return_document=ReturnDocument.AFTER,
-        )
-        assert doc is not None  # an upsert returning the document after always has one
+        command = commands.holder_upsert(self.token, definition=self.definition, request=self.request, pod=self.pod,
+                                         keys=self.keys, attempt_id=attempt_id, priority=self.priority[1],
+                                         interval_seconds=interval, wait_ms=wait_ms, waker=wakeups.process_id())
+        if shared:
+            doc = batches.combine("holders", self.token, command, holders_together)
+            if doc is None:
+                raise _Vanished()  # reaped between its write and the read of it
+        else:
+            doc = store.holders().find_one_and_update(
+                *command, upsert=True, projection={"acquiredAt": 1, "expiresAt": 1},
+                return_document=ReturnDocument.AFTER)
+            assert doc is not None  # an upsert returning the document after always has one
         self.written(doc)
         self.interval_seconds = interval  # the server-issued interval, as the holder has it
 
@@ -162,7 +171,8 @@ class Attempt:
             pymongo.errors.PyMongoError: the store failed; the caller rolls back.
         """
         taken: list[str] = []
-        if allow_queue and not privileged and waiting.queue_likely(self.gate.key):
+        if allow_queue and not privileged and (waiting.queue_likely(self.gate.key)
+                                               or waiting.backlog_likely(self.gate.key)):
             # Tickets wait at the gate: the push would be refused, and narrower slots taken
             # on the way would only stand in the way of the waiter whose turn it is.
             raise _Blocked(self.gate, None)
@@ -344,6 +354,32 @@ class _Vanished(Exception):
     """The holder document disappeared mid-funnel (reaped during a stall)."""
 
 
+def holders_together(upserts: dict[str, Any]) -> dict[str, Any]:
+    """Write the holders ``upserts`` (token → :func:`leases.store.holder_commands.holder_upsert`)
+    in one command and read back what each needs to know of its own (two commands for all:
+    a ``findAndModify`` a holder would be one each).
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed.
+    """
+    projection = {"acquiredAt": 1, "expiresAt": 1}
+    if len(upserts) == 1:  # alone: one command, as it would have been
+        ((token, (query, update)),) = upserts.items()
+        return {token: store.holders().find_one_and_update(query, update, upsert=True, projection=projection,
+                                                           return_document=ReturnDocument.AFTER)}
+    store.holders().bulk_write([UpdateOne(query, update, upsert=True) for query, update in upserts.values()],
+                               ordered=False)
+    return {doc["_id"]: doc for doc in store.holders().find({"_id": {"$in": list(upserts)}}, projection)}
+
+
+def deep_queue_expected(attempt: Attempt, wait_ms: int) -> bool:
+    """Whether ``attempt`` will most likely wait in the backlog of a deep queue (see
+    :func:`queue_expected`; its process saw the backlog in use within the last second): its
+    holder and its ticket are then written with those of the other threads of this process
+    that arrive at the same moment, outside the admission of steps."""
+    return queue_expected(attempt, wait_ms) and waiting.backlog_likely(attempt.gate.key)
+
+
 def queue_expected(attempt: Attempt, wait_ms: int) -> bool:
     """Whether ``attempt``, allowed to wait ``wait_ms``, will most likely queue, so that its
     holder is written to cover the wait at once: this process saw tickets waiting at the
@@ -367,7 +403,8 @@ def first(attempt: Attempt, *, allow_queue: bool, wait_ms: int = 0) -> "Lease | 
         pymongo.errors.PyMongoError: the store failed (the caller's step rolls back).
         _Vanished: the holder disappeared before HELD.
     """
-    attempt.create_holder(wait_ms if allow_queue and queue_expected(attempt, wait_ms) else 0)
+    queues = allow_queue and queue_expected(attempt, wait_ms)
+    attempt.create_holder(wait_ms if queues else 0, shared=queues and deep_queue_expected(attempt, wait_ms))
     try:
         return attempt.book(privileged=False, allow_queue=allow_queue)
     except _Blocked as blocked:

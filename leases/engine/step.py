@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import pymongo
@@ -30,20 +31,22 @@ def store_bound() -> Any:
     return pymongo.timeout(int(lease_settings.MONGO_TIMEOUT_MS) / 1000.0)
 
 
-def step(attempt: Attempt, fn: Any, *, admit: bool = True) -> Any:
+def step(attempt: Attempt, fn: Any, *, admit: bool = True, unless: Callable[[], bool] | None = None) -> Any:
     """Run one store step under one bound; on a store failure roll the attempt back (same
     bound: what it cannot undo is left to reap and repair) and answer LeaseUnavailable.
 
     ``admit``: the step waits its turn among this process's steps first
     (:mod:`leases.store.admission`), its bound starting once it runs; a step that completes
-    a grant (a claim) goes at once — it frees the way, and its window is short.
+    a grant (a claim) goes at once — it frees the way, and its window is short. ``unless``:
+    while it waits its turn, whether it no longer needs one (see
+    :func:`leases.store.admission.admitted`).
 
     Raises:
         LeaseUnavailable: the store failed, the step was not admitted in time, or the holder
             vanished mid-acquire.
     """
     try:
-        with admission.admitted() if admit else contextlib.nullcontext(), store_bound():
+        with admission.admitted(unless) if admit else contextlib.nullcontext(), store_bound():
             try:
                 return fn()
             except (pymongo.errors.PyMongoError, _Vanished) as exc:

@@ -127,7 +127,13 @@ class Waiter:
         # waiter here waits on for an orphan (leases.queue.watch).
         watch.add(self.gate_key, self.attempt.token)
         try:
-            self.gate = step(self.attempt, self._enqueue)
+            # A ticket bound for the backlog waits its turn in the backlog's batch of this
+            # process (leases.queue.backlog.add), not among the acquire steps: a burst of
+            # newcomers then shares its commands instead of queueing two at a time.
+            def deep() -> bool:
+                return waiting.backlog_likely(self.gate_key)
+
+            self.gate = step(self.attempt, self._enqueue, admit=not deep(), unless=deep)
             watch.note(self.gate)
             self.queued_at = time.monotonic()
             if self.gate is not None:
@@ -393,7 +399,7 @@ class Waiter:
                 # We sat out (a narrower level was full): pass the turn on right away.
                 waiting.hand_off(self.gate, skip=self.attempt.token)
             return lease
-        if picked:
+        if picked and waiting.first_look(gate):
             # Their waker may have died, or their process: wake again (dropping the dead).
             waiting.hand_off(gate, skip=self.attempt.token)
         if (not picked or grants.unclaimed(gate, now)) and step(self.attempt, lambda: waiting.repair(gate, now)):

@@ -29,6 +29,7 @@ checks those tickets still exist (:func:`verify`) and forgets the ones promoted 
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 from collections import defaultdict
@@ -36,10 +37,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pymongo.errors
-from pymongo import ReturnDocument
+from pymongo import ReplaceOne, ReturnDocument
 
 from ..conf import lease_settings
-from ..store import client as store, shapes, ticket_commands as commands
+from ..store import batches, client as store, shapes, ticket_commands as commands
 from ..store.documents import CounterDoc, TicketDoc
 from ..store.tombstones import ticket_tombstones
 from . import order
@@ -84,26 +85,41 @@ def add(gate: CounterDoc, ticket: TicketDoc) -> CounterDoc | None:
     naming only its key, from a process's hint that the backlog is in use): then the ticket is
     not left placed, and the caller creates the gate.
 
+    The threads of a process that place tickets on one gate at once share the commands
+    (:mod:`leases.store.batches`): one write of all their tickets and one count on the gate.
+
     Raises:
         pymongo.errors.PyMongoError: the store failed (the ticket may be placed and not
-            counted: promotion counts again).
+            counted: promotion counts again), or the batch ahead of it did not end in time.
     """
-    doc = {"_id": ticket["id"], "g": gate["_id"], "at": ticket.get("at"), "ticket": dict(ticket)}
-    created = store.tickets().replace_one({"_id": ticket["id"]}, doc, upsert=True).upserted_id is not None
+    key = gate["_id"]
+    doc = {"_id": ticket["id"], "g": key, "at": ticket.get("at"), "ticket": dict(ticket)}
+    after = batches.combine(("backlog", key), ticket["id"], doc, lambda docs: dict.fromkeys(docs, _place(key, docs)))
+    return copy.deepcopy(after)  # each caller its own: a waiter keeps and updates what it decides on
+
+
+def _place(key: str, docs: dict[str, dict[str, Any]]) -> CounterDoc | None:
+    """Write ``docs`` (tickets of the backlog of gate ``key``) and count the new ones on the
+    gate; the gate after, or None when it does not exist (then the tickets are taken out)."""
+    ids = list(docs)
+    result = store.tickets().bulk_write([ReplaceOne({"_id": i}, docs[i], upsert=True) for i in ids], ordered=False)
+    created = len(result.upserted_ids or {})
     with _lock:
-        _placed[ticket["id"]] = gate["_id"]
-    if not created:  # placed before (its waiter queues again): counted already
-        docs = list(store.counters().aggregate(commands.read_with_clock(gate["_id"])))
-        after = docs[0] if docs else None
+        for ticket_id in ids:
+            _placed[ticket_id] = key
+    if not created:  # all placed before (their waiters queue again): counted already
+        found = list(store.counters().aggregate(commands.read_with_clock(key)))
+        after = found[0] if found else None
     else:
         after = store.counters().find_one_and_update(
-            {"_id": gate["_id"]}, {"$inc": {"bk": 1}, "$currentDate": {"clock": True}},
+            {"_id": key}, {"$inc": {"bk": created}, "$currentDate": {"clock": True}},
             return_document=ReturnDocument.AFTER)
     if after is None:
         # No gate (deleted since the hint, or never made): a ticket placed for it would be
         # counted nowhere and promoted by nobody.
-        forget(ticket["id"])
-        store.tickets().delete_one({"_id": ticket["id"], "g": gate["_id"]})
+        for ticket_id in ids:
+            forget(ticket_id)
+        store.tickets().delete_many({"_id": {"$in": ids}, "g": key})
     return after
 
 

@@ -21,6 +21,7 @@ of its tenant had booked the narrower level on its way to the queue. A ticket qu
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -67,6 +68,9 @@ def repair_interval_ms() -> int:
     """How often one full counter is checked for slots no live holder books."""
     return int(lease_settings.REPAIR_INTERVAL_MS)
 
+
+# Gate key → the check a claim of this process replaced last, and when (monotonic; see repair).
+_repair_claimed: dict[str, tuple[datetime | None, float]] = {}
 
 # Gate key → monotonic time this process last saw tickets waiting there. A newcomer that
 # saw a queue a moment ago skips the gate push that would be refused and queues at once
@@ -284,6 +288,22 @@ def wake(gate: CounterDoc, ids: list[str]) -> list[str]:
     return [tid for tid in ids if tid in by_id and wakeups.wake(tid, shapes.waker(by_id[tid]), hint) == wakeups.DEAD]
 
 
+def first_look(gate: CounterDoc) -> bool:
+    """Whether no thread of this process has acted on this state of the gate yet (its
+    ``clock``): the newcomers of a batch (:mod:`leases.store.batches`) all got the same gate
+    back, and a hand-off on it sent by each would be a conditional update doomed to lose
+    after the first."""
+    with _looks_lock:
+        if _looked.get(gate["_id"]) == gate.get("clock"):
+            return False
+        _looked[gate["_id"]] = gate.get("clock")
+        return True
+
+
+_looks_lock = threading.Lock()
+_looked: dict[str, Any] = {}
+
+
 def hand_off(gate: CounterDoc | None, *, skip: str | None = None) -> list[str]:
     """Wake the tickets the order rule picks for the gate's free slots. Never raises.
 
@@ -378,8 +398,18 @@ def repair(counter: CounterDoc, now: datetime) -> bool:
     if _holder_end is None:
         raise RuntimeError("leases.queue.waiting: no holder end installed (import leases first)")
     checked = counter.get("checkedAt")
-    if checked is not None and checked > now - timedelta(milliseconds=repair_interval_ms()):
+    interval = repair_interval_ms()
+    if checked is not None and checked > now - timedelta(milliseconds=interval):
         return False
+    # A claim is conditional on the check it replaces: once this process has sent one against
+    # ``checked``, won or lost, another against it can only lose. (After a batch of newcomers
+    # got the same gate back, each of them would send it.)
+    mono = time.monotonic()
+    tried = _repair_claimed.get(counter["_id"])
+    # (Not against no check at all: a gate made again since — deleted by an operator — has none.)
+    if tried is not None and checked is not None and tried[0] == checked and mono - tried[1] < interval / 1000.0:
+        return False
+    _repair_claimed[counter["_id"]] = (checked, mono)
     claim = store.counters().update_one(*commands.repair_claim(counter["_id"], checked))
     if not claim.matched_count:
         return False  # another process is checking it right now

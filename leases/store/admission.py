@@ -23,8 +23,9 @@ import asyncio
 import contextlib
 import os
 import threading
+import time
 import weakref
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pymongo.errors
 
@@ -69,9 +70,17 @@ def _in_event_loop() -> bool:
     return True
 
 
+#: How often a step waiting its turn asks whether it still needs one (``unless``).
+UNLESS_POLL_S = 0.05
+
+
 @contextlib.contextmanager
-def admitted() -> Iterator[None]:
+def admitted(unless: Callable[[], bool] | None = None) -> Iterator[None]:
     """Run the block as one admitted store step of this process.
+
+    ``unless``: while the step waits its turn, whether it no longer needs one (asked every
+    :data:`UNLESS_POLL_S`): a step whose writes another bound covers — those shared by the
+    threads of a process (:mod:`leases.store.batches`) — then runs at once.
 
     Raises:
         pymongo.errors.ExecutionTimeout: not admitted within ``LEASES_STORE_ADMISSION_MS``
@@ -79,8 +88,8 @@ def admitted() -> Iterator[None]:
     """
     depth = getattr(_local, "depth", 0)
     semaphore = None if depth or _in_event_loop() else _semaphore()
-    if semaphore is not None and not semaphore.acquire(timeout=_bound_s()):
-        raise pymongo.errors.ExecutionTimeout("too many store steps in flight in this process (LEASES_STORE_CONCURRENCY)")
+    if semaphore is not None and not _acquire(semaphore, unless):
+        semaphore = None
     _local.depth = depth + 1
     try:
         yield
@@ -88,6 +97,24 @@ def admitted() -> Iterator[None]:
         _local.depth = depth
         if semaphore is not None:
             semaphore.release()
+
+
+def _acquire(semaphore: threading.BoundedSemaphore, unless: Callable[[], bool] | None) -> bool:
+    """Take a turn (True), or find that the step needs none (False).
+
+    Raises:
+        pymongo.errors.ExecutionTimeout: neither within ``LEASES_STORE_ADMISSION_MS``.
+    """
+    deadline = time.monotonic() + _bound_s()
+    while True:
+        left = deadline - time.monotonic()
+        if semaphore.acquire(timeout=max(0.0, left if unless is None else min(left, UNLESS_POLL_S))):
+            return True
+        if unless is not None and unless():
+            return False
+        if left <= 0:
+            raise pymongo.errors.ExecutionTimeout(
+                "too many store steps in flight in this process (LEASES_STORE_CONCURRENCY)")
 
 
 @contextlib.asynccontextmanager

@@ -1,0 +1,121 @@
+"""Commands that the threads of a process share: one in flight per kind, the rest go together.
+
+A burst of requests into a deep queue (500 Celery tasks on a cap of 4, a class opening its
+sessions at 9:00) writes one holder and one backlog ticket per request, and each would be a
+command of its own, answered in turn by the store. Here the threads of a process that send
+the same kind of write at once share it (flat combining): the first sends, those that arrive
+while its command is in flight go together in the next one, and each is told its own result.
+A write that arrives alone goes at once, as it would have; a burst costs a few commands a
+process instead of one a request.
+
+The one command in flight per kind is also this process's admission for those writes (see
+:mod:`leases.store.admission`): a caller need not hold a step's turn while it waits here.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import threading
+import time
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import pymongo.errors
+
+from ..conf import lease_settings
+
+#: What a batch's sender does with the items of a batch (id → item): the result of each
+#: (id → result; an id it leaves out gets None).
+Send = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class _Batch:
+    def __init__(self) -> None:
+        self.items: dict[str, Any] = {}
+        self.sender: object | None = None  # the caller that sends it
+        self.done = False
+        self.results: dict[str, Any] = {}
+        self.error: BaseException | None = None
+
+
+_lock = threading.Lock()
+_changed = threading.Condition(_lock)
+_open: dict[Hashable, _Batch] = {}  # kind -> the batch the next command of that kind carries
+_sending: set[Hashable] = set()  # kinds with a command in flight from this process
+
+
+def _forked() -> None:
+    # A command in flight in the parent has no sender in the child.
+    _open.clear()
+    _sending.clear()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+def bound_s() -> float:
+    """The longest a caller waits here: the command ahead of it and then its own, each
+    bounded by ``LEASES_MONGO_TIMEOUT_MS``."""
+    return 2 * int(lease_settings.MONGO_TIMEOUT_MS) / 1000.0
+
+
+def _bounded(send: Send, items: dict[str, Any]) -> dict[str, Any]:
+    with pymongo.timeout(int(lease_settings.MONGO_TIMEOUT_MS) / 1000.0):
+        return send(items)
+
+
+def combine(kind: Hashable, item_id: str, item: Any, send: Send) -> Any:
+    """Have ``item`` (named ``item_id``, unique within ``kind``) written by the next command
+    of ``kind`` (``send`` of its batch); returns what ``send`` answered for it.
+
+    Raises:
+        pymongo.errors.PyMongoError: the command failed (for all of its batch: each caller
+            rolls back its own), or the command ahead did not end within :func:`bound_s`
+            (``NetworkTimeout``; then this item was not sent).
+    """
+    me = object()
+    deadline = time.monotonic() + bound_s()
+    with _changed:
+        batch = _open.get(kind)
+        if batch is None:
+            batch = _open[kind] = _Batch()
+        batch.items[item_id] = item
+        # The batch's first caller sends it once the command ahead has landed; the others
+        # wait for its answer (and one of them sends it should the first give up).
+        while not batch.done:
+            if batch.sender is None:
+                batch.sender = me
+            if batch.sender is me and kind not in _sending:
+                _open.pop(kind, None)
+                _sending.add(kind)
+                break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                if _open.get(kind) is batch:  # not sent yet: leave it
+                    batch.items.pop(item_id, None)
+                    if batch.sender is me:
+                        batch.sender = None
+                    if not batch.items:
+                        _open.pop(kind)
+                    _changed.notify_all()
+                raise pymongo.errors.NetworkTimeout(f"the store command ahead of this {kind!r} did not end in time")
+            _changed.wait(left)
+    if batch.sender is me and not batch.done:
+        # What the others are told should this thread not finish (anything but a store error).
+        batch.error = pymongo.errors.PyMongoError(f"the sender of a {kind!r} batch did not finish")
+        try:
+            # Under a bound of its own: the step that sends it may have spent its own
+            # bound waiting for the command ahead, and the batch is everybody's.
+            batch.results = contextvars.Context().run(_bounded, send, batch.items)
+            batch.error = None
+        except pymongo.errors.PyMongoError as exc:
+            batch.error = exc
+        finally:
+            with _changed:
+                _sending.discard(kind)
+                batch.done = True
+                _changed.notify_all()
+    if batch.error is not None:
+        raise batch.error
+    return batch.results.get(item_id)
