@@ -149,3 +149,57 @@ def test_given_a_backlog_hint_older_than_its_gate_when_a_request_waits_then_the_
     waiter.join(10)
     assert waiter.lease is not None, waiter.error
     waiter.lease.release()
+
+
+def test_given_newcomers_arriving_together_at_a_deep_queue_then_they_share_their_writes_and_each_waits_and_is_granted_in_turn(
+        settings, monkeypatch):
+    # Given: a held cap 1 whose head (2) is full and whose backlog this process has seen.
+    from leases.engine import funnel
+
+    settings.LEASES_QUEUE_HEAD = 2
+    define("res", "levels: {global: 1}\nwaitMs: 30000")
+    held = leases.acquire(req(tenant="h", user="h"))
+    waiters = [line_up(req(tenant="a", user=f"a{i}")) for i in range(3)]
+    assert backlog.count(gate_doc()) == 1
+    # The first holder write of the burst is held in flight until the other newcomers wait
+    # behind it, so that they go together (as threads of a busy process do).
+    sizes: list[int] = []
+    real = funnel.holders_together
+    burst = 8
+
+    def holders_together(upserts):
+        sizes.append(len(upserts))
+        if len(sizes) == 1:
+            wait_for(lambda: len(sizes) > 1 or _pending_holders() == burst - 1, 10, step=0.01)
+        return real(upserts)
+
+    monkeypatch.setattr(funnel, "holders_together", holders_together)
+    # When: eight newcomers of tenant b arrive together.
+    from leases.queue import waiting
+
+    before = waiting_ids()
+    burst_waiters = [helpers.Waiter(req(tenant="b", user=f"b{i}")) for i in range(burst)]
+    waiting.note_queue(gate_doc())  # seen a moment ago (a loaded machine may have let a second pass)
+    for waiter in burst_waiters:
+        waiter.start()
+    wait_for(lambda: len(waiting_ids() - before) == burst, 15, step=0.02)
+    # Then: their holders went in two writes (the first alone, the seven after it together),
+    # each holder is its own, and the backlog counts every ticket it holds.
+    assert sizes == [1, burst - 1]
+    tokens = waiting_ids() - before
+    docs = list(store.holders().find({"_id": {"$in": list(tokens)}}, {"state": 1, "acquiredAt": 1, "expiresAt": 1}))
+    assert len(docs) == burst and all(d["state"] == "PENDING" and d["expiresAt"] > d["acquiredAt"] for d in docs)
+    assert backlog.count(gate_doc()) == store.tickets().count_documents({"g": GATE}) == 1 + burst
+    # When: every lease is released as soon as it is granted. Then: all are granted, once each.
+    held.release()
+    order = helpers.release_as_granted(waiters + burst_waiters)
+    assert len(order) == 3 + burst and len({id(w) for w in order}) == 3 + burst
+    assert store.tickets().count_documents({"g": GATE}) == 0
+
+
+def _pending_holders() -> int:
+    from leases.store import batches
+
+    with batches._lock:
+        batch = batches._open.get("holders")
+        return len(batch.items) if batch else 0

@@ -443,3 +443,27 @@ def test_given_this_processs_subscriber_is_subscribed_then_it_is_listening():
         assert wait_for(wakeups.listening, timeout=5)
     finally:
         wakeups.unregister("tk-listening")
+
+
+def test_given_threads_holding_the_same_state_of_a_full_gate_then_only_the_first_sends_a_repair_claim(settings):
+    # Given: a full cap-1 gate checked before (a claim on record), as a batch of newcomers
+    # all got it back.
+    settings.LEASES_REPAIR_INTERVAL_MS = 1000
+    put("res", "levels: {global: 1}\nwaitMs: 0")
+    held = leases.acquire(req(user="h"))
+    gate = waiting.read_gate("res|global|*")
+    waiting.repair(gate, gate["clock"])
+    time.sleep(1.05)
+    gate = waiting.read_gate("res|global|*")
+    try:
+        with helpers.counted_commands() as counter:
+            # When: one thread claims the check, then another decides on the same state.
+            waiting.repair(gate, gate["clock"])
+            first = len(counter.commands)
+            waiting.repair(dict(gate), gate["clock"])
+        # Then: the second sends nothing (a claim against the check the first replaced can
+        # only lose); the first sent its claim.
+        assert first >= 1 and len(counter.commands) == first, counter.commands
+        assert waiting.first_look(gate) and not waiting.first_look(dict(gate))
+    finally:
+        held.release()

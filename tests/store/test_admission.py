@@ -140,3 +140,25 @@ def test_given_a_loop_whose_slots_stay_taken_past_the_bound_then_its_step_fails_
         return time.monotonic() - started
 
     assert asyncio.run(main()) < 2
+
+
+def test_given_a_step_waiting_its_turn_when_it_no_longer_needs_one_then_it_runs_while_the_turn_is_still_held(
+        settings):
+    # Given: the only turn is held elsewhere, and a step waits for it with a condition that
+    # would let it go without one (its writes shared by the process's batches).
+    settings.LEASES_STORE_CONCURRENCY = 1
+    needs_none, ran = threading.Event(), threading.Event()
+    with slot_held_elsewhere():
+        def step():
+            with admission.admitted(unless=needs_none.is_set):
+                ran.set()
+
+        thread = threading.Thread(target=step)
+        thread.start()
+        # Then: it waits while it needs a turn...
+        assert not ran.wait(3 * admission.UNLESS_POLL_S)
+        # When: it no longer needs one.
+        needs_none.set()
+        # Then: it runs within a poll, the turn still held by the other step.
+        assert ran.wait(1.0)
+        thread.join(5)

@@ -1,0 +1,105 @@
+"""leases.store.batches: the threads of a process that send the same write at once share it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pymongo.errors
+import pytest
+
+from leases.store import batches
+from tests.helpers import wait_for
+
+
+def pending(kind) -> int:
+    with batches._lock:
+        batch = batches._open.get(kind)
+        return len(batch.items) if batch else 0
+
+
+def run_together(kind, ids, send):
+    """Each id combined from a thread of its own; returns id → result or the error raised."""
+    out: dict = {}
+
+    def one(item_id):
+        try:
+            out[item_id] = batches.combine(kind, item_id, f"item {item_id}", send)
+        except pymongo.errors.PyMongoError as exc:
+            out[item_id] = exc
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in ids]
+    for thread in threads:
+        thread.start()
+    return threads, out
+
+
+def test_given_writes_arriving_while_one_is_in_flight_then_they_go_together_in_the_next_and_each_gets_its_own_result():
+    # Given: the first write of a kind is in flight (its send held open).
+    sends: list[list[str]] = []
+    first_in_flight, go = threading.Event(), threading.Event()
+
+    def send(items):
+        sends.append(sorted(items))
+        if len(sends) == 1:
+            first_in_flight.set()
+            assert go.wait(5)
+        return {item_id: item.upper() for item_id, item in items.items()}
+
+    kind = ("test", "together")
+    threads, out = run_together(kind, ["a"], send)
+    assert first_in_flight.wait(5)
+    # When: nine more arrive meanwhile.
+    more, out_more = run_together(kind, [f"b{i}" for i in range(9)], send)
+    wait_for(lambda: pending(kind) == 9, 5, step=0.01)
+    go.set()
+    for thread in threads + more:
+        thread.join(5)
+    # Then: two commands in all — the first alone, the nine together — and each caller is told
+    # what the send answered for its own item.
+    assert sends == [["a"], sorted(f"b{i}" for i in range(9))]
+    assert out == {"a": "ITEM A"}
+    assert out_more == {f"b{i}": f"ITEM B{i}" for i in range(9)}
+
+
+def test_given_a_batch_whose_command_fails_then_every_caller_in_it_gets_the_store_error_and_the_next_write_goes_on():
+    kind = ("test", "fails")
+    held, go = threading.Event(), threading.Event()
+
+    def failing(items):
+        held.set()
+        assert go.wait(5)
+        raise pymongo.errors.AutoReconnect("store gone")
+
+    threads, out = run_together(kind, ["a"], failing)
+    assert held.wait(5)
+    go.set()
+    for thread in threads:
+        thread.join(5)
+    assert isinstance(out["a"], pymongo.errors.AutoReconnect)
+    # The kind is free again: a later write is sent at once.
+    assert batches.combine(kind, "c", "x", lambda items: dict.fromkeys(items, "ok")) == "ok"
+
+
+def test_given_the_write_ahead_never_ending_then_a_caller_gives_up_within_the_bound_without_its_item_sent(settings):
+    settings.LEASES_MONGO_TIMEOUT_MS = 200  # bound: 2 x 0.2 s
+    kind = ("test", "stuck")
+    stuck, release = threading.Event(), threading.Event()
+    sent: list[list[str]] = []
+
+    def send(items):
+        sent.append(sorted(items))
+        stuck.set()
+        release.wait(5)
+        return dict.fromkeys(items, "ok")
+
+    threads, _ = run_together(kind, ["a"], send)
+    assert stuck.wait(5)
+    started = time.monotonic()
+    with pytest.raises(pymongo.errors.NetworkTimeout):
+        batches.combine(kind, "late", "x", send)
+    assert time.monotonic() - started < 0.4 + 0.3
+    release.set()
+    for thread in threads:
+        thread.join(5)
+    assert sent == [["a"]] and pending(kind) == 0
