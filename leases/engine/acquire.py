@@ -18,7 +18,7 @@ from .lease import NOOP, Lease, NoopLease
 from .outcome import outcome
 from .prepare import prepare
 from .request import LeaseRequest
-from .step import step
+from .step import Bypass, step
 from .ticket import Ticket
 from .waiter import Waiter
 
@@ -72,10 +72,8 @@ def run(attempt: Attempt, wait_ms: int, started: float, keep_ms: int | None) -> 
     queues = wait_ms > 0 or keep_ms is not None
     # Bound for a deep queue: the holder goes with those of this process's other newcomers
     # (leases.store.batches), not one step's turn at a time.
-    def deep() -> bool:
-        return queues and deep_queue_expected(attempt, wait_ms)
-
-    result = step(attempt, lambda: first(attempt, allow_queue=queues, wait_ms=wait_ms), admit=not deep(), unless=deep)
+    deep = Bypass(lambda: queues and deep_queue_expected(attempt, wait_ms))
+    result = step(attempt, lambda: first(attempt, allow_queue=queues, wait_ms=wait_ms, deep=deep.chosen), bypass=deep)
     if isinstance(result, Lease):
         return result
     if not queues:

@@ -390,7 +390,7 @@ def queue_expected(attempt: Attempt, wait_ms: int) -> bool:
         waiting.queue_likely(attempt.gate.key) or waiting.backlog_likely(attempt.gate.key))
 
 
-def first(attempt: Attempt, *, allow_queue: bool, wait_ms: int = 0) -> "Lease | _Blocked":
+def first(attempt: Attempt, *, allow_queue: bool, wait_ms: int = 0, deep: bool = False) -> "Lease | _Blocked":
     """Write the attempt's holder and book every level: the lease, or where it blocked.
 
     ``wait_ms``: how long the request may wait. When this process saw tickets waiting at
@@ -399,12 +399,20 @@ def first(attempt: Attempt, *, allow_queue: bool, wait_ms: int = 0) -> "Lease | 
     (:meth:`Attempt.cover_wait`) — 1,000 waiters that arrived together would otherwise all
     move theirs half a TTL later, together again.
 
+    ``deep``: the request is bound for the backlog of a deep queue (:func:`deep_queue_expected`)
+    and runs outside the admission of steps: its holder goes with those of this process's
+    other newcomers, and it queues without trying the gate (a newcomer never books past the
+    backlog).
+
     Raises:
         pymongo.errors.PyMongoError: the store failed (the caller's step rolls back).
         _Vanished: the holder disappeared before HELD.
     """
+    if deep:
+        attempt.create_holder(wait_ms, shared=True)
+        return _Blocked(attempt.gate, None)
     queues = allow_queue and queue_expected(attempt, wait_ms)
-    attempt.create_holder(wait_ms if queues else 0, shared=queues and deep_queue_expected(attempt, wait_ms))
+    attempt.create_holder(wait_ms if queues else 0)
     try:
         return attempt.book(privileged=False, allow_queue=allow_queue)
     except _Blocked as blocked:

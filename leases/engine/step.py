@@ -31,22 +31,40 @@ def store_bound() -> Any:
     return pymongo.timeout(int(lease_settings.MONGO_TIMEOUT_MS) / 1000.0)
 
 
-def step(attempt: Attempt, fn: Any, *, admit: bool = True, unless: Callable[[], bool] | None = None) -> Any:
+class Bypass:
+    """Whether a step goes without its turn among this process's steps, because its writes
+    are shared by the threads of the process (:mod:`leases.store.batches`), whose one batch
+    in flight is their admission: asked before the step waits and while it waits, and once
+    true it stays true — the step then sends only those writes (:attr:`chosen`)."""
+
+    def __init__(self, condition: Callable[[], bool]) -> None:
+        self.condition = condition
+        self.chosen = False
+
+    def now(self) -> bool:
+        if not self.chosen and self.condition():
+            self.chosen = True
+        return self.chosen
+
+
+def step(attempt: Attempt, fn: Any, *, admit: bool = True, bypass: Bypass | None = None) -> Any:
     """Run one store step under one bound; on a store failure roll the attempt back (same
     bound: what it cannot undo is left to reap and repair) and answer LeaseUnavailable.
 
     ``admit``: the step waits its turn among this process's steps first
     (:mod:`leases.store.admission`), its bound starting once it runs; a step that completes
-    a grant (a claim) goes at once — it frees the way, and its window is short. ``unless``:
-    while it waits its turn, whether it no longer needs one (see
-    :func:`leases.store.admission.admitted`).
+    a grant (a claim) goes at once — it frees the way, and its window is short. ``bypass``:
+    whether it needs no turn (asked before it waits, and while it waits: see
+    :func:`leases.store.admission.admitted`); ``fn`` reads the answer, :attr:`Bypass.chosen`.
 
     Raises:
         LeaseUnavailable: the store failed, the step was not admitted in time, or the holder
             vanished mid-acquire.
     """
     try:
-        with admission.admitted(unless) if admit else contextlib.nullcontext(), store_bound():
+        if bypass is not None and bypass.now():
+            admit = False
+        with admission.admitted(bypass.now if bypass else None) if admit else contextlib.nullcontext(), store_bound():
             try:
                 return fn()
             except (pymongo.errors.PyMongoError, _Vanished) as exc:

@@ -33,7 +33,7 @@ from .busy import busy
 from .funnel import Attempt, _Blocked, _Vanished, first
 from .lease import Lease
 from .pausepoints import pause_point
-from .step import step, store_bound
+from .step import Bypass, step, store_bound
 from .ticket import Ticket
 
 log = logging.getLogger(__name__)
@@ -130,10 +130,8 @@ class Waiter:
             # A ticket bound for the backlog waits its turn in the backlog's batch of this
             # process (leases.queue.backlog.add), not among the acquire steps: a burst of
             # newcomers then shares its commands instead of queueing two at a time.
-            def deep() -> bool:
-                return waiting.backlog_likely(self.gate_key)
-
-            self.gate = step(self.attempt, self._enqueue, admit=not deep(), unless=deep)
+            deep = Bypass(lambda: waiting.backlog_likely(self.gate_key))
+            self.gate = step(self.attempt, lambda: self._enqueue(backlog=deep.chosen), bypass=deep)
             watch.note(self.gate)
             self.queued_at = time.monotonic()
             if self.gate is not None:
@@ -231,8 +229,10 @@ class Waiter:
             history.waited(self, outcome, time.monotonic() - self.started)
             metrics.WAIT_OUTCOME.labels(resource=self.tag, outcome=outcome).inc()
 
-    def _enqueue(self) -> CounterDoc | None:
-        gate = waiting.enqueue(self.gate_key, self._ticket())
+    def _enqueue(self, *, backlog: bool = False) -> CounterDoc | None:
+        """Queue our ticket (``backlog``: in the backlog, sharing the write with this
+        process's other newcomers; the caller runs outside the admission of steps)."""
+        gate = waiting.enqueue(self.gate_key, self._ticket(), to_backlog=backlog)
         if gate is None:  # first use of the gate: create it, then queue
             slots.create(self.attempt.gate, self.attempt.definition.resource)
             gate = waiting.enqueue(self.gate_key, self._ticket())

@@ -33,7 +33,7 @@ from pymongo import ReturnDocument
 from ..conf import lease_settings
 from ..revocation import listener
 from ..revocation.handlers import RevokedHolder
-from ..store import client as store, entries, holder_commands, shapes, ticket_commands as commands
+from ..store import admission, client as store, entries, holder_commands, shapes, ticket_commands as commands
 from ..store.documents import CounterDoc, HolderDoc, TicketDoc
 from ..store.tombstones import ticket_tombstones
 from . import backlog, fences, grants, order, slots, wakeups
@@ -91,7 +91,11 @@ def note_queue(gate: CounterDoc | None) -> None:
         _queued_seen.pop(gate["_id"], None)
     head = len(gate.get("queue") or ())
     if backlog.count(gate) or head >= backlog.head_limit():
+        was = backlog_likely(gate["_id"])
         _backlog_seen[gate["_id"]] = (time.monotonic(), head + backlog.count(gate))
+        if not was and backlog_likely(gate["_id"]):
+            # Newcomers waiting for a step's turn may now go to the backlog without one.
+            admission.recheck()
     else:
         _backlog_seen.pop(gate["_id"], None)
 
@@ -130,14 +134,15 @@ def queue_limit() -> int:
     return max(1, int(lease_settings.QUEUE_LIMIT))
 
 
-def enqueue(gate_key: str, ticket: TicketDoc) -> CounterDoc | None:
+def enqueue(gate_key: str, ticket: TicketDoc, *, to_backlog: bool = False) -> CounterDoc | None:
     """Append ``ticket`` to the gate's queue (idempotent); the gate after, None if missing.
+    ``to_backlog``: in the backlog, whatever the hint says now (the caller chose it by the hint).
 
     Raises:
         _QueueFull: the queue holds ``LEASES_QUEUE_LIMIT`` tickets and not this one.
         pymongo.errors.PyMongoError: the store failed.
     """
-    if backlog_likely(gate_key):
+    if to_backlog or backlog_likely(gate_key):
         placed = backlog.add(CounterDoc(_id=gate_key), ticket)
         if placed is not None:
             return placed

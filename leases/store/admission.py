@@ -33,7 +33,7 @@ from ..conf import lease_settings
 
 _local = threading.local()
 _lock = threading.Lock()
-_gate: tuple[int, int, threading.BoundedSemaphore] | None = None  # (pid, size, semaphore)
+_gate: "tuple[int, int, _Turns] | None" = None  # (pid, size, turns)
 # Event loop -> (size, semaphore): each loop has its own (an asyncio primitive is bound to it).
 _loop_gates: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[int, asyncio.Semaphore]]" = (
     weakref.WeakKeyDictionary())
@@ -49,14 +49,54 @@ def _bound_s() -> float:
     return int(lease_settings.STORE_ADMISSION_MS) / 1000.0
 
 
-def _semaphore() -> threading.BoundedSemaphore | None:
+class _Turns:
+    """A counting semaphore whose waiters can also be let go by a condition of their own,
+    asked again at each turn given back and at each :meth:`recheck` (a wake-up, never a poll:
+    1,000 waiting threads polling would take the CPU the store needs)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.taken = 0
+        self.changed = threading.Condition(threading.Lock())
+
+    def take(self, unless: Callable[[], bool] | None, bound_s: float) -> bool:
+        """A turn (True), or none needed (False).
+
+        Raises:
+            pymongo.errors.ExecutionTimeout: neither within ``bound_s``.
+        """
+        deadline = time.monotonic() + bound_s
+        with self.changed:
+            while True:
+                if self.taken < self.size:
+                    self.taken += 1
+                    return True
+                if unless is not None and unless():
+                    return False
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise pymongo.errors.ExecutionTimeout(
+                        "too many store steps in flight in this process (LEASES_STORE_CONCURRENCY)")
+                self.changed.wait(left)
+
+    def give_back(self) -> None:
+        with self.changed:
+            self.taken -= 1
+            self.changed.notify()
+
+    def recheck(self) -> None:
+        with self.changed:
+            self.changed.notify_all()
+
+
+def _turns() -> _Turns | None:
     global _gate
     size = _size()
     if size <= 0:
         return None
     with _lock:
         if _gate is None or _gate[0] != os.getpid() or _gate[1] != size:
-            _gate = (os.getpid(), size, threading.BoundedSemaphore(size))
+            _gate = (os.getpid(), size, _Turns(size))
         return _gate[2]
 
 
@@ -70,51 +110,39 @@ def _in_event_loop() -> bool:
     return True
 
 
-#: How often a step waiting its turn asks whether it still needs one (``unless``).
-UNLESS_POLL_S = 0.05
-
-
 @contextlib.contextmanager
 def admitted(unless: Callable[[], bool] | None = None) -> Iterator[None]:
     """Run the block as one admitted store step of this process.
 
-    ``unless``: while the step waits its turn, whether it no longer needs one (asked every
-    :data:`UNLESS_POLL_S`): a step whose writes another bound covers — those shared by the
-    threads of a process (:mod:`leases.store.batches`) — then runs at once.
+    ``unless``: while the step waits its turn, whether it no longer needs one — asked when it
+    starts to wait, at each turn given back and at each :func:`recheck`: a step whose
+    writes another bound covers (those shared by the threads of a process,
+    :mod:`leases.store.batches`) then runs at once.
 
     Raises:
         pymongo.errors.ExecutionTimeout: not admitted within ``LEASES_STORE_ADMISSION_MS``
             (the callers treat it as a store failure).
     """
     depth = getattr(_local, "depth", 0)
-    semaphore = None if depth or _in_event_loop() else _semaphore()
-    if semaphore is not None and not _acquire(semaphore, unless):
-        semaphore = None
+    turns = None if depth or _in_event_loop() else _turns()
+    if turns is not None and not turns.take(unless, _bound_s()):
+        turns = None
     _local.depth = depth + 1
     try:
         yield
     finally:
         _local.depth = depth
-        if semaphore is not None:
-            semaphore.release()
+        if turns is not None:
+            turns.give_back()
 
 
-def _acquire(semaphore: threading.BoundedSemaphore, unless: Callable[[], bool] | None) -> bool:
-    """Take a turn (True), or find that the step needs none (False).
-
-    Raises:
-        pymongo.errors.ExecutionTimeout: neither within ``LEASES_STORE_ADMISSION_MS``.
-    """
-    deadline = time.monotonic() + _bound_s()
-    while True:
-        left = deadline - time.monotonic()
-        if semaphore.acquire(timeout=max(0.0, left if unless is None else min(left, UNLESS_POLL_S))):
-            return True
-        if unless is not None and unless():
-            return False
-        if left <= 0:
-            raise pymongo.errors.ExecutionTimeout(
-                "too many store steps in flight in this process (LEASES_STORE_CONCURRENCY)")
+def recheck() -> None:
+    """What the steps waiting their turn ask (``unless``) may have changed: they ask again
+    (the hint that a gate's backlog is in use, which lets its newcomers' steps go)."""
+    with _lock:
+        turns = _gate[2] if _gate is not None and _gate[0] == os.getpid() else None
+    if turns is not None:
+        turns.recheck()
 
 
 @contextlib.asynccontextmanager

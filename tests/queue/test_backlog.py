@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from functools import partial
 
 import pytest
@@ -203,3 +204,24 @@ def _pending_holders() -> int:
     with batches._lock:
         batch = batches._open.get("holders")
         return len(batch.items) if batch else 0
+
+
+def test_given_a_newcomer_let_go_without_a_step_turn_when_the_backlog_hint_lapsed_meanwhile_then_it_still_only_writes_its_holder():
+    # Given: a gate with free slots and no hint at all (the hint that let the step go without a
+    # turn lapsed before it ran: a loaded process, a second gone).
+    from leases import service
+    from leases.engine import funnel
+
+    define("res", "levels: {global: 2}\nwaitMs: 30000")
+    attempt, wait_ms = service.prepare(req(tenant="a", user="a"))
+    # When: its first step runs as chosen, bound for the backlog.
+    with helpers.counted_commands() as counter:
+        result = funnel.first(attempt, allow_queue=True, wait_ms=wait_ms, deep=True)
+    # Then: it wrote its holder (covering its wait) and nothing else — no booking on the gate,
+    # which many such steps at once, with no turn to bound them, would send together.
+    assert isinstance(result, funnel._Blocked)
+    assert counter.commands == ["findAndModify"]
+    doc = store.holders().find_one({"_id": attempt.token})
+    assert doc["state"] == "PENDING" and doc["expiresAt"] - doc["acquiredAt"] > timedelta(seconds=wait_ms / 1000 - 1)
+    assert (gate_doc() or {}).get("count", 0) == 0
+    attempt.rollback()
