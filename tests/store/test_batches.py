@@ -14,8 +14,7 @@ from tests.helpers import wait_for
 
 def pending(kind) -> int:
     with batches._lock:
-        batch = batches._open.get(kind)
-        return len(batch.items) if batch else 0
+        return sum(len(batch.items) for batch in batches._open.get(kind, ()))
 
 
 def run_together(kind, ids, send):
@@ -60,6 +59,36 @@ def test_given_writes_arriving_while_one_is_in_flight_then_they_go_together_in_t
     assert sends == [["a"], sorted(f"b{i}" for i in range(9))]
     assert out == {"a": "ITEM A"}
     assert out_more == {f"b{i}": f"ITEM B{i}" for i in range(9)}
+
+
+def test_given_more_writes_arriving_than_a_command_carries_then_they_go_in_commands_of_at_most_the_limit_in_order(
+        monkeypatch):
+    monkeypatch.setattr(batches, "MAX_ITEMS", 4)
+    sends: list[list[str]] = []
+    first_in_flight, go = threading.Event(), threading.Event()
+
+    def send(items):
+        sends.append(list(items))
+        if len(sends) == 1:
+            first_in_flight.set()
+            assert go.wait(5)
+        return dict.fromkeys(items, "ok")
+
+    kind = ("test", "capped")
+    threads, out = run_together(kind, ["a"], send)
+    assert first_in_flight.wait(5)
+    ids = [f"b{i}" for i in range(10)]
+    more = []
+    for item_id in ids:  # one at a time, so that the order of arrival is known
+        started, _ = run_together(kind, [item_id], send)
+        more += started
+        count = len(more)
+        wait_for(lambda count=count: pending(kind) == count, 5, step=0.005)
+    go.set()
+    for thread in threads + more:
+        thread.join(5)
+    assert sends == [["a"], ids[:4], ids[4:8], ids[8:]]
+    assert out == {"a": "ok"}
 
 
 def test_given_a_batch_whose_command_fails_then_every_caller_in_it_gets_the_store_error_and_the_next_write_goes_on():
