@@ -141,8 +141,11 @@ class AsyncLease:
                 # slot has gone on must never be left to renew. Then the slots, by value, so a
                 # retry returns nothing twice; shielded: a caller cancelled now must not strand
                 # them until repair.
-                doc = await db[store.HOLDERS].find_one_and_delete(
-                    *holders.deletion(holders.scoped(self.token, bound), "release"))
+                # A plain delete, as the sync release with what the owner knows of its holder
+                # (a findAndModify the embedded server answers by scanning the holders).
+                known = self._lease._holder()
+                deleted = await db[store.HOLDERS].delete_one(holders.scoped(self.token, bound))
+                doc = known if deleted.deleted_count else None
                 await asyncio.shield(give_back(list(self.levels), booking, record=estimates.merged(
                     estimates.hold_update(hold_ms if doc is not None else None), self._lease.grant_outcome)))
             if doc is None and self._release_failed:

@@ -186,6 +186,55 @@ def test_given_a_sync_holder_when_it_releases_then_the_async_waiter_is_granted_a
     assert count("aio|global|*") == 0 and store.holders().count_documents({}) == 0
 
 
+def test_given_an_async_waiter_granted_by_a_hand_off_then_it_claims_its_holder_with_a_plain_update():
+    # Given: an async waiter queued behind a sync holder.
+    from pymongo import monitoring
+
+    put("levels: {global: 1}\nwaitMs: 5000")
+
+    class Holders(monitoring.CommandListener):
+        def __init__(self):
+            self.sent = []
+
+        def started(self, event):
+            if event.command.get(event.command_name) == store.HOLDERS:
+                self.sent.append(event.command_name)
+
+        def succeeded(self, event):
+            pass
+
+        def failed(self, event):
+            pass
+
+    from django.conf import settings
+
+    listener = Holders()
+    client = pymongo.MongoClient(settings.MONGODB_URI, event_listeners=[listener])
+    store.set_client(client)
+    held = leases.acquire(req(tenant="other"))
+
+    async def scenario():
+        waiter = asyncio.ensure_future(leases.aacquire(req()))
+        while not gate_queue():
+            await asyncio.sleep(0.01)
+        listener.sent.clear()
+        # When: the holder releases; the hand-off grants the waiter, which claims.
+        await asyncio.to_thread(held.release)
+        lease = await waiter
+        claimed = list(listener.sent)
+        await lease.arelease()
+        return claimed
+
+    try:
+        claimed = run(scenario())
+    finally:
+        store.set_client(None)
+        client.close()
+    # Then: the release's plain delete and the claim's plain update — no findAndModify, which
+    # the embedded server answers by scanning the holders (6 ms each at 1,000 waiting holders).
+    assert "findAndModify" not in claimed and "update" in claimed, claimed
+
+
 HOLD_IN_CHILD = """
 import sys, time
 import django
@@ -399,5 +448,7 @@ def test_uncontended_async_command_budget_equals_the_sync_one():
     assert acquire_cmds == ["findAndModify", "update", "findAndModify"], acquire_cmds
     assert check_cmds == ["findAndModify"]
     # The holder first (a holder whose slot went on must never be left to renew), then the
-    # narrower slots, the gate, the tombstone: the same four as before, in that order.
-    assert release_cmds == ["findAndModify", "update", "findAndModify", "update"]  # delete, slots, gate, tombstone
+    # narrower slots, the gate, the tombstone: the same four as before, in that order. The
+    # delete is a plain one, as the sync release's: the lease knows what the holder holds (a
+    # findAndModify, which the embedded server answers by scanning the holders, is not needed).
+    assert release_cmds == ["delete", "update", "findAndModify", "update"]  # delete, slots, gate, tombstone
