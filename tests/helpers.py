@@ -31,6 +31,8 @@ class CommandCounter(monitoring.CommandListener):
         # read a gate and a write a process per period, whatever the number of waiters and
         # grants: counted apart from the work under test.
         self.background: list[str] = []
+        # (name, collection) of each command counted in ``commands``.
+        self.on: list[tuple[str, str | None]] = []
 
     PER_PROCESS = ("lease-watch", "lease-presence", "lease-presence-read")
 
@@ -42,6 +44,8 @@ class CommandCounter(monitoring.CommandListener):
             self.background.append(event.command_name)
         else:
             self.commands.append(event.command_name)
+            target = event.command.get(event.command_name)
+            self.on.append((event.command_name, target if isinstance(target, str) else None))
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
         pass
@@ -61,6 +65,7 @@ def counted_commands(*, all_threads: bool = False):
     try:
         store.ensure_indexes(client[store.database_name()])
         counter.commands.clear()
+        counter.on.clear()
         yield counter
     finally:
         store.set_client(None)

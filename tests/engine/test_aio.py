@@ -188,48 +188,25 @@ def test_given_a_sync_holder_when_it_releases_then_the_async_waiter_is_granted_a
 
 def test_given_an_async_waiter_granted_by_a_hand_off_then_it_claims_its_holder_with_a_plain_update():
     # Given: an async waiter queued behind a sync holder.
-    from pymongo import monitoring
+    from tests.helpers import counted_commands
 
     put("levels: {global: 1}\nwaitMs: 5000")
 
-    class Holders(monitoring.CommandListener):
-        def __init__(self):
-            self.sent = []
-
-        def started(self, event):
-            if event.command.get(event.command_name) == store.HOLDERS:
-                self.sent.append(event.command_name)
-
-        def succeeded(self, event):
-            pass
-
-        def failed(self, event):
-            pass
-
-    from django.conf import settings
-
-    listener = Holders()
-    client = pymongo.MongoClient(settings.MONGODB_URI, event_listeners=[listener])
-    store.set_client(client)
-    held = leases.acquire(req(tenant="other"))
-
-    async def scenario():
+    async def scenario(counter):
+        held = leases.acquire(req(tenant="other"))
         waiter = asyncio.ensure_future(leases.aacquire(req()))
         while not gate_queue():
             await asyncio.sleep(0.01)
-        listener.sent.clear()
+        counter.on.clear()
         # When: the holder releases; the hand-off grants the waiter, which claims.
         await asyncio.to_thread(held.release)
         lease = await waiter
-        claimed = list(listener.sent)
+        claimed = [name for name, target in counter.on if target == store.HOLDERS]
         await lease.arelease()
         return claimed
 
-    try:
-        claimed = run(scenario())
-    finally:
-        store.set_client(None)
-        client.close()
+    with counted_commands(all_threads=True) as counter:
+        claimed = run(scenario(counter))
     # Then: the release's plain delete and the claim's plain update — no findAndModify, which
     # the embedded server answers by scanning the holders (6 ms each at 1,000 waiting holders).
     assert "findAndModify" not in claimed and "update" in claimed, claimed

@@ -33,17 +33,25 @@ def run_together(kind, ids, send):
     return threads, out
 
 
-def test_given_writes_arriving_while_one_is_in_flight_then_they_go_together_in_the_next_and_each_gets_its_own_result():
-    # Given: the first write of a kind is in flight (its send held open).
+def first_held(answer):
+    """A send that records each batch's ids (in arrival order) and holds the first in flight
+    until ``go`` is set; returns (send, sends, first_in_flight, go)."""
     sends: list[list[str]] = []
     first_in_flight, go = threading.Event(), threading.Event()
 
     def send(items):
-        sends.append(sorted(items))
+        sends.append(list(items))
         if len(sends) == 1:
             first_in_flight.set()
             assert go.wait(5)
-        return {item_id: item.upper() for item_id, item in items.items()}
+        return {item_id: answer(item) for item_id, item in items.items()}
+
+    return send, sends, first_in_flight, go
+
+
+def test_given_writes_arriving_while_one_is_in_flight_then_they_go_together_in_the_next_and_each_gets_its_own_result():
+    # Given: the first write of a kind is in flight (its send held open).
+    send, sends, first_in_flight, go = first_held(str.upper)
 
     kind = ("test", "together")
     threads, out = run_together(kind, ["a"], send)
@@ -56,7 +64,7 @@ def test_given_writes_arriving_while_one_is_in_flight_then_they_go_together_in_t
         thread.join(5)
     # Then: two commands in all — the first alone, the nine together — and each caller is told
     # what the send answered for its own item.
-    assert sends == [["a"], sorted(f"b{i}" for i in range(9))]
+    assert [sorted(batch) for batch in sends] == [["a"], sorted(f"b{i}" for i in range(9))]
     assert out == {"a": "ITEM A"}
     assert out_more == {f"b{i}": f"ITEM B{i}" for i in range(9)}
 
@@ -64,15 +72,7 @@ def test_given_writes_arriving_while_one_is_in_flight_then_they_go_together_in_t
 def test_given_more_writes_arriving_than_a_command_carries_then_they_go_in_commands_of_at_most_the_limit_in_order(
         monkeypatch):
     monkeypatch.setattr(batches, "MAX_ITEMS", 4)
-    sends: list[list[str]] = []
-    first_in_flight, go = threading.Event(), threading.Event()
-
-    def send(items):
-        sends.append(list(items))
-        if len(sends) == 1:
-            first_in_flight.set()
-            assert go.wait(5)
-        return dict.fromkeys(items, "ok")
+    send, sends, first_in_flight, go = first_held(lambda item: "ok")
 
     kind = ("test", "capped")
     threads, out = run_together(kind, ["a"], send)
