@@ -144,17 +144,18 @@ def test_given_an_async_release_whose_delete_failed_then_acheck_refuses_and_a_re
     from leases import aio
 
     define("res", "levels: {global: 1}\nwaitMs: 0")
-    real, lost = AsyncCollection.find_one_and_delete, []
+    # The release deletes its holder with a plain delete (what it holds is known).
+    real, lost = AsyncCollection.delete_one, []
 
     async def lossy(self, *args, **kwargs):
         if self.name == store.HOLDERS and not lost:
             lost.append(args)
             if applied:
                 await real(self, *args, **kwargs)
-            raise pymongo.errors.NetworkTimeout("find_one_and_delete on holders: the answer was lost (test fault)")
+            raise pymongo.errors.NetworkTimeout("delete_one on holders: the answer was lost (test fault)")
         return await real(self, *args, **kwargs)
 
-    monkeypatch.setattr(AsyncCollection, "find_one_and_delete", lossy)
+    monkeypatch.setattr(AsyncCollection, "delete_one", lossy)
 
     async def scenario():
         try:
