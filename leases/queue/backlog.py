@@ -32,7 +32,9 @@ from __future__ import annotations
 import copy
 import logging
 import threading
+import time
 from collections import defaultdict
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -50,8 +52,15 @@ log = logging.getLogger(__name__)
 #: The least time between two promotions on one gate (the claim's throttle).
 PROMOTE_EVERY = timedelta(milliseconds=100)
 
+
+def promotion_bound() -> timedelta:
+    """The longest a promotion moves its tickets (from its claim to its push): twice the store
+    bound, as a release's hand-off runs it within its own."""
+    return timedelta(milliseconds=2 * int(lease_settings.MONGO_TIMEOUT_MS))
+
 _lock = threading.Lock()
 _placed: dict[str, str] = {}  # ticket id -> gate key: this process's tickets in a backlog
+_missing: dict[str, float] = {}  # ticket id -> monotonic time it was first found moving (see verify)
 
 
 def head_limit() -> int:
@@ -76,6 +85,7 @@ def placed(ticket_id: str, gate_key: str | None = None) -> bool:
 def forget(ticket_id: str) -> None:
     with _lock:
         _placed.pop(ticket_id, None)
+        _missing.pop(ticket_id, None)
 
 
 def add(gate: CounterDoc, ticket: TicketDoc) -> CounterDoc | None:
@@ -158,9 +168,18 @@ def keep_for_polls(gate_key: str, ticket_id: str, ttl_ms: int) -> bool:
                                            {"$set": {"ticket.ttl": int(ttl_ms), "ticket.w": None}}).matched_count)
 
 
-def verify(gate_key: str, ticket_ids: list[str]) -> set[str]:
+def verify(gate_key: str, ticket_ids: list[str], fresh_gate: Callable[[], CounterDoc | None]) -> set[str]:
     """Of this process's tickets it placed in the backlog of ``gate_key``, forget those that
-    are not there any more (promoted, or dropped as stale); returns the ones still there.
+    are not there any more (promoted, or dropped as stale); returns the ones still there — and
+    those a promotion is moving right now.
+
+    A promotion deletes its tickets from the backlog and then pushes them into the head: in
+    between, a ticket is in neither. Forgotten then, its waiter would read the gate, find
+    itself nowhere and queue again — a second ticket under its token, granted later to an
+    attempt that is over (a slot idle for the claim window, every time). So when tickets are
+    missing, the gate is read again (``fresh_gate``, one command): those in its head were
+    promoted; those in neither while a promotion may still be under way (claimed within
+    :func:`promotion_bound`) are kept until it has ended, at most that long.
 
     Raises:
         pymongo.errors.PyMongoError: the store failed.
@@ -169,9 +188,29 @@ def verify(gate_key: str, ticket_ids: list[str]) -> set[str]:
     if not mine:
         return set()
     there = {d["_id"] for d in store.tickets().find({"_id": {"$in": mine}, "g": gate_key}, {"_id": 1})}
-    for ticket_id in set(mine) - there:
+    missing = set(mine) - there
+    if not missing:
+        return there
+    gate = fresh_gate()
+    head = {t.get("id") for t in (gate or {}).get("queue") or ()}
+    moving = set()
+    now = time.monotonic()
+    for ticket_id in missing:
+        if ticket_id not in head and gate is not None and promoting(gate):
+            with _lock:
+                since = _missing.setdefault(ticket_id, now)
+            if now - since < promotion_bound().total_seconds():
+                moving.add(ticket_id)
+                continue
         forget(ticket_id)
-    return there
+    return there | moving
+
+
+def promoting(gate: CounterDoc) -> bool:
+    """Whether a promotion claimed on ``gate`` (as read, with its ``clock``) may still be
+    moving tickets from the backlog into the head."""
+    claimed, now = gate.get("promotedAt"), gate.get("clock")
+    return isinstance(claimed, datetime) and isinstance(now, datetime) and claimed > now - promotion_bound()
 
 
 def due(gate: CounterDoc) -> bool:

@@ -52,7 +52,11 @@ _sending: set[Hashable] = set()  # kinds with a command in flight from this proc
 
 
 def _forked() -> None:
-    # A command in flight in the parent has no sender in the child.
+    # A command in flight in the parent has no sender in the child, and a lock another thread
+    # of the parent held at the fork would stay held.
+    global _lock, _changed
+    _lock = threading.Lock()
+    _changed = threading.Condition(_lock)
     _open.clear()
     _sending.clear()
 
