@@ -100,13 +100,10 @@ class Attempt:
                                          interval_seconds=interval, wait_ms=wait_ms, waker=wakeups.process_id())
         if shared:
             doc = batches.combine("holders", self.token, command, holders_together)
-            if doc is None:
-                raise _Vanished()  # reaped between its write and the read of it
         else:
-            doc = store.holders().find_one_and_update(
-                *command, upsert=True, projection={"acquiredAt": 1, "expiresAt": 1},
-                return_document=ReturnDocument.AFTER)
-            assert doc is not None  # an upsert returning the document after always has one
+            doc = holders_together({self.token: command})[self.token]
+        if doc is None:
+            raise _Vanished()  # shared: reaped between its write and the read of it
         self.written(doc)
         self.interval_seconds = interval  # the server-issued interval, as the holder has it
 
