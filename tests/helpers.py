@@ -55,12 +55,13 @@ class CommandCounter(monitoring.CommandListener):
 
 
 @contextmanager
-def counted_commands(*, all_threads: bool = False):
-    """Route the engine through a monitored client; yields the counter."""
+def counted_commands(*, all_threads: bool = False, listener: monitoring.CommandListener | None = None):
+    """Route the engine through a monitored client; yields the counter. ``listener``: one
+    more listener on that client, for a test that tells commands apart its own way."""
     from django.conf import settings
 
     counter = CommandCounter(all_threads=all_threads)
-    client = pymongo.MongoClient(settings.MONGODB_URI, event_listeners=[counter])
+    client = pymongo.MongoClient(settings.MONGODB_URI, event_listeners=[counter] + ([listener] if listener else []))
     store.set_client(client)
     try:
         store.ensure_indexes(client[store.database_name()])
