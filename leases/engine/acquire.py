@@ -105,6 +105,10 @@ def contended_steps(attempt: Attempt, wait_ms: int, started: float,
     if not queues:
         return step(attempt, lambda: fail_fast(attempt, result))
     waiter = Waiter(attempt, started + wait_ms / 1000.0, started)
+    # A grant the wake-up told of is answered at once and marked from the background, as
+    # for the blocking API: the async lease waits for the mark before a check and drops
+    # it at release (leases.engine.aio_lease).
+    waiter.claim_later = True
     lease = yield from waiter.steps(result, event)
     assert isinstance(lease, Lease)  # without keep_ms the wait never ends in a ticket
     return lease

@@ -67,6 +67,11 @@ class AsyncLease:
     async def _renew(self, payload: dict[str, Any] | None = None) -> None:
         """:func:`leases.engine.holders.renew` on the async client: the same command and verdict;
         ending a holder found past its deadline runs in a thread (the engine's reap)."""
+        if self._lease.pending_claim is not None:
+            # Granted by a hand-off and answered before its mark: the renewal needs the holder
+            # HELD (the mark is sent now if not due yet; bounded by the store bound and the
+            # claim window).
+            await asyncio.to_thread(self._lease.wait_claimed)
         bound = holders.scope(self.request.tenant_id, self.request.project_id)
         db = store.async_db()
         error: LeaseLost | None = None
@@ -129,6 +134,10 @@ class AsyncLease:
         if self._released:
             metrics.RELEASE.labels(resource=tag, outcome="already-released").inc()
             return False
+        if self._lease.pending_claim is not None:
+            # As the sync release: a mark not sent yet never is; the holder ends as it is.
+            self._lease.pending_claim.drop()
+            self._lease.pending_claim = None
         self._ending = True
         booking = self._lease._booking()
         # How long the slot was held, kept on the gate for wait estimates (as the sync release).

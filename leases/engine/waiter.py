@@ -63,8 +63,8 @@ class Waiter:
         self.raw_estimate_ms: float | None = None  # uncalibrated, for the gate's record
         self.queued_at = 0.0  # monotonic
         self.sat_out = False  # our last turn found a narrower level full (see order.sits_out)
-        # Claim a grant the wake-up told of in the background (leases.engine.claims): only the
-        # blocking API; an HTTP ticket and the async executor answer a holder already HELD.
+        # Claim a grant the wake-up told of in the background (leases.engine.claims): the
+        # blocking and async APIs; an HTTP ticket answers a holder already HELD.
         self.claim_later = False
         # Whether the waiting holder's deadline covers the wait (leases.store.holder_commands.cover_wait).
         self.covered = attempt.wait_covered

@@ -168,27 +168,62 @@ def test_given_the_store_failing_the_background_claim_then_the_next_call_claims_
     assert waiter.lease.release() is True and gate_tokens() == []
 
 
-def test_given_a_waiter_with_its_grant_then_the_async_executor_still_answers_a_held_holder(one_slot):
-    # The async executor (and an HTTP ticket) claims before it answers: only leases.acquire
-    # answers a grant whose mark is under way.
+def async_handed_over(settings):
+    """An async waiter granted by a release's hand-off, told of it by the wake-up only
+    (:func:`tests.faults.quiet`): its lease, answered (the waiter ran its own event loop in a
+    thread)."""
     import asyncio
 
-    held = leases.acquire(req(user="h"))
+    from tests.faults import quiet
 
     async def wait_async():
         return await leases.aacquire(req(user="a"))
 
+    held = leases.acquire(req(user="h"))
+    quiet(settings, GATE)
     result = {}
     thread = threading.Thread(target=lambda: result.setdefault("lease", asyncio.run(wait_async())), daemon=True)
     thread.start()
     assert helpers.wait_for(lambda: helpers.queued_ids(GATE), 10, step=0.01)
     held.release()
     thread.join(10)
-    lease = result["lease"]
-    assert store.holders().find_one({"_id": lease.token})["state"] == "HELD"
-    asyncio.run(lease.arelease())
-    time.sleep(0)  # nothing pending on the async side
+    return result["lease"]
+
+
+def test_given_an_async_waiter_granted_by_a_hand_off_then_it_is_answered_before_its_mark_and_a_check_waits_for_it(
+        one_slot, monkeypatch, timer_held):
+    # Given: the claim timer held back, so the mark is not due until the test says.
+    import asyncio
+
+    sent = counted_claims(monkeypatch)
+    # When: an async waiter is granted by a release's hand-off.
+    lease = async_handed_over(one_slot)
+    # Then: it was answered with its mark still to come (the claim off the hand-off's path),
+    # and a check sends the mark first: the holder is HELD, the lease renewed.
+    assert sent == [] and len(timer_held) == 1
+    assert store.holders().find_one({"_id": lease.token})["state"] == "PENDING"
+    asyncio.run(lease.acheck())
+    assert sent == [lease.token] and store.holders().find_one({"_id": lease.token})["state"] == "HELD"
+    assert asyncio.run(lease.arelease()) is True
     assert gate_tokens() == [] and waiting.is_full(store.counters().find_one({"_id": GATE})) is False
+
+
+def test_given_an_async_grant_released_before_its_mark_is_due_then_no_mark_is_ever_sent(
+        one_slot, monkeypatch, timer_held):
+    import asyncio
+
+    sent = counted_claims(monkeypatch)
+    lease = async_handed_over(one_slot)
+    # When: it releases before its mark is due.
+    assert asyncio.run(lease.arelease()) is True
+    # Then: the holder ended as it was, its slot came back, and when the mark's time comes
+    # none is sent.
+    assert gate_tokens() == [] and store.holders().find_one({"_id": lease.token}) is None
+    assert store.tombstones().find_one({"_id": lease.token})["reason"] == "release"
+    timer_held[0].send()
+    time.sleep(0.2)
+    assert lease.token not in sent and timer_held[0].future is None
+    assert asyncio.run(lease.arelease()) is False
 
 
 def counted_claims(monkeypatch):
