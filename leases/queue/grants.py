@@ -49,7 +49,7 @@ from ..definitions import caps
 from ..definitions.model import LevelSpec
 from ..store import client as store, counter_commands, entries, holder_commands, shapes, ticket_commands
 from ..store.documents import CounterDoc, TicketDoc
-from . import fences, order, slots, wakeups
+from . import fences, order, presence, slots, wakeups
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +200,8 @@ def _hand_back_once(gate_key: str, booking: str, more: dict[str, Any] | None = N
         pymongo.errors.PyMongoError: the store failed; nothing or everything was done (one
             update), and the caller's plain return finds out which (it pulls by value).
     """
-    read = next(iter(store.counters().aggregate(ticket_commands.read_with_clock(gate_key))), None)
+    # With the heartbeats the order rule will look up: no presence read on the hand-off's path.
+    read: Any = presence.read_gate(gate_key)
     holders = (read or {}).get("holders")
     now = (read or {}).get("clock")
     if read is None or now is None or not isinstance(holders, list) or booking not in holders:

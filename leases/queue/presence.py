@@ -27,13 +27,13 @@ import os
 import threading
 import time
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import pymongo.errors
 
 from ..conf import lease_settings
-from ..store import client as store
-from ..store.documents import TicketDoc
+from ..store import client as store, ticket_commands
+from ..store.documents import CounterDoc, TicketDoc
 
 log = logging.getLogger(__name__)
 
@@ -319,6 +319,45 @@ def _read_now(due: set[str]) -> None:
     with _cache_lock:
         for k, seen in found.items():
             _cache[k] = (seen, stamp)
+
+
+#: The most heartbeats a gate read brings along (:func:`read_gate`).
+ALONG_LIMIT = 64
+
+
+def _soon(mono: float) -> list[str]:
+    """Process keys this process will likely look up at its next decision and would read
+    first: asked about recently (within four refresh periods) and not read within half a
+    period. Kept tickets' keys are left out (their deadlines are on the holders)."""
+    recent = mono - 4 * refresh_s()
+    with _cache_lock:
+        keys = [k for k, at in _asked.items() if at >= recent and not k.startswith(KEPT)
+                and (k not in _cache or mono - _cache[k][1] >= refresh_s() / 2)]
+    return keys[:ALONG_LIMIT]
+
+
+def read_gate(gate_key: str) -> CounterDoc | None:
+    """The gate ``gate_key`` with ``clock`` (MongoDB's time now), read with the heartbeats
+    this process's next decision on it will likely need (:func:`_soon`) in the same
+    command: a release's hand-off then decides without a read of its own on its path.
+
+    Raises:
+        pymongo.errors.PyMongoError: the store failed.
+    """
+    keys = _soon(time.monotonic())
+    docs = list(store.counters().aggregate(ticket_commands.read_with_clock(gate_key, beats=keys,
+                                                                          presence=store.PRESENCE)))
+    gate = docs[0] if docs and docs[0].get("_id") == gate_key else None
+    if keys:
+        found: dict[str, datetime | None] = dict.fromkeys(keys)
+        for doc in docs:
+            if doc is not gate and doc.get("_id") in found:
+                found[str(doc["_id"])] = doc.get("seen")
+        stamp = time.monotonic()
+        with _cache_lock:
+            for k, seen in found.items():
+                _cache[k] = (seen, stamp)
+    return cast("CounterDoc | None", gate)
 
 
 def note_kept(ticket_id: str, deadline: datetime) -> None:

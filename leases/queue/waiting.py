@@ -36,7 +36,7 @@ from ..revocation.handlers import RevokedHolder
 from ..store import admission, client as store, entries, holder_commands, shapes, ticket_commands as commands
 from ..store.documents import CounterDoc, HolderDoc, TicketDoc
 from ..store.tombstones import ticket_tombstones
-from . import backlog, fences, grants, order, slots, wakeups
+from . import backlog, fences, grants, order, presence, slots, wakeups
 
 #: Ends a holder (deletes it, returns its slots, tombstones it): the engine's
 #: :func:`leases.engine.holders.end`. The queue sits below the engine, so the engine hands
@@ -253,13 +253,13 @@ def leave_returning_grant(gate_key: str, ticket_id: str, keys: list[str]) -> Cou
 
 def read_gate(gate_key: str) -> CounterDoc | None:
     """The gate counter with ``clock`` set to MongoDB's time now, read without writing it
-    (the gate is the resource's hottest document: a read must not rewrite it).
+    (the gate is the resource's hottest document: a read must not rewrite it), with the
+    heartbeats the next decision on it will likely look up (:func:`presence.read_gate`).
 
     Raises:
         pymongo.errors.PyMongoError: the store failed.
     """
-    docs = list(store.counters().aggregate(commands.read_with_clock(gate_key)))
-    return cast(CounterDoc, docs[0]) if docs else None
+    return presence.read_gate(gate_key)
 
 
 def prune(gate: CounterDoc, ids: list[str] | None = None, *, reason: str = "ticket-expired") -> CounterDoc:

@@ -117,10 +117,19 @@ def grant(gate_key: str, ticket_id: str, booking: str, *, cap: int, clauses: lis
     return query, update
 
 
-def read_with_clock(gate_key: str) -> list[dict[str, Any]]:
+def read_with_clock(gate_key: str, *, beats: list[str] | None = None,
+                    presence: str = "lease_presence") -> list[dict[str, Any]]:
     """The aggregation that reads the gate with ``clock`` set to MongoDB's time now, without
-    writing it (a release reads the gate it is about to hand a slot over on, :func:`swap`)."""
-    return [{"$match": {"_id": gate_key}}, {"$addFields": {"clock": "$$NOW"}}]
+    writing it (a release reads the gate it is about to hand a slot over on, :func:`swap`).
+
+    ``beats``: process ids whose heartbeats (``seen``, collection ``presence``) come back
+    in the same command, after the gate (:func:`leases.queue.presence.read_gate`).
+    """
+    pipeline: list[dict[str, Any]] = [{"$match": {"_id": gate_key}}, {"$addFields": {"clock": "$$NOW"}}]
+    if beats:
+        pipeline.append({"$unionWith": {"coll": presence, "pipeline": [
+            {"$match": {"_id": {"$in": list(beats)}}}, {"$project": {"seen": 1}}]}})
+    return pipeline
 
 
 def swap(gate_key: str, *, released: str, holders: list[str], booking: str, ticket_id: str, cap: int,

@@ -226,3 +226,37 @@ def test_given_many_threads_deciding_at_once_then_one_heartbeat_read_serves_them
     finds = counter.commands.count("find") + counter.background.count("find")
     assert 1 <= finds <= 2, counter.commands
     assert all(not order.is_suspect(t, now) for t in tickets)
+
+
+def test_given_heartbeats_a_decision_looked_up_when_the_gate_is_read_again_then_they_come_along(settings):
+    # Given: a gate, five processes' heartbeats and their tickets old enough to need them
+    # (queued 2 s ago, a ticket TTL of 1.5 s); a decision on them read the heartbeats once.
+    settings.LEASES_TICKET_TTL_MS = 1500
+    define("res", "levels: {global: 1}\nwaitMs: 0")
+    held = leases.acquire(req(user="h"))
+    try:
+        presence.forget()
+        for i in range(5):
+            presence.beat(f"proc{i}")
+        now = store.server_now()
+        tickets = [{"id": f"t{i}", "w": f"proc{i}", "seen": now - timedelta(seconds=2), "ttl": 1500} for i in range(5)]
+        presence.prefetch(tickets, now)
+        first = {t["id"]: order.last_seen(t, now) for t in tickets}
+        # ... and that read is older than a refresh period now, the processes beat since.
+        time.sleep(presence.refresh_s() + 0.05)
+        for i in range(5):
+            presence.beat(f"proc{i}")
+        # When: the gate is read (as a release's hand-off and the watcher read it), and the
+        # order rule decides on the gate as read.
+        with helpers.counted_commands(all_threads=True) as counter:
+            gate = waiting.read_gate(GATE)
+            assert gate is not None and gate["_id"] == GATE and gate.get("clock") is not None
+            presence.prefetch(tickets, gate["clock"])
+            seen = {t["id"]: order.last_seen(t, gate["clock"]) for t in tickets}
+            time.sleep(0.1)  # a background read, if any was started, is sent meanwhile
+        # Then: one command, the gate read, brought the new heartbeats; the decision read none.
+        assert counter.commands == ["aggregate"] and "find" not in counter.background, (counter.commands,
+                                                                                        counter.background)
+        assert all(seen[t] > first[t] for t in seen), (first, seen)
+    finally:
+        held.release()
