@@ -49,6 +49,7 @@ _lock = threading.Lock()
 _changed = threading.Condition(_lock)
 _open: dict[Hashable, list[_Batch]] = {}  # kind -> the batches its next commands carry, oldest first
 _sending: set[Hashable] = set()  # kinds with a command in flight from this process
+_ended: dict[Hashable, int] = {}  # kind -> commands of it that ended (the waiters' sign of progress)
 
 
 def _forked() -> None:
@@ -59,14 +60,18 @@ def _forked() -> None:
     _changed = threading.Condition(_lock)
     _open.clear()
     _sending.clear()
+    _ended.clear()
 
 
 os.register_at_fork(after_in_child=_forked)
 
 
 def bound_s() -> float:
-    """The longest a caller waits here: the command ahead of it and then its own, each
-    bounded by ``LEASES_MONGO_TIMEOUT_MS``."""
+    """The longest a caller waits here for the next command of its kind to end: the command
+    in flight and then its own, each bounded by ``LEASES_MONGO_TIMEOUT_MS``. Each command
+    that ends starts the bound again, so a caller behind ``k`` batches (a burst of more than
+    :data:`MAX_ITEMS` threads) waits at most ``k + 1`` bounds — and a command that never ends
+    fails everybody behind it within one."""
     return 2 * int(lease_settings.MONGO_TIMEOUT_MS) / 1000.0
 
 
@@ -87,6 +92,7 @@ def combine(kind: Hashable, item_id: str, item: Any, send: Send) -> Any:
     me = object()
     deadline = time.monotonic() + bound_s()
     with _changed:
+        ended = _ended.get(kind, 0)
         waiting = _open.setdefault(kind, [])
         if not waiting or len(waiting[-1].items) >= MAX_ITEMS:
             waiting.append(_Batch())
@@ -104,6 +110,10 @@ def combine(kind: Hashable, item_id: str, item: Any, send: Send) -> Any:
                     _open.pop(kind, None)
                 _sending.add(kind)
                 break
+            if _ended.get(kind, 0) != ended:
+                # A command ahead ended: the queue moves, the bound starts again.
+                ended = _ended.get(kind, 0)
+                deadline = time.monotonic() + bound_s()
             left = deadline - time.monotonic()
             if left <= 0:
                 if batch in waiting:  # not sent yet: leave it
@@ -130,6 +140,7 @@ def combine(kind: Hashable, item_id: str, item: Any, send: Send) -> Any:
         finally:
             with _changed:
                 _sending.discard(kind)
+                _ended[kind] = _ended.get(kind, 0) + 1
                 batch.done = True
                 _changed.notify_all()
     if batch.error is not None:

@@ -132,3 +132,22 @@ def test_given_the_write_ahead_never_ending_then_a_caller_gives_up_within_the_bo
     for thread in threads:
         thread.join(5)
     assert sent == [["a"]] and pending(kind) == 0
+
+
+def test_given_a_burst_behind_several_batches_that_each_end_in_time_then_nobody_gives_up(settings, monkeypatch):
+    # Given: a store bound of 0.2 s (a caller waits 0.4 s for a command ahead), one item a
+    # command, and commands that take 0.15 s each.
+    settings.LEASES_MONGO_TIMEOUT_MS = 200
+    monkeypatch.setattr(batches, "MAX_ITEMS", 1)
+    kind = ("test", "burst")
+
+    def send(items):
+        time.sleep(0.15)
+        return dict.fromkeys(items, "ok")
+
+    # When: six callers arrive together: the last waits behind five commands, 0.75 s in all.
+    threads, out = run_together(kind, [f"c{i}" for i in range(6)], send)
+    for thread in threads:
+        thread.join(10)
+    # Then: each command ahead that ended started the caller's bound again: all were sent.
+    assert out == {f"c{i}": "ok" for i in range(6)}, out
