@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 
 #: The least time between two promotions on one gate (the claim's throttle).
 PROMOTE_EVERY = timedelta(milliseconds=100)
+#: The gate's field that says a promotion is under way (set by its claim, unset at its end).
+PROMOTING = "promoting"
 
 
 def promotion_bound() -> timedelta:
@@ -241,12 +243,33 @@ def promote(gate: CounterDoc, *, force: bool = False) -> CounterDoc | None:
     room = head_limit() - len(gate.get("queue") or ())
     if now is None or room <= 0 or not (due(gate) or force):
         return None
-    claimed = gate.get("promotedAt")
-    if isinstance(claimed, datetime) and claimed > now - PROMOTE_EVERY:
+    claimed, busy = gate.get("promotedAt"), gate.get(PROMOTING)
+    if isinstance(claimed, datetime) and claimed > now - (promotion_bound() if busy else PROMOTE_EVERY):
+        # Promoted lately, or a promotion is under way (until it ends, or its bound passes:
+        # its promoter died). Two at once would both read the same tickets, and the one whose
+        # push came second would put them back in the backlog — or push them again after a
+        # grant took them from the head: a ticket twice, granted the second time to a waiter
+        # that is gone (its slot idle for the claim window).
         return None
-    if not store.counters().update_one({"_id": gate["_id"], "promotedAt": claimed},
-                                       {"$currentDate": {"promotedAt": True}}).matched_count:
+    if not store.counters().update_one({"_id": gate["_id"], "promotedAt": claimed, PROMOTING: busy},
+                                       {"$currentDate": {"promotedAt": True}, "$set": {PROMOTING: True}}).matched_count:
         return None  # another process promotes right now
+    after = None
+    try:
+        after = _promote(gate, now, room)
+        return after
+    finally:
+        if after is None:
+            # Its end, when no push said so: the next promotion may begin (a failure here
+            # leaves it to the bound).
+            try:
+                store.counters().update_one({"_id": gate["_id"], PROMOTING: True}, {"$unset": {PROMOTING: ""}})
+            except pymongo.errors.PyMongoError as exc:
+                log.info("backlog %s: ending the promotion failed (%s); it ends by its bound", gate["_id"], exc)
+
+
+def _promote(gate: CounterDoc, now: datetime, room: int) -> CounterDoc | None:
+    """The promotion once claimed (see :func:`promote`)."""
     limit = max(1, int(lease_settings.QUEUE_LIMIT))
     docs = list(store.tickets().find({"g": gate["_id"]}, {"ticket": 1}).sort("at", 1).limit(limit))
     waiting = [d["ticket"] for d in docs if isinstance(d.get("ticket"), dict)]
@@ -269,7 +292,8 @@ def promote(gate: CounterDoc, *, force: bool = False) -> CounterDoc | None:
     taken = store.tickets().delete_many({"_id": {"$in": gone}, "g": gate["_id"]}).deleted_count
     after = store.counters().find_one_and_update(
         {"_id": gate["_id"], "queue.id": {"$nin": [t["id"] for t in chosen]}},
-        {"$push": {"queue": {"$each": chosen}}, "$inc": {"bk": -taken}, "$currentDate": {"clock": True}},
+        {"$push": {"queue": {"$each": chosen}}, "$inc": {"bk": -taken}, "$currentDate": {"clock": True},
+         "$unset": {PROMOTING: ""}},
         return_document=ReturnDocument.AFTER)
     if after is None:
         # A ticket chosen was queued in the head meanwhile: put them all back, counted.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from functools import partial
 
@@ -275,5 +276,34 @@ def test_given_a_ticket_missing_from_the_backlog_past_the_promotion_bound_then_i
         backlog._missing[back] -= backlog.promotion_bound().total_seconds()
     assert backlog.verify(GATE, [back], lambda: waiting.read_gate(GATE)) == set()
     assert not backlog.placed(back, GATE)
+    held.release()
+    helpers.release_as_granted(waiters)
+
+
+def test_given_a_promotion_under_way_past_the_throttle_then_no_second_one_starts_until_it_ends_or_its_bound(settings):
+    # Given: two tickets in the backlog behind a head of two (held cap 1), and a promotion
+    # claimed on the gate that is still under way (its promoter slow: commands of a loaded
+    # store take hundreds of ms), claimed longer ago than the throttle.
+    from leases.queue import waiting
+
+    settings.LEASES_QUEUE_HEAD = 2
+    settings.LEASES_MONGO_TIMEOUT_MS = 300  # a promotion's bound: 0.6 s
+    define("res", "levels: {global: 1}\nwaitMs: 30000")
+    held = leases.acquire(req(tenant="h", user="h"))
+    waiters = [line_up(req(tenant="a", user=f"a{i}")) for i in range(4)]
+    assert wait_for(lambda: store.tickets().count_documents({"g": GATE}) == 2, 5, step=0.01)
+    store.counters().update_one({"_id": GATE}, {"$currentDate": {"promotedAt": True},
+                                                "$set": {backlog.PROMOTING: True}})
+    settings.LEASES_QUEUE_HEAD = 4  # room in the head: a promotion is due
+    time.sleep(backlog.PROMOTE_EVERY.total_seconds() + 0.1)
+    # When: another promoter (this test, and this process's watcher) looks at the gate.
+    # Then: it does not promote while the first may still be moving tickets ...
+    assert backlog.promote(waiting.read_gate(GATE), force=True) is None
+    assert store.tickets().count_documents({"g": GATE}) == 2
+    # ... and once the first's bound has passed (it died), the tickets are promoted.
+    assert wait_for(lambda: store.tickets().count_documents({"g": GATE}) == 0 or backlog.promote(
+        waiting.read_gate(GATE), force=True) and False, 5, step=0.05)
+    assert store.tickets().count_documents({"g": GATE}) == 0 and len(gate_doc()["queue"]) == 4
+    assert backlog.PROMOTING not in gate_doc()
     held.release()
     helpers.release_as_granted(waiters)
