@@ -200,9 +200,15 @@ def is_suspect(ticket: TicketDoc, now: datetime) -> bool:
 
 
 def is_stale(ticket: TicketDoc, now: datetime) -> bool:
-    """A ticket whose waiter did not keep it alive within its TTL (MongoDB's clock)."""
+    """A ticket whose waiter did not keep it alive within its TTL (MongoDB's clock) — by a
+    heartbeat read lately (:func:`leases.queue.presence.read_lately`): when the store is
+    too slow to answer the read, or another thread's read is still under way, the ticket is
+    not dropped on what was known before (its process may well have beaten since); a later
+    decision drops it once a read shows it stale."""
     seen = last_seen(ticket, now)
-    return seen is None or seen + timedelta(milliseconds=int(ticket.get("ttl", 0))) < now
+    if seen is not None and seen + timedelta(milliseconds=int(ticket.get("ttl", 0))) >= now:
+        return False
+    return presence.read_lately(ticket)
 
 
 def typical_hold_ms(gate: CounterDoc) -> float | None:

@@ -133,14 +133,25 @@ def _run(waker: str) -> None:
                 # changed meanwhile (the TTL setting) takes effect at once.
                 _wanted.wait(due)
                 continue
-        try:
-            with pymongo.timeout(max(0.5, beat_period_s())):
-                beat(waker)
-        except pymongo.errors.PyMongoError as exc:
-            # A missed beat costs liveness only if the outage outlasts the TTL; the waiters
-            # notice their tickets pruned and queue again.
-            log.info("presence heartbeat failed (%s)", exc)
-        last = time.monotonic()
+        # A beat that failed is tried again after a fifth of a period, not a whole one.
+        last = time.monotonic() - (0.0 if beat_once(waker) else beat_period_s() * 0.8)
+
+
+def beat_once(waker: str) -> bool:
+    """Write this process's heartbeat under the store's bound; whether it landed. Never raises.
+
+    The store's bound, not a beat period: under load a beat waits its turn at the store, and
+    one given up after a period would leave every ticket of this process a period older, again
+    and again, until the readers drop them as stale. A missed beat costs liveness only if
+    the outage outlasts the TTL; the waiters notice their tickets pruned and queue again.
+    """
+    try:
+        with pymongo.timeout(int(lease_settings.MONGO_TIMEOUT_MS) / 1000.0):
+            beat(waker)
+        return True
+    except pymongo.errors.PyMongoError as exc:
+        log.info("presence heartbeat failed (%s)", exc)
+        return False
 
 
 def key_of(ticket: TicketDoc) -> str | None:
@@ -206,6 +217,19 @@ def seen_of(ticket: TicketDoc, now: datetime | None = None) -> datetime | None:
         known = _cache.get(key)
     seen = known[0] if known else None
     return _kept_seen(ticket, seen) if key.startswith(KEPT) else seen
+
+
+def read_lately(ticket: TicketDoc) -> bool:
+    """Whether what this process knows of ``ticket``'s keep-alive was read within two
+    refresh periods (a ticket that names no process has only its own ``seen``: True). A
+    ticket is dropped as stale only on such knowledge: a read that failed or was skipped
+    (the store slow under load) must not drop a live process's tickets."""
+    key = key_of(ticket)
+    if key is None:
+        return True
+    with _cache_lock:
+        known = _cache.get(key)
+    return known is not None and time.monotonic() - known[1] < 2 * refresh_s()
 
 
 def prefetch(tickets: list[TicketDoc], now: datetime | None = None) -> None:

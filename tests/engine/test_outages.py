@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from functools import partial
 
@@ -159,3 +160,24 @@ def test_given_a_uri_with_credentials_then_the_host_named_in_errors_leaves_them_
     assert store.where(uri) == "db1.example:27017,db2.example:27017"
     assert store.where("mongodb+srv://ops:s3cret@cluster0.example.net/?retryWrites=true") == "cluster0.example.net"
     assert "s3cret" not in store.where("ops:s3cret@nowhere")  # not a URI: named as such, never echoed
+
+
+def test_given_the_store_stalls_longer_than_a_beat_period_then_the_heartbeat_still_lands(frozen_store, settings):
+    # Given: a beat period of 0.75 s (ticket TTL 3 s) and a store bound of TIMEOUT_MS.
+    from leases.queue import presence
+
+    freeze, thaw = frozen_store
+    settings.LEASES_TICKET_TTL_MS = 3000
+    assert TIMEOUT_MS / 1000 > 1.2
+    store.presence().update_one({"_id": "slow-proc"}, {"$currentDate": {"seen": True}}, upsert=True)
+    # When: the store stalls 1.2 s while a beat is on its way (a loaded store answers that late).
+    freeze()
+    result = {}
+    beating = threading.Thread(target=lambda: result.setdefault("landed", presence.beat_once("slow-proc")))
+    beating.start()
+    time.sleep(1.2)
+    thaw()
+    beating.join(10)
+    # Then: the beat waited for the store (its bound is the store's, not a beat period) and
+    # landed: the process's tickets are a beat younger, not a period older.
+    assert result == {"landed": True}

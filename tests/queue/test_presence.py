@@ -260,3 +260,28 @@ def test_given_heartbeats_a_decision_looked_up_when_the_gate_is_read_again_then_
         assert all(seen[t] > first[t] for t in seen), (first, seen)
     finally:
         held.release()
+
+
+def test_given_a_heartbeat_read_that_cannot_be_made_now_then_a_ticket_stale_by_older_knowledge_is_not_dropped(
+        settings, monkeypatch):
+    # Given: a live process (it beat just now) whose heartbeat this process last read long ago,
+    # when it looked old, and its ticket queued 4 s ago (a ticket TTL of 1.5 s).
+    settings.LEASES_TICKET_TTL_MS = 1500
+    presence.forget()
+    now = store.server_now()
+    presence.beat("busy-proc")
+    ticket = {"id": "t-busy", "w": "busy-proc", "seen": now - timedelta(seconds=4), "ttl": 1500}
+    with presence._cache_lock:
+        presence._cache["busy-proc"] = (now - timedelta(seconds=3), time.monotonic() - 10.0)
+    # When: the read cannot be made now (another thread's read is under way: the store is
+    # slow under load) and a decision asks whether the ticket is stale.
+    monkeypatch.setattr(presence, "_read_bound_s", lambda: 0.05)
+    with presence._read_lock:
+        stale = order.is_stale(ticket, now)
+    # Then: it is not dropped on what was known before; once a read is made, it shows the
+    # process alive.
+    assert stale is False
+    assert order.is_stale(ticket, now) is False and order.last_seen(ticket, now) > now - timedelta(seconds=1)
+    # A process that is gone is still dropped once its heartbeat is read.
+    gone = {"id": "t-gone", "w": "gone-proc", "seen": now - timedelta(seconds=4), "ttl": 1500}
+    assert order.is_stale(gone, now) is True
