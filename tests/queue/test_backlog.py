@@ -307,3 +307,25 @@ def test_given_a_promotion_under_way_past_the_throttle_then_no_second_one_starts
     assert backlog.PROMOTING not in gate_doc()
     held.release()
     helpers.release_as_granted(waiters)
+
+
+def test_given_more_tickets_of_this_process_in_the_backlog_than_a_first_batch_then_checking_them_is_one_command():
+    # Given: 150 tickets this process placed in a gate's backlog (a cursor's first batch is 101).
+    from leases.queue import waiting
+
+    define("res", "levels: {global: 1}\nwaitMs: 30000")
+    held = leases.acquire(req(tenant="h", user="h"))
+    now = store.server_now()
+    docs = {f"t{i:03d}": {"_id": f"t{i:03d}", "g": GATE, "at": now, "ticket": {"id": f"t{i:03d}", "at": now}}
+            for i in range(150)}
+    backlog._place(GATE, docs)
+    try:
+        # When: the watcher checks they still wait there.
+        with helpers.counted_commands() as counter:
+            there = backlog.verify(GATE, list(docs), lambda: waiting.read_gate(GATE))
+        # Then: all are there, told in one reply.
+        assert there == set(docs) and counter.commands == ["find"], counter.commands
+    finally:
+        for ticket_id in docs:
+            backlog.forget(ticket_id)
+        held.release()
