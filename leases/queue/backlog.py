@@ -63,6 +63,8 @@ def promotion_bound() -> timedelta:
 _lock = threading.Lock()
 _placed: dict[str, str] = {}  # ticket id -> gate key: this process's tickets in a backlog
 _missing: dict[str, float] = {}  # ticket id -> monotonic time it was first found moving (see verify)
+# gate key -> (its promotedAt when no promotion was under way, this process's tickets found there)
+_verified: dict[str, tuple[Any, frozenset[str]]] = {}
 
 
 def head_limit() -> int:
@@ -170,7 +172,8 @@ def keep_for_polls(gate_key: str, ticket_id: str, ttl_ms: int) -> bool:
                                            {"$set": {"ticket.ttl": int(ttl_ms), "ticket.w": None}}).matched_count)
 
 
-def verify(gate_key: str, ticket_ids: list[str], fresh_gate: Callable[[], CounterDoc | None]) -> set[str]:
+def verify(gate_key: str, ticket_ids: list[str], fresh_gate: Callable[[], CounterDoc | None],
+           gate: CounterDoc | None = None) -> set[str]:
     """Of this process's tickets it placed in the backlog of ``gate_key``, forget those that
     are not there any more (promoted, or dropped as stale); returns the ones still there — and
     those a promotion is moving right now.
@@ -183,18 +186,31 @@ def verify(gate_key: str, ticket_ids: list[str], fresh_gate: Callable[[], Counte
     promoted; those in neither while a promotion may still be under way (claimed within
     :func:`promotion_bound`) are kept until it has ended, at most that long.
 
+    ``gate``: the gate as the caller just read it. Tickets leave a backlog only by a promotion
+    (which moves ``promotedAt``) or by this process's own waiters: when no promotion began
+    since the last check found them all there, no read is needed (1,000 waiters that wait
+    for minutes then cost no backlog read a period).
+
     Raises:
         pymongo.errors.PyMongoError: the store failed.
     """
     mine = [t for t in ticket_ids if placed(t, gate_key)]
     if not mine:
         return set()
+    mark = None if gate is None or gate.get(PROMOTING) else ("promotedAt", gate.get("promotedAt"))
+    with _lock:
+        last = _verified.get(gate_key)
+    if mark is not None and last is not None and last[0] == mark and last[1].issuperset(mine):
+        return set(mine)
     # At most one per id asked: with the limit (and a first batch that size) the store
     # answers them all in one reply, not a find and a getMore past 101.
     there = {d["_id"] for d in store.tickets().find({"_id": {"$in": mine}, "g": gate_key}, {"_id": 1})
              .batch_size(len(mine)).limit(len(mine))}
     missing = set(mine) - there
     if not missing:
+        if mark is not None:
+            with _lock:
+                _verified[gate_key] = (mark, frozenset(there))
         return there
     gate = fresh_gate()
     head = {t.get("id") for t in (gate or {}).get("queue") or ()}

@@ -146,7 +146,7 @@ def look(gate_key: str) -> CounterDoc | None:
     try:
         # Ours placed in the backlog wait there: check they still do (promoted ones are in
         # the head by now, or granted; dropped ones must queue again).
-        waiting_back = backlog.verify(gate_key, absent, lambda: waiting.read_gate(gate_key))
+        waiting_back = backlog.verify(gate_key, absent, lambda: waiting.read_gate(gate_key), gate)
     except pymongo.errors.PyMongoError as exc:
         log.info("watcher: reading the backlog of %s failed (%s)", gate_key, exc)
         return gate

@@ -329,3 +329,30 @@ def test_given_more_tickets_of_this_process_in_the_backlog_than_a_first_batch_th
         for ticket_id in docs:
             backlog.forget(ticket_id)
         held.release()
+
+
+def test_given_no_promotion_since_the_last_check_then_checking_this_process_tickets_reads_nothing_and_after_one_it_reads():
+    # Given: three tickets of this process in a gate's backlog, checked once on the gate as read.
+    from leases.queue import waiting
+
+    define("res", "levels: {global: 1}\nwaitMs: 30000")
+    held = leases.acquire(req(tenant="h", user="h"))
+    now = store.server_now()
+    docs = {f"q{i}": {"_id": f"q{i}", "g": GATE, "at": now, "ticket": {"id": f"q{i}", "at": now}} for i in range(3)}
+    backlog._place(GATE, docs)
+    try:
+        assert backlog.verify(GATE, list(docs), lambda: waiting.read_gate(GATE), waiting.read_gate(GATE)) == set(docs)
+        # When: the watcher checks them again, no promotion having begun since.
+        with helpers.counted_commands() as counter:
+            there = backlog.verify(GATE, list(docs), lambda: waiting.read_gate(GATE), waiting.read_gate(GATE))
+        # Then: only the gate's read (the watcher's own) was sent; all are still there.
+        assert there == set(docs) and counter.commands == ["aggregate"], counter.commands
+        # When: a promotion took one (long ago: it has ended); then the check reads and forgets it.
+        store.tickets().delete_one({"_id": "q0"})
+        store.counters().update_one({"_id": GATE}, {"$set": {"promotedAt": now - timedelta(hours=1)}})
+        assert backlog.verify(GATE, list(docs), lambda: waiting.read_gate(GATE), waiting.read_gate(GATE)) == {"q1", "q2"}
+        assert not backlog.placed("q0", GATE)
+    finally:
+        for ticket_id in docs:
+            backlog.forget(ticket_id)
+        held.release()
