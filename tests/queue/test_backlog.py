@@ -38,6 +38,16 @@ def line_up(request):
     return waiter
 
 
+def behind_a_head_of_two(settings, waiters):
+    """A held cap 1 with a head of two tickets and a promotion's bound of 0.6 s: the holder,
+    and ``waiters`` lined up (those past two wait in the backlog)."""
+    settings.LEASES_QUEUE_HEAD = 2
+    settings.LEASES_MONGO_TIMEOUT_MS = 300  # a promotion's bound: 0.6 s
+    define("res", "levels: {global: 1}\nwaitMs: 30000")
+    held = leases.acquire(req(tenant="h", user="h"))
+    return held, [line_up(req(tenant="a", user=f"a{i}")) for i in range(waiters)]
+
+
 def test_given_more_waiters_than_the_head_then_the_gate_holds_the_head_and_a_later_tenant_is_not_behind_the_backlog(
         settings):
     # Given: a head of 2 tickets; tenant a queues four, then tenant b two, on a held cap 1.
@@ -234,11 +244,7 @@ def test_given_a_promotion_between_its_delete_and_its_push_then_the_waiter_keeps
     # Given: a ticket of this process in the backlog (head of 2, held cap 1).
     from leases.queue import waiting
 
-    settings.LEASES_QUEUE_HEAD = 2
-    settings.LEASES_MONGO_TIMEOUT_MS = 300  # a promotion's bound: 0.6 s
-    define("res", "levels: {global: 1}\nwaitMs: 30000")
-    held = leases.acquire(req(tenant="h", user="h"))
-    waiters = [line_up(req(tenant="a", user=f"a{i}")) for i in range(3)]
+    held, waiters = behind_a_head_of_two(settings, 3)
     (back,) = [d["_id"] for d in store.tickets().find({"g": GATE}, {"_id": 1})]
     assert backlog.placed(back, GATE)
     # When: a promotion has claimed the gate and taken the ticket out of the backlog, its push
@@ -263,11 +269,7 @@ def test_given_a_ticket_missing_from_the_backlog_past_the_promotion_bound_then_i
     # (its waiter is nudged and queues again).
     from leases.queue import waiting
 
-    settings.LEASES_QUEUE_HEAD = 2
-    settings.LEASES_MONGO_TIMEOUT_MS = 300
-    define("res", "levels: {global: 1}\nwaitMs: 30000")
-    held = leases.acquire(req(tenant="h", user="h"))
-    waiters = [line_up(req(tenant="a", user=f"a{i}")) for i in range(3)]
+    held, waiters = behind_a_head_of_two(settings, 3)
     (back,) = [d["_id"] for d in store.tickets().find({"g": GATE}, {"_id": 1})]
     store.counters().update_one({"_id": GATE}, {"$currentDate": {"promotedAt": True}})
     store.tickets().delete_one({"_id": back})
@@ -286,11 +288,7 @@ def test_given_a_promotion_under_way_past_the_throttle_then_no_second_one_starts
     # store take hundreds of ms), claimed longer ago than the throttle.
     from leases.queue import waiting
 
-    settings.LEASES_QUEUE_HEAD = 2
-    settings.LEASES_MONGO_TIMEOUT_MS = 300  # a promotion's bound: 0.6 s
-    define("res", "levels: {global: 1}\nwaitMs: 30000")
-    held = leases.acquire(req(tenant="h", user="h"))
-    waiters = [line_up(req(tenant="a", user=f"a{i}")) for i in range(4)]
+    held, waiters = behind_a_head_of_two(settings, 4)
     assert wait_for(lambda: store.tickets().count_documents({"g": GATE}) == 2, 5, step=0.01)
     store.counters().update_one({"_id": GATE}, {"$currentDate": {"promotedAt": True},
                                                 "$set": {backlog.PROMOTING: True}})
