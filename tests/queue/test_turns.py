@@ -83,6 +83,15 @@ def back_after(grants, resumed_at):
     return min((granted for _, granted in grants if granted > resumed_at), default=0.0)
 
 
+def asking_again(grants, back):
+    """From when, after a2 is ``back``, a1 asks too (``[asked, granted]`` pairs of a1): at once
+    if it was waiting then, else at its next ask. Until then a2 may be granted twice in a row:
+    nobody else asks (a1, slowed on a loaded machine, is between its release and its ask)."""
+    if any(asked <= back < granted for asked, granted in grants):
+        return back - 1e-6
+    return min((asked for asked, _ in grants if asked > back), default=float("inf"))
+
+
 def repeats(names):
     return [i for i in range(1, len(names)) if names[i] == names[i - 1]]
 
@@ -141,7 +150,7 @@ def test_given_two_processes_of_one_tenant_on_a_tenant_cap_of_one_then_grants_al
                 os.kill(p.pid, signal.SIGCONT)
                 p.kill()
     # Then: no live waiter timed out, and the grants alternate strictly before the pause
-    # and again from a2's first grant after it to the end.
+    # and again, once a2 is back, from when both ask to the end.
     assert [r["busy"] for r in results.values()] == [[], []]
     # (From one second after the start: the first asks also create the counters; and only
     # while both ask.)
@@ -151,7 +160,7 @@ def test_given_two_processes_of_one_tenant_on_a_tenant_cap_of_one_then_grants_al
     back = back_after(results["a2"]["grants"], resumed_at)
     # a2 queues again within a few seconds of its resume (not starved by a1 asking again).
     assert back - resumed_at < 10.0, (back, resumed_at)
-    after = sequence(results, since=back - 1e-6, until=last)
+    after = sequence(results, since=asking_again(results["a1"]["grants"], back), until=last)
     print(f"\nturns: {len(before)} grants before the pause, {len(after)} after it")
     assert len(before) > 10 and repeats(before) == [], before
     assert len(after) > 10 and repeats(after) == [], after
