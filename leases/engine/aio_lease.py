@@ -134,10 +134,7 @@ class AsyncLease:
         if self._released:
             metrics.RELEASE.labels(resource=tag, outcome="already-released").inc()
             return False
-        if self._lease.pending_claim is not None:
-            # As the sync release: a mark not sent yet never is; the holder ends as it is.
-            self._lease.pending_claim.drop()
-            self._lease.pending_claim = None
+        self._lease.drop_claim()  # as the sync release
         self._ending = True
         booking = self._lease._booking()
         # How long the slot was held, kept on the gate for wait estimates (as the sync release).

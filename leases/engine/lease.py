@@ -167,13 +167,7 @@ class Lease:
         if self._released:
             metrics.RELEASE.labels(resource=tag, outcome="already-released").inc()
             return False
-        if self.pending_claim is not None:
-            # The release ends the holder as it is, PENDING or HELD, and waits for no mark: one
-            # not sent yet never is; one under way lands before the delete, or after it and
-            # matches nobody (it marks only the holder as written). A grant whose mark came too
-            # late finds its entry gone and answers False.
-            self.pending_claim.drop()
-            self.pending_claim = None
+        self.drop_claim()
         self._ending = True
         try:
             held_ms = (time.monotonic() - self._granted) * 1000
@@ -188,6 +182,15 @@ class Lease:
         if doc is None:
             metrics.RELEASE.labels(resource=tag, outcome="already-released").inc()
         return doc is not None
+
+    def drop_claim(self) -> None:
+        """Before a release: the release ends the holder as it is, PENDING or HELD, and waits
+        for no mark: one not sent yet never is; one under way lands before the delete, or
+        after it and matches nobody (it marks only the holder as written). A grant whose mark
+        came too late finds its entry gone and answers False."""
+        if self.pending_claim is not None:
+            self.pending_claim.drop()
+            self.pending_claim = None
 
     def _holder(self) -> HolderDoc:
         """What this lease knows of its holder document: what a release needs of it."""

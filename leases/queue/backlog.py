@@ -212,12 +212,12 @@ def verify(gate_key: str, ticket_ids: list[str], fresh_gate: Callable[[], Counte
             with _lock:
                 _verified[gate_key] = (mark, frozenset(there))
         return there
-    gate = fresh_gate()
-    head = {t.get("id") for t in (gate or {}).get("queue") or ()}
+    fresh = fresh_gate()
+    head = {t.get("id") for t in (fresh or {}).get("queue") or ()}
     moving = set()
     now = time.monotonic()
     for ticket_id in missing:
-        if ticket_id not in head and gate is not None and promoting(gate):
+        if ticket_id not in head and fresh is not None and promoting(fresh):
             with _lock:
                 since = _missing.setdefault(ticket_id, now)
             if now - since < promotion_bound().total_seconds():

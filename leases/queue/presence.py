@@ -339,6 +339,11 @@ def _read_now(due: set[str]) -> None:
     except pymongo.errors.PyMongoError as exc:
         log.info("presence read failed (%s); tickets are judged by their own keep-alive", exc)
         return
+    _remember(found)
+
+
+def _remember(found: dict[str, datetime | None]) -> None:
+    """Cache what a read just answered for each key it asked (None: no keep-alive found)."""
     stamp = time.monotonic()
     with _cache_lock:
         for k, seen in found.items():
@@ -369,18 +374,14 @@ def read_gate(gate_key: str) -> CounterDoc | None:
         pymongo.errors.PyMongoError: the store failed.
     """
     keys = _soon(time.monotonic())
-    docs = list(store.counters().aggregate(ticket_commands.read_with_clock(gate_key, beats=keys,
-                                                                          presence=store.PRESENCE)))
+    docs = list(store.counters().aggregate(ticket_commands.read_with_clock(gate_key, beats=keys)))
     gate = docs[0] if docs and docs[0].get("_id") == gate_key else None
     if keys:
         found: dict[str, datetime | None] = dict.fromkeys(keys)
         for doc in docs:
             if doc is not gate and doc.get("_id") in found:
                 found[str(doc["_id"])] = doc.get("seen")
-        stamp = time.monotonic()
-        with _cache_lock:
-            for k, seen in found.items():
-                _cache[k] = (seen, stamp)
+        _remember(found)
     return cast("CounterDoc | None", gate)
 
 

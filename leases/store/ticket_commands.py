@@ -13,6 +13,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+from .client import PRESENCE
 from .counter_commands import claim_field, pull
 
 Command = tuple[dict[str, Any], dict[str, Any]]
@@ -117,17 +118,16 @@ def grant(gate_key: str, ticket_id: str, booking: str, *, cap: int, clauses: lis
     return query, update
 
 
-def read_with_clock(gate_key: str, *, beats: list[str] | None = None,
-                    presence: str = "lease_presence") -> list[dict[str, Any]]:
+def read_with_clock(gate_key: str, *, beats: list[str] | None = None) -> list[dict[str, Any]]:
     """The aggregation that reads the gate with ``clock`` set to MongoDB's time now, without
     writing it (a release reads the gate it is about to hand a slot over on, :func:`swap`).
 
-    ``beats``: process ids whose heartbeats (``seen``, collection ``presence``) come back
+    ``beats``: process ids whose heartbeats (``seen``, :data:`~.client.PRESENCE`) come back
     in the same command, after the gate (:func:`leases.queue.presence.read_gate`).
     """
     pipeline: list[dict[str, Any]] = [{"$match": {"_id": gate_key}}, {"$addFields": {"clock": "$$NOW"}}]
     if beats:
-        pipeline.append({"$unionWith": {"coll": presence, "pipeline": [
+        pipeline.append({"$unionWith": {"coll": PRESENCE, "pipeline": [
             {"$match": {"_id": {"$in": list(beats)}}}, {"$project": {"seen": 1}}]}})
     return pipeline
 
