@@ -25,6 +25,7 @@ import pymongo.errors
 
 from ..errors import LeaseBusy
 from ..queue import backlog, estimates, fences, grants, order, presence, shares, slots, waiting, wakeups, watch
+from ..store import entries
 from ..store.documents import CounterDoc, TicketDoc
 from ..store.shapes import ticket_in
 from ..telemetry import history, metrics
@@ -309,8 +310,17 @@ class Waiter:
         MongoDB's clock, if the wake-up said): mark the holder HELD, nothing else to book —
         with :attr:`claim_later` and ``at``, in the background, answering the lease at once
         (:mod:`leases.engine.claims`). If the claim window passed and the slot went on (or
-        our holder was written again), give the entry back if still there and queue again."""
+        our holder was written again), give the entry back if still there and queue again; a
+        grant to an earlier writing of our holder is given back, and we look at the gate."""
         attempt = self.attempt
+        if entries.attempt_of(booking) != attempt.attempt_id:
+            # A grant to an earlier writing of our holder (made while this process was stopped
+            # past the TTL; its news read only now): that holder is gone, nobody can claim the
+            # entry. Give it back — the slot goes on, maybe to our ticket as queued now — and
+            # look. Writing our holder again here would end the very grant the give-back may
+            # just have made us, again at each claim: a loop keeping the slot from everyone.
+            step(attempt, lambda: waiting.give_back(list(attempt.keys), booking), admit=False)
+            return self._look(read=True)
 
         def run() -> Lease | None:
             # The slot is ours until the claim window ends: answer now, mark HELD meanwhile.

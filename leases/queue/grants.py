@@ -219,6 +219,11 @@ def _hand_back_once(gate_key: str, booking: str, more: dict[str, Any] | None = N
         return None
     levels = narrow_specs(ticket) if shapes.narrow_caps(ticket) else []
     ticket_id = ticket["id"]
+    if ticket_id == entries.token_of(booking):
+        # A waiter giving back a grant to an earlier writing of its holder, its ticket queued
+        # again: one update cannot end the token's claim window and open it again (MongoDB
+        # refuses the conflicting paths); the plain way returns, then grants.
+        return None
     turn = fences.turns(freed, picked).get(ticket_id)
     if turn is None:
         return None

@@ -16,7 +16,7 @@ import pytest
 
 import leases
 from leases.queue import wakeups
-from leases.store import client as store
+from leases.store import client as store, entries
 from leases.upkeep import reaper
 from tests import helpers
 from tests.helpers import define, lease_request, quiet_handler_fixture
@@ -113,3 +113,28 @@ def test_given_tickets_waiting_at_the_gate_then_a_newcomer_writes_its_holder_to_
     assert_a_live_lease(first)
     second.join(10)
     assert_a_live_lease(second)
+
+
+def test_given_a_grant_to_an_earlier_writing_of_the_waiters_holder_then_it_is_given_back_and_the_waiter_is_granted(
+        short_ttl):
+    # Given: a waiter queued with its holder as written now, and on the gate a grant to an
+    # earlier writing of that holder (made while its process was stopped past the TTL, which
+    # then wrote its holder again and queued again), its wake-up read only now. The earlier
+    # holder is gone: nobody can claim that entry.
+    held = leases.acquire(req(user="h"))
+    waiter = helpers.queue_up(req(user="w"), GATE)
+    earlier = entries.entry("acme", "p1", "w", waiter.ticket, entries.new_attempt_id())
+    gate = store.counters().find_one({"_id": GATE})
+    assert store.counters().update_one({"_id": GATE, "holders": gate["holders"]},
+                                       {"$set": {"holders": [earlier]}}).matched_count
+    store.holders().delete_one({"_id": held.token})  # its slot is the earlier grant's now
+    # When: the waiter is told of that grant.
+    wakeups.grant(waiter.ticket, wakeups.process_id(), earlier, None)
+    # Then: it gives the entry back — the slot goes to its ticket as queued now — and holds a
+    # live lease at once, not at the end of its wait. (It used to write its holder again on
+    # each failed claim, which ended the grant its own give-back had just made: a loop that
+    # kept the slot from everyone until the waiter's deadline.)
+    waiter.join(5)
+    assert not waiter.is_alive(), "the waiter is still waiting: the slot goes round in a loop"
+    assert_a_live_lease(waiter)
+    assert store.counters().find_one({"_id": GATE})["holders"] == []
