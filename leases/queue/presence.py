@@ -51,6 +51,10 @@ _beats = 0  # heartbeats written by this process (tests and benches read it)
 # it was read). A kept ticket is keyed by its id (``k:`` prefix).
 _cache: dict[str, tuple[datetime | None, float]] = {}
 _asked: dict[str, float] = {}  # key -> monotonic time a decision last looked it up
+# The process keys of ``_asked`` alone (a few, one per live process): a gate read scans them
+# for the heartbeats to bring along, and a web process may also have asked about thousands
+# of kept tickets, which a gate read never brings.
+_asked_processes: dict[str, float] = {}
 _cache_lock = threading.Lock()
 CACHE_LIMIT = 10_000
 KEPT = "k:"
@@ -177,6 +181,8 @@ def _needs(ticket: TicketDoc, key: str, mono: float, now: datetime | None) -> st
     with _cache_lock:
         known = _cache.get(key)
         _asked[key] = mono
+        if not key.startswith(KEPT):
+            _asked_processes[key] = mono
     if known is not None and mono - known[1] < refresh_s():
         # Read within a fifth of the TTL: a live process beats every quarter, so what was
         # read then keeps its tickets short of suspect.
@@ -292,6 +298,7 @@ def _aging(now: float) -> set[str]:
             for k in sorted(_cache, key=lambda k: _cache[k][1])[: len(_cache) - CACHE_LIMIT // 2]:
                 _cache.pop(k, None)
                 _asked.pop(k, None)
+                _asked_processes.pop(k, None)
         # Only keys still asked about: a gone process's or a granted ticket's stays cached
         # (until trimmed) but is not read again.
         recent = now - 2 * refresh_s()
@@ -357,11 +364,14 @@ ALONG_LIMIT = 64
 def _soon(mono: float) -> list[str]:
     """Process keys this process will likely look up at its next decision and would read
     first: asked about recently (within four refresh periods) and not read within half a
-    period. Kept tickets' keys are left out (their deadlines are on the holders)."""
+    period. Kept tickets' keys are left out (their deadlines are on the holders); keys not
+    asked about within those periods are dropped here, so the scan stays as long as the
+    processes a decision looks up."""
     recent = mono - 4 * refresh_s()
     with _cache_lock:
-        keys = [k for k, at in _asked.items() if at >= recent and not k.startswith(KEPT)
-                and (k not in _cache or mono - _cache[k][1] >= refresh_s() / 2)]
+        for k in [k for k, at in _asked_processes.items() if at < recent]:
+            del _asked_processes[k]
+        keys = [k for k in _asked_processes if k not in _cache or mono - _cache[k][1] >= refresh_s() / 2]
     return keys[:ALONG_LIMIT]
 
 
@@ -398,6 +408,7 @@ def forget() -> None:
     with _cache_lock:
         _cache.clear()
         _asked.clear()
+        _asked_processes.clear()
 
 
 def sweep_filter(before: datetime) -> dict[str, Any]:

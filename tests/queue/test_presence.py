@@ -285,3 +285,22 @@ def test_given_a_heartbeat_read_that_cannot_be_made_now_then_a_ticket_stale_by_o
     # A process that is gone is still dropped once its heartbeat is read.
     gone = {"id": "t-gone", "w": "gone-proc", "seen": now - timedelta(seconds=4), "ttl": 1500}
     assert order.is_stale(gone, now) is True
+
+
+def test_given_kept_tickets_and_processes_looked_up_then_a_gate_read_brings_only_recent_processes_heartbeats(settings):
+    # Given: a web process that looked up the keep-alives of 300 kept tickets (no process
+    # names them: their deadlines are on the holders) and of two processes' tickets.
+    presence.forget()
+    now = store.server_now()
+    old = now - timedelta(seconds=30)
+    for i in range(300):
+        presence.seen_of({"id": f"kept{i}", "seen": old, "ttl": 1500}, now)
+    for name in ("procA", "procB"):
+        presence.seen_of({"id": f"t-{name}", "w": name, "seen": old, "ttl": 1500}, now)
+    mono = time.monotonic() + presence.refresh_s()  # their reads are due again by then
+    # Then: what a gate read brings along is the two processes' heartbeats alone...
+    assert sorted(presence._soon(mono)) == ["procA", "procB"]
+    # ...and, once nothing asked about them for four refresh periods, nothing: the scan
+    # lasts as long as the processes a decision looks up, not the keys it ever looked up.
+    assert presence._soon(mono + 4 * presence.refresh_s()) == []
+    assert presence._asked_processes == {}
