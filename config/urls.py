@@ -9,3 +9,6 @@ urlpatterns = [
     path("", include("django_prometheus.urls")),  # /metrics
     path("", include("insights.urls")),
 ]
+
+# A request Django refuses before any view (a bad Host header) answers problem+json on the API.
+handler400 = "leases.api.problems.bad_request"

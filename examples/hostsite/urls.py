@@ -17,3 +17,6 @@ urlpatterns = [
     # of them (this web process, the Celery worker's pool children), not only this process's.
     path("", include("django_prometheus.urls")),
 ]
+
+# A request Django refuses before any view (a bad Host header) answers problem+json on the API.
+handler400 = "leases.api.problems.bad_request"

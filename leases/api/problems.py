@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from django.http import JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.urls import Resolver404, resolve
+from django.views import defaults
 
 from leases.errors import (
     InvalidLeaseRequest,
@@ -83,3 +85,21 @@ def from_error(error: LeaseError) -> JsonResponse:
     if isinstance(error, Unauthenticated):
         response["WWW-Authenticate"] = 'Bearer realm="leases"'
     return response
+
+
+def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """The project's ``handler400``: a request Django refuses before any view runs (a
+    ``Host`` header that is empty or not allowed, a malformed cookie) is answered as
+    problem+json on a route of the HTTP API (``leases.api.v1_urls``, wherever it is
+    mounted), as its clients expect of every error; elsewhere as Django's own page.
+
+    Set it in the root URLconf: ``handler400 = "leases.api.problems.bad_request"``.
+    """
+    try:
+        api = resolve(request.path_info).app_name == "api_v1"
+    except Resolver404:
+        api = False
+    if api:
+        return problem(400, "INVALID_REQUEST", "Invalid request",
+                       "refused before it reached the API: a header Django does not accept (Host)")
+    return defaults.bad_request(request, exception if exception is not None else Exception())

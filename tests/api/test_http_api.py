@@ -14,11 +14,11 @@ import time
 
 import pymongo
 import pytest
-from django.test import Client
+from django.test import Client, RequestFactory
 
 from insights.models import Project, Tenant
 from leases import service
-from leases.api import bodies, keys, protocol
+from leases.api import bodies, keys, problems, protocol
 from leases.definitions import layers as config
 from leases.definitions.model import document_path
 from leases.ops import actions
@@ -478,6 +478,25 @@ def test_given_the_openapi_route_when_fetched_without_a_key_then_it_lists_every_
     operations_ = {op["operationId"] for item in doc["paths"].values() for op in item.values() if isinstance(op, dict) and "operationId" in op}
     assert operations_ == {"acquireLease", "renewLease", "updateLeasePayload", "releaseLease", "openapiDocument",
                            "pollTicket", "abandonTicket"}
+
+
+def test_given_an_empty_host_header_when_calling_the_api_then_400_problem_json_and_nothing_changes(api, key):
+    # Refused before any view runs (Django's DisallowedHost): the API's clients still get
+    # problem+json, never Django's HTML page (schemathesis found an empty Host header).
+    token = acquire(api, key).json()["token"]
+    before = state_snapshot()
+    response = api.put(f"/api/v1/leases/{token}/payload", data=json.dumps({"payload": {"a": 1}}),
+                       content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {key}", HTTP_HOST="")
+    assert_problem(response, 400, "INVALID_REQUEST")
+    assert state_snapshot() == before
+    # The same request with its Host is the view's: the payload is stored.
+    assert call(api, "put", f"leases/{token}/payload", {"payload": {"a": 1}}, key=key).status_code == 200
+
+
+def test_given_a_request_refused_off_the_api_then_the_handler_answers_djangos_own_400_page():
+    for path in ("/t/acme/insights/leases", "/nowhere"):
+        response = problems.bad_request(RequestFactory().get(path))
+        assert response.status_code == 400 and response["Content-Type"].startswith("text/html"), path
 
 
 # --- command budget ------------------------------------------------------------------------
