@@ -100,6 +100,6 @@ def bad_request(request: HttpRequest, exception: Exception | None = None) -> Htt
     except Resolver404:
         api = False
     if api:
-        return problem(400, "INVALID_REQUEST", "Invalid request",
+        return problem(400, InvalidLeaseRequest.code, "Invalid request",
                        "refused before it reached the API: a header Django does not accept (Host)")
     return defaults.bad_request(request, exception if exception is not None else Exception())
