@@ -3,15 +3,20 @@
 Every store step of an acquisition (an attempt with its rollback, one keep-alive, one
 turn) runs under one ``pymongo.timeout`` of ``LEASES_MONGO_TIMEOUT_MS``, so an outage ends
 the step within that bound instead of once per command. A step that fails rolls the
-attempt back under the same bound; what it cannot undo is left to reap and repair, and the
-caller gets ``LeaseUnavailable``.
+attempt back under the same bound, and the caller gets ``LeaseUnavailable``; a rollback
+that could not be sent or failed (a step that timed out has spent its bound: its rollback
+would never leave the process) is sent once more from a background thread under a bound
+of its own. What neither undoes is left to reap and repair.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pymongo
@@ -71,10 +76,61 @@ def step(attempt: Attempt, fn: Any, *, admit: bool = True, bypass: Bypass | None
                 try:
                     attempt.rollback()
                 except pymongo.errors.PyMongoError as again:
-                    log.warning("rollback of %s failed (%s); reap and repair clean up", attempt.token, again)
+                    log.info("rollback of %s failed (%s); sent again in the background", attempt.token, again)
+                    rollback_later(attempt)
                 if isinstance(exc, _Vanished):
                     raise LeaseUnavailable(f"lease attempt on {attempt.definition.resource} was reaped mid-acquire") from None
                 raise
     except pymongo.errors.PyMongoError as exc:
         log.warning("store step failed: %r", exc)
         raise LeaseUnavailable(f"lease store error at {store.where()} mid-acquire: {exc.__class__.__name__}") from None
+
+
+#: The most rollbacks waiting to be sent again at once in a process (an outage makes many;
+#: beyond these, reap and repair clean up).
+LATER_LIMIT = 256
+_later: tuple[int, ThreadPoolExecutor] | None = None
+_later_lock = threading.Lock()
+_later_waiting = 0
+
+
+def rollback_later(attempt: Attempt) -> bool:
+    """Send ``attempt``'s rollback again from a background thread, under a bound of its own:
+    what it booked comes back as soon as the store answers — not when its holder's deadline
+    passes (a waiting holder's covers its whole wait) or repair finds its entries.
+
+    Returns:
+        False when :data:`LATER_LIMIT` rollbacks wait already (reap and repair clean up).
+    """
+    global _later, _later_waiting
+    with _later_lock:
+        if _later_waiting >= LATER_LIMIT:
+            log.warning("rollback of %s not sent again (%d waiting); reap and repair clean up", attempt.token,
+                        _later_waiting)
+            return False
+        if _later is None or _later[0] != os.getpid():  # a forked child starts its own thread
+            _later = (os.getpid(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="leases-rollback"))
+        _later_waiting += 1
+        pool = _later[1]
+    try:
+        pool.submit(_rollback_again, attempt)
+    except RuntimeError:  # the interpreter is exiting
+        _done_waiting()
+        return False
+    return True
+
+
+def _done_waiting() -> None:
+    global _later_waiting
+    with _later_lock:
+        _later_waiting -= 1
+
+
+def _rollback_again(attempt: Attempt) -> None:
+    try:
+        with store_bound():
+            attempt.rollback()
+    except pymongo.errors.PyMongoError as exc:
+        log.warning("rollback of %s failed again (%s); reap and repair clean up", attempt.token, exc)
+    finally:
+        _done_waiting()

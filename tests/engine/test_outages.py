@@ -16,11 +16,12 @@ import pytest
 
 import leases
 from leases.definitions import invalidation, model as definitions
+from leases.engine import funnel
 from leases.queue import waiting
 from leases.revocation import handlers
 from leases.store import client as store
 from leases.store.embedded import start_server
-from tests.helpers import define, discard_server, lease_request
+from tests.helpers import define, discard_server, lease_request, wait_for
 
 TIMEOUT_MS = 1500
 
@@ -181,3 +182,34 @@ def test_given_the_store_stalls_longer_than_a_beat_period_then_the_heartbeat_sti
     # Then: the beat waited for the store (its bound is the store's, not a beat period) and
     # landed: the process's tickets are a beat younger, not a period older.
     assert result == {"landed": True}
+
+
+def test_given_a_step_that_spent_its_bound_then_its_rollback_is_sent_again_and_what_it_booked_comes_back(
+        frozen_store, monkeypatch):
+    # Given: an acquire whose store stalls past the bound after it booked its levels and
+    # before it marks its holder HELD: the step's bound is spent, so its rollback cannot be
+    # sent under it (a store that answers slowly under load, not only a frozen one).
+    freeze, thaw = frozen_store
+    put("levels: {global: 1}\nwaitMs: 0")
+    assert invalidation.wait_listening()
+    leases.acquire(req()).release()
+
+    def stall(name):
+        if name == "acquire":
+            freeze()
+            time.sleep(TIMEOUT_MS / 1000 + 0.2)
+            thaw()
+
+    monkeypatch.setattr(funnel, "_pause_point", stall)
+    with pytest.raises(leases.LeaseUnavailable):
+        leases.acquire(req(user="u2"))
+    monkeypatch.undo()
+    # Then: the rollback is sent again with a bound of its own, once the store answers: the
+    # holder is gone and the slot is free within one bound — not at the holder's deadline,
+    # or at the next repair of a full gate.
+    def undone():
+        gate = store.counters().find_one({"_id": "res|global|*"}) or {}
+        return store.holders().count_documents({}) == 0 and not gate.get("holders") and not gate.get("count")
+    assert wait_for(undone, TIMEOUT_MS / 1000 * 2, 0.02), (list(store.holders().find()),
+                                                           store.counters().find_one({"_id": "res|global|*"}))
+    leases.acquire(req(user="u3")).release()
