@@ -27,7 +27,7 @@ from .lease import Lease
 from .outcome import outcome
 from .prepare import prepare
 from .request import LeaseRequest
-from .step import store_bound
+from .step import rollback_bounded, store_bound
 
 log = logging.getLogger(__name__)
 
@@ -172,11 +172,5 @@ async def _uncontended(attempt: Any, *, wait_ms: int) -> Lease | None:
                          attempt_id=attempt.attempt_id, fence=held.get("fence"))
 
 
-def _rollback(attempt: Any) -> None:
-    """The sync engine's rollback, under its own bound (what it cannot undo is left to reap
-    and repair)."""
-    try:
-        with store_bound():
-            attempt.rollback()
-    except pymongo.errors.PyMongoError as exc:
-        log.warning("rollback of %s failed (%s); reap and repair clean up", attempt.token, exc)
+# The sync engine's rollback, under its own bound.
+_rollback = rollback_bounded

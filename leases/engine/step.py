@@ -128,9 +128,16 @@ def _done_waiting() -> None:
 
 def _rollback_again(attempt: Attempt) -> None:
     try:
+        rollback_bounded(attempt)
+    finally:
+        _done_waiting()
+
+
+def rollback_bounded(attempt: Attempt) -> None:
+    """Roll ``attempt`` back under a bound of its own (what it cannot undo is left to reap
+    and repair). Never raises on a store failure."""
+    try:
         with store_bound():
             attempt.rollback()
     except pymongo.errors.PyMongoError as exc:
-        log.warning("rollback of %s failed again (%s); reap and repair clean up", attempt.token, exc)
-    finally:
-        _done_waiting()
+        log.warning("rollback of %s failed (%s); reap and repair clean up", attempt.token, exc)
