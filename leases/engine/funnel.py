@@ -333,12 +333,12 @@ class Attempt:
 
     def rollback(self) -> None:
         """Undo the attempt: whoever deletes the holder returns every entry it may have."""
-        doc = store.holders().find_one_and_delete(*commands.rollback(self.token))
+        deleted = store.holders().delete_one(commands.rollback(self.token)).deleted_count
         _pause_point("rollback")
         # Entries are pulled by value, so also when the holder was already reaped: nobody
         # else can pull an entry a second time.
         waiting.give_back(self.keys, self.booking)
-        if doc is None:
+        if not deleted:
             log.debug("rollback of %s: holder already gone", self.token)
 
 

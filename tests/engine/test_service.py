@@ -451,6 +451,29 @@ def test_uncontended_command_budget_of_one_level():
                                 "update"]
 
 
+def test_given_a_step_fails_after_booking_then_the_rollback_deletes_the_holder_with_a_plain_delete(monkeypatch):
+    # A findAndModify that finds its document costs the embedded server a scan of the
+    # collection (every waiter's holder is in it), and rollbacks come in bursts exactly when
+    # the store is slow: the rollback needs nothing of the document, so it sends a delete.
+    from leases.engine import funnel
+
+    put("one", "levels: {global: 1}\nwaitMs: 0")
+    from leases.definitions import invalidation
+    assert invalidation.wait_listening()
+    leases.acquire(req(lease="one")).release()
+
+    def fail(name):
+        if name == "acquire":
+            raise pymongo.errors.NetworkTimeout("lost after the booking")
+
+    monkeypatch.setattr(funnel, "_pause_point", fail)
+    with counted_commands() as counted, pytest.raises(leases.LeaseUnavailable):
+        leases.acquire(req(lease="one"))
+    on_holders = [name for name, target in counted.on if target == store.HOLDERS]
+    assert on_holders == ["findAndModify", "delete"], counted.on  # the holder's upsert, the rollback
+    assert store.holders().count_documents({}) == 0 and counter("one|global|*") == 0
+
+
 def test_given_unregistered_type_then_refused_and_nothing_written():
     put("res", "levels: {project: 1}")
     with pytest.raises(leases.UnknownLeaseType) as err:
