@@ -945,6 +945,13 @@ def run_idle(args) -> None:
     print(f"| errors | {_errors(errors)} |")
     print(f"| processes without figures | {run.lost} |")
     print()
+    names: Counter = Counter()
+    for r in run.results:
+        names.update(r["names"])
+    if names:
+        print("Clients' store commands a second while waiting, by name: "
+              + ", ".join(f"{name} {c / waiting_len:.1f}" for name, c in names.most_common() if c / waiting_len >= 0.05)
+              + ".\n")
     sys.stdout.flush()
 
 

@@ -25,11 +25,14 @@ import pymongo.errors
 
 from ..conf import lease_settings
 
-#: The most items a command carries: a batch's own time at the store stays short (about 15 ms
-#: for 32 holders on the embedded server), so that the commands of a burst queue there behind
-#: nothing long — 100 holders a command from each of 8 processes at once made the store answer
-#: in 1.5 s, past the store timeout.
-MAX_ITEMS = 32
+#: The most items a command carries: a batch's own time at the store stays short, so that the
+#: commands of a burst queue there behind nothing long. The embedded server runs a thread per
+#: connection under one interpreter lock, handed round every 5 ms: a command that needs k such
+#: slices waits k times behind every other command in flight, so its time grows with its size
+#: times the load. 100 holders a command from each of 8 processes at once made the store answer
+#: in 1.5 s; 32 (about 15 ms alone) still timed out past 2 s under 1,000 threads, failing 32
+#: callers each (96 to 3,013 ``LeaseUnavailable`` a 30 s run); 8: none in three runs.
+MAX_ITEMS = 8
 
 #: What a batch's sender does with the items of a batch (id → item): the result of each
 #: (id → result; an id it leaves out gets None).

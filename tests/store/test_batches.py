@@ -56,17 +56,18 @@ def test_given_writes_arriving_while_one_is_in_flight_then_they_go_together_in_t
     kind = ("test", "together")
     threads, out = run_together(kind, ["a"], send)
     assert first_in_flight.wait(5)
-    # When: nine more arrive meanwhile.
-    more, out_more = run_together(kind, [f"b{i}" for i in range(9)], send)
-    wait_for(lambda: pending(kind) == 9, 5, step=0.01)
+    # When: as many more as a command carries arrive meanwhile.
+    n = batches.MAX_ITEMS
+    more, out_more = run_together(kind, [f"b{i}" for i in range(n)], send)
+    wait_for(lambda: pending(kind) == n, 5, step=0.01)
     go.set()
     for thread in threads + more:
         thread.join(5)
-    # Then: two commands in all — the first alone, the nine together — and each caller is told
-    # what the send answered for its own item.
-    assert [sorted(batch) for batch in sends] == [["a"], sorted(f"b{i}" for i in range(9))]
+    # Then: two commands in all — the first alone, the others together — and each caller is
+    # told what the send answered for its own item.
+    assert n > 1 and [sorted(batch) for batch in sends] == [["a"], sorted(f"b{i}" for i in range(n))]
     assert out == {"a": "ITEM A"}
-    assert out_more == {f"b{i}": f"ITEM B{i}" for i in range(9)}
+    assert out_more == {f"b{i}": f"ITEM B{i}" for i in range(n)}
 
 
 def test_given_more_writes_arriving_than_a_command_carries_then_they_go_in_commands_of_at_most_the_limit_in_order(
