@@ -337,7 +337,8 @@ def threads_child(index, waiters, hold, grace, idle_delay, seconds, ready_q, sta
                                         start_value)
     # The idle scenario measures from IDLE_SETTLE_S after the waiters queued.
     commands, names = _in_window(counter, start + (idle_delay + IDLE_SETTLE_S if idle_delay else 0.0), end)
-    _finish(result_q, rec.result(index, cutoff, commands=commands, names=names, **extra))
+    late, _ = _in_window(counter, start + seconds / 2, end)
+    _finish(result_q, rec.result(index, cutoff, commands=commands, names=names, commands_late=late, **extra))
 
 
 def kazoo_child(index, hosts, waiters, hold, grace, idle_delay, seconds, ready_q, start_event, start_value,
@@ -443,10 +444,11 @@ def aio_child(index, waiters, hold, grace, idle_delay, seconds, ready_q, start_e
         await asyncio.wait(tasks, timeout=max(0.0, cutoff - time.time()))
         result_cutoff = min(time.time(), cutoff)
         commands, names = _in_window(counter, start, end)
+        late, _ = _in_window(counter, start + seconds / 2, end)
         # Sent (and the process left) from inside the loop: tearing it down would cancel the
         # acquires still queued, which must not decide whether the figures arrive.
         _finish(result_q, rec.result(index, result_cutoff, commands=commands, names=names, rss_before=rss_before,
-                                     rss_mid=rss_mid, cpu=cpu, waiters=len(waiters)))
+                                     rss_mid=rss_mid, cpu=cpu, waiters=len(waiters), commands_late=late))
 
     asyncio.run(main())
 
@@ -692,6 +694,12 @@ class Figures:
     lost: int = 0
     per_resource: list[float] = field(default_factory=list)
     names: str = ""
+    # The window's second half (a middle CPU mark given): the same figures once the first
+    # arrivals are behind.
+    late_grants: int = 0
+    late_utilisation: float | None = None
+    late_commands: float | None = None
+    late_cpu: float | None = None
 
 
 def held_in(grants, start: float, end: float) -> float:
@@ -728,7 +736,16 @@ def figures(run: Run, waiters: list[Waiter], depth: int, layout_text: str, hold:
         f.names = ", ".join(f"{n} {c / len(grants):.2f}" for n, c in names.most_common() if c / len(grants) >= 0.05)
     if grants and run.ops is not None:
         f.ops = run.ops / len(grants)
-    f.cpu = run.cpu[0] if run.cpu else None
+    f.cpu = sum(run.cpu) if run.cpu and None not in run.cpu else None
+    if len(run.cpu) == 2:  # a middle mark: the second half too
+        middle = run.start + window / 2
+        late = [g for g in grants if middle <= g[0] < run.end]
+        f.late_grants = len(late)
+        f.late_utilisation = held_in(grants, middle, run.end) / (CAP * len(resources) * (run.end - middle))
+        late_commands = [r.get("commands_late") for r in run.results]
+        if late and late_commands and None not in late_commands:
+            f.late_commands = sum(late_commands) / len(late)
+        f.late_cpu = run.cpu[1]
     f.gate = max(run.gate) if run.gate else None
     for r in run.results:
         f.errors.update(r["errors"])
@@ -820,6 +837,17 @@ def print_mode(mode: str, rows: list[tuple[Figures, Figures | None]], seconds: f
               f"{_s(ours.jain_tenants, 3)} / {_s(ours.jain_waiters, 3)} | {_shares(ours)} | {_bytes(ours.memory)} | "
               f"{_core(ours.cpu, seconds)} | {_per_grant_ms(ours.client_cpu, ours.grants)} | {theirs} |")
     print()
+    if any(ours.late_grants for ours, _ in rows):
+        print(f"The window's second half ({seconds / 2:g} s), the first arrivals of every waiter behind (at a depth "
+              "whose turn comes later than the window's middle, the whole window counts their writes):\n")
+        print("| waiters | utilisation | store commands a grant | server CPU a grant | "
+              "kazoo: utilisation / ZooKeeper CPU a grant |")
+        print("|---:|---:|---:|---:|---|")
+        for ours, zk in rows:
+            theirs = "—" if zk is None else f"{_s(zk.late_utilisation)} / {_per_grant_ms(zk.late_cpu, zk.late_grants)}"
+            print(f"| {ours.depth} | {_s(ours.late_utilisation)} | {_s(ours.late_commands, 1)} | "
+                  f"{_per_grant_ms(ours.late_cpu, ours.late_grants)} | {theirs} |")
+        print()
     for ours, _ in rows:
         if ours.names:
             print(f"Depth {ours.depth}, clients' store commands by name, a grant: {ours.names}.\n")
@@ -871,7 +899,9 @@ def run_depth(mode: str, depth: int, args, zk: ZooKeeper | None, http: dict | No
     groups = spread(waiters, counts)
     layout_text = f"{len(groups)}×{counts[0]}" if len(set(counts)) == 1 else f"{len(groups)} procs"
     print(f"[{time.strftime('%H:%M:%S')}] {mode} depth {depth}: ours ...", file=sys.stderr, flush=True)
-    common = dict(marks=[0.0, args.seconds], resources=[resource], window=(0, 1))
+    # The middle mark: the second half's figures, once the first arrivals (a burst of `depth`
+    # newcomers, whose writes a 30 s window of a deep queue would count) are behind.
+    common = dict(marks=[0.0, args.seconds / 2, args.seconds], resources=[resource], window=(0, 2))
     if mode == "threads":
         run = run_processes(threads_child, [(i, g, HOLD_S, grace, 0.0) for i, g in enumerate(groups)], args.seconds,
                             grace, pids=_server_pids(), **common)
@@ -895,7 +925,7 @@ def run_depth(mode: str, depth: int, args, zk: ZooKeeper | None, http: dict | No
         print(f"[{time.strftime('%H:%M:%S')}] {mode} depth {depth}: kazoo ...", file=sys.stderr, flush=True)
         zk_run = run_processes(kazoo_child, [(i, zk.hosts, g, HOLD_S, grace, 0.0) for i, g in enumerate(groups)],
                                args.seconds, grace, pids=[zk.process.pid] if zk.process is not None else [],
-                               marks=[0.0, args.seconds], resources=[], window=(0, 1))
+                               marks=[0.0, args.seconds / 2, args.seconds], resources=[], window=(0, 2))
         theirs = figures(zk_run, waiters, depth, layout_text)
     return ours, theirs
 
