@@ -102,6 +102,10 @@ ERROR_PAUSE_S = float(os.environ.get("BENCH_DEPTH_ERROR_PAUSE_S", "0.05"))
 THREAD_STACK = 512 * 1024
 HTTP_TYPE = "tex"  # registered in every process of config.settings (the gunicorn workers too)
 IDLE_SETTLE_S = 3.0  # idle scenario: between the waiters' arrival and the measured stretch
+# Idle scenario: a second stretch from this long after the waiters' arrival, when 1,000 of them
+# are all queued (their shared writes take longer than IDLE_SETTLE_S on 2 cores), so that it
+# measures waiting alone, not the tail of the queueing.
+IDLE_QUEUED_S = 15.0
 
 
 # --- the waiters ------------------------------------------------------------------------------
@@ -338,6 +342,8 @@ def threads_child(index, waiters, hold, grace, idle_delay, seconds, ready_q, sta
     # The idle scenario measures from IDLE_SETTLE_S after the waiters queued.
     commands, names = _in_window(counter, start + (idle_delay + IDLE_SETTLE_S if idle_delay else 0.0), end)
     late, _ = _in_window(counter, start + seconds / 2, end)
+    if idle_delay:
+        extra["idle_queued"] = _in_window(counter, start + idle_delay + IDLE_QUEUED_S, end)
     _finish(result_q, rec.result(index, cutoff, commands=commands, names=names, commands_late=late, **extra))
 
 
@@ -943,12 +949,15 @@ def run_idle(args) -> None:
     counts = split(n, min(MAX_PROCS, max(1, n)))
     groups = [holders] + spread(idle, counts)
     print(f"[{time.strftime('%H:%M:%S')}] idle: {n} waiters ...", file=sys.stderr, flush=True)
-    # marks: quiet stretch [1 s, quiet], the waiting stretch [quiet + settle, total]
+    # marks: quiet stretch [1 s, quiet], the waiting stretch [quiet + settle, total], and its
+    # part from quiet + IDLE_QUEUED_S (every waiter queued)
+    queued_mark = quiet + IDLE_QUEUED_S
     run = run_processes(threads_child, [(i, g, HOLD_S, 2.0, quiet) for i, g in enumerate(groups)], total, 2.0,
-                        pids=_server_pids(), marks=[1.0, quiet, quiet + IDLE_SETTLE_S, total], resources=[resource],
-                        window=(2, 3))
-    quiet_cpu, _, waiting_cpu = (run.cpu + [None, None, None])[:3]
-    quiet_len, waiting_len = quiet - 1.0, waiting_s
+                        pids=_server_pids(), marks=[1.0, quiet, quiet + IDLE_SETTLE_S, queued_mark, total],
+                        resources=[resource], window=(2, 4))
+    quiet_cpu, _, early_cpu, queued_cpu = (run.cpu + [None] * 4)[:4]
+    waiting_cpu = None if early_cpu is None or queued_cpu is None else early_cpu + queued_cpu
+    quiet_len, waiting_len, queued_len = quiet - 1.0, waiting_s, total - queued_mark
     alone = (None if quiet_cpu is None or waiting_cpu is None
              else waiting_cpu / waiting_len - quiet_cpu / quiet_len)
     errors: Counter = Counter()
@@ -974,14 +983,26 @@ def run_idle(args) -> None:
     print(f"| client memory a waiting thread | {_bytes(memory)} |")
     print(f"| errors | {_errors(errors)} |")
     print(f"| processes without figures | {run.lost} |")
+    if queued_len > 0:
+        queued_alone = (None if quiet_cpu is None or queued_cpu is None
+                        else queued_cpu / queued_len - quiet_cpu / quiet_len)
+        queued_commands = sum((r.get("idle_queued") or (0, {}))[0] for r in run.results)
+        print(f"| from {IDLE_QUEUED_S:g} s after they queued ({queued_len:g} s, every waiter queued): store CPU of "
+              f"waiting alone | {'—' if queued_alone is None else f'{100 * queued_alone:.1f} %'} |")
+        print(f"| from {IDLE_QUEUED_S:g} s after they queued: clients' store commands a second | "
+              f"{queued_commands / queued_len:.0f} |")
     print()
-    names: Counter = Counter()
-    for r in run.results:
-        names.update(r["names"])
-    if names:
-        print("Clients' store commands a second while waiting, by name: "
-              + ", ".join(f"{name} {c / waiting_len:.1f}" for name, c in names.most_common() if c / waiting_len >= 0.05)
-              + ".\n")
+    stretches = [("while waiting", waiting_len, "names")]
+    if queued_len > 0:
+        stretches.append((f"from {IDLE_QUEUED_S:g} s after they queued", queued_len, "idle_queued"))
+    for what, length, key in stretches:
+        names: Counter = Counter()
+        for r in run.results:
+            names.update(r["names"] if key == "names" else (r.get(key) or (0, {}))[1])
+        if names:
+            print(f"Clients' store commands a second {what}, by name: "
+                  + ", ".join(f"{name} {c / length:.1f}" for name, c in names.most_common() if c / length >= 0.05)
+                  + ".\n")
     sys.stdout.flush()
 
 
