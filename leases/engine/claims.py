@@ -34,7 +34,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -50,6 +49,7 @@ from . import holders
 from .funnel import Attempt, _Vanished
 from .lease import Lease
 from .pausepoints import pause_point
+from .per_process import PerProcess
 from .step import store_bound
 
 log = logging.getLogger(__name__)
@@ -61,18 +61,8 @@ WORKERS = 2
 #: pauses (past it, the lease is lost, never the cap).
 MAX_DELAY_SHARE = 0.5
 
-_lock = threading.Lock()
-_pool: tuple[int, ThreadPoolExecutor] | None = None
-_timer: tuple[int, "_Timer"] | None = None
-
-
-def _executor() -> ThreadPoolExecutor:
-    """This process's claim threads (fork-aware: a forked child starts its own)."""
-    global _pool
-    with _lock:
-        if _pool is None or _pool[0] != os.getpid():
-            _pool = (os.getpid(), ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="leases-claim"))
-        return _pool[1]
+# This process's claim threads (fork-aware: a forked child starts its own).
+_pool = PerProcess(lambda: ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="leases-claim"))
 
 
 class _Timer:
@@ -99,13 +89,8 @@ class _Timer:
             claim.send()
 
 
-def _timer_thread() -> _Timer:
-    """This process's claim timer (fork-aware: a forked child starts its own)."""
-    global _timer
-    with _lock:
-        if _timer is None or _timer[0] != os.getpid():
-            _timer = (os.getpid(), _Timer())
-        return _timer[1]
+# This process's claim timer (fork-aware: a forked child starts its own).
+_timer = PerProcess(_Timer)
 
 
 def mark_delay_ms() -> int:
@@ -138,7 +123,7 @@ class PendingClaim:
         self._present: int | None = presence.enter(wakeups.process_id(), first_beat_s=grants.claim_ms() / 2000.0)
         delay_ms = mark_delay_ms()
         if delay_ms:
-            _timer_thread().at(self.answered + delay_ms / 1000.0, self)
+            _timer.get().at(self.answered + delay_ms / 1000.0, self)
         else:
             self.send()
 
@@ -148,7 +133,7 @@ class PendingClaim:
         with self._state:
             if self.future is None and not self.released:
                 try:
-                    self.future = _executor().submit(self._mark, True)
+                    self.future = _pool.get().submit(self._mark, True)
                 except RuntimeError:  # the interpreter is exiting: the window gives the slot back
                     pass
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +25,7 @@ from ..conf import lease_settings
 from ..errors import LeaseUnavailable
 from ..store import admission, client as store
 from .funnel import Attempt, _Vanished
+from .per_process import PerProcess
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,8 @@ def step(attempt: Attempt, fn: Any, *, admit: bool = True, bypass: Bypass | None
 #: The most rollbacks waiting to be sent again at once in a process (an outage makes many;
 #: beyond these, reap and repair clean up).
 LATER_LIMIT = 256
-_later: tuple[int, ThreadPoolExecutor] | None = None
+# One thread per process sends them (fork-aware: a forked child starts its own).
+_later = PerProcess(lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="leases-rollback"))
 _later_lock = threading.Lock()
 _later_waiting = 0
 
@@ -102,16 +103,14 @@ def rollback_later(attempt: Attempt) -> bool:
     Returns:
         False when :data:`LATER_LIMIT` rollbacks wait already (reap and repair clean up).
     """
-    global _later, _later_waiting
+    global _later_waiting
     with _later_lock:
         if _later_waiting >= LATER_LIMIT:
             log.warning("rollback of %s not sent again (%d waiting); reap and repair clean up", attempt.token,
                         _later_waiting)
             return False
-        if _later is None or _later[0] != os.getpid():  # a forked child starts its own thread
-            _later = (os.getpid(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="leases-rollback"))
         _later_waiting += 1
-        pool = _later[1]
+        pool = _later.get()
     try:
         pool.submit(_rollback_again, attempt)
     except RuntimeError:  # the interpreter is exiting

@@ -43,7 +43,7 @@ def timer_held(monkeypatch):
         def at(self, when, claim):
             due.append(claim)
 
-    monkeypatch.setattr(claims, "_timer_thread", lambda: Held())
+    monkeypatch.setattr(claims._timer, "get", lambda: Held())
     return due
 
 

@@ -11,7 +11,7 @@ import pytest
 import leases
 from leases import service
 from leases.definitions import model as definitions
-from leases.engine import holders
+from leases.engine import funnel, holders
 from leases.errors import LeaseExpired
 from leases.queue import waiting
 from leases.revocation import handlers
@@ -455,8 +455,6 @@ def test_given_a_step_fails_after_booking_then_the_rollback_deletes_the_holder_w
     # A findAndModify that finds its document costs the embedded server a scan of the
     # collection (every waiter's holder is in it), and rollbacks come in bursts exactly when
     # the store is slow: the rollback needs nothing of the document, so it sends a delete.
-    from leases.engine import funnel
-
     put("one", "levels: {global: 1}\nwaitMs: 0")
     from leases.definitions import invalidation
     assert invalidation.wait_listening()
