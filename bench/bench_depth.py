@@ -992,13 +992,14 @@ def run_idle(args) -> None:
         print(f"| from {IDLE_QUEUED_S:g} s after they queued: clients' store commands a second | "
               f"{queued_commands / queued_len:.0f} |")
     print()
-    stretches = [("while waiting", waiting_len, "names")]
+    stretches = [("while waiting", waiting_len, lambda r: r["names"])]
     if queued_len > 0:
-        stretches.append((f"from {IDLE_QUEUED_S:g} s after they queued", queued_len, "idle_queued"))
-    for what, length, key in stretches:
+        stretches.append((f"from {IDLE_QUEUED_S:g} s after they queued", queued_len,
+                          lambda r: (r.get("idle_queued") or (0, {}))[1]))
+    for what, length, names_of in stretches:
         names: Counter = Counter()
         for r in run.results:
-            names.update(r["names"] if key == "names" else (r.get(key) or (0, {}))[1])
+            names.update(names_of(r))
         if names:
             print(f"Clients' store commands a second {what}, by name: "
                   + ", ".join(f"{name} {c / length:.1f}" for name, c in names.most_common() if c / length >= 0.05)
